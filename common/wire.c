@@ -1,0 +1,138 @@
+#include <stdio.h>
+
+#include "wire.h"
+
+int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, char *why,
+                         size_t why_len)
+{
+    if (pb == NULL) {
+        snprintf(why, why_len, "request has no problem");
+        return CONVD_EBADSHAPE;
+    }
+    const struct {
+        const char *name;
+        uint32_t v;
+    } f[] = {
+        {"n", pb->n},
+        {"h", pb->h},
+        {"w", pb->w},
+        {"c", pb->c},
+        {"k", pb->k},
+        {"r", pb->r},
+        {"s", pb->s},
+        {"groups", pb->groups},
+        {"stride_h", pb->stride_h},
+        {"stride_w", pb->stride_w},
+        {"pad_top", pb->pad_top},
+        {"pad_bottom", pb->pad_bottom},
+        {"pad_left", pb->pad_left},
+        {"pad_right", pb->pad_right},
+        {"dil_h", pb->dil_h},
+        {"dil_w", pb->dil_w},
+    };
+    struct convd_problem p = {0};
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+        if (f[i].v > INT32_MAX) {
+            snprintf(why, why_len, "field %s is %u, larger than %d", f[i].name, f[i].v,
+                     INT32_MAX);
+            return CONVD_EBADSHAPE;
+        }
+    }
+    p.n = (int32_t)pb->n;
+    p.h = (int32_t)pb->h;
+    p.w = (int32_t)pb->w;
+    p.c = (int32_t)pb->c;
+    p.k = (int32_t)pb->k;
+    p.r = (int32_t)pb->r;
+    p.s = (int32_t)pb->s;
+    p.groups = (int32_t)pb->groups;
+    p.stride_h = (int32_t)pb->stride_h;
+    p.stride_w = (int32_t)pb->stride_w;
+    p.pad_top = (int32_t)pb->pad_top;
+    p.pad_bottom = (int32_t)pb->pad_bottom;
+    p.pad_left = (int32_t)pb->pad_left;
+    p.pad_right = (int32_t)pb->pad_right;
+    p.dil_h = (int32_t)pb->dil_h;
+    p.dil_w = (int32_t)pb->dil_w;
+    switch (pb->dtype) {
+    case CONVD__DTYPE__DTYPE_FP32:
+        p.dtype = CONVD_DTYPE_FP32;
+        break;
+    case CONVD__DTYPE__DTYPE_FP16:
+        p.dtype = CONVD_DTYPE_FP16;
+        break;
+    case CONVD__DTYPE__DTYPE_BF16:
+        p.dtype = CONVD_DTYPE_BF16;
+        break;
+    default:
+        snprintf(why, why_len, "field dtype is %d, must be fp32 (1), fp16 (2) or bf16 (3)",
+                 (int)pb->dtype);
+        return CONVD_EBADSHAPE;
+    }
+    switch (pb->layout) {
+    case CONVD__LAYOUT__LAYOUT_NCHW:
+        p.layout = CONVD_LAYOUT_NCHW;
+        break;
+    case CONVD__LAYOUT__LAYOUT_NHWC:
+        p.layout = CONVD_LAYOUT_NHWC;
+        break;
+    default:
+        snprintf(why, why_len, "field layout is %d, must be nchw (1) or nhwc (2)",
+                 (int)pb->layout);
+        return CONVD_EBADSHAPE;
+    }
+    p.has_bias = pb->has_bias;
+    p.relu = pb->relu;
+    p.allow_tf32 = pb->allow_tf32;
+    int rc = convd_problem_check(&p, why, why_len);
+    if (rc != 0)
+        return rc;
+    *ret = p;
+    return 0;
+}
+
+void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb)
+{
+    pb->n = (uint32_t)p->n;
+    pb->h = (uint32_t)p->h;
+    pb->w = (uint32_t)p->w;
+    pb->c = (uint32_t)p->c;
+    pb->k = (uint32_t)p->k;
+    pb->r = (uint32_t)p->r;
+    pb->s = (uint32_t)p->s;
+    pb->groups = (uint32_t)p->groups;
+    pb->stride_h = (uint32_t)p->stride_h;
+    pb->stride_w = (uint32_t)p->stride_w;
+    pb->pad_top = (uint32_t)p->pad_top;
+    pb->pad_bottom = (uint32_t)p->pad_bottom;
+    pb->pad_left = (uint32_t)p->pad_left;
+    pb->pad_right = (uint32_t)p->pad_right;
+    pb->dil_h = (uint32_t)p->dil_h;
+    pb->dil_w = (uint32_t)p->dil_w;
+    pb->dtype = p->dtype == CONVD_DTYPE_FP16   ? CONVD__DTYPE__DTYPE_FP16
+                : p->dtype == CONVD_DTYPE_BF16 ? CONVD__DTYPE__DTYPE_BF16
+                : p->dtype == CONVD_DTYPE_FP32 ? CONVD__DTYPE__DTYPE_FP32
+                                               : CONVD__DTYPE__DTYPE_UNSPECIFIED;
+    pb->layout = p->layout == CONVD_LAYOUT_NHWC   ? CONVD__LAYOUT__LAYOUT_NHWC
+                 : p->layout == CONVD_LAYOUT_NCHW ? CONVD__LAYOUT__LAYOUT_NCHW
+                                                  : CONVD__LAYOUT__LAYOUT_UNSPECIFIED;
+    pb->has_bias = p->has_bias;
+    pb->relu = p->relu;
+    pb->allow_tf32 = p->allow_tf32;
+}
+
+int wire_pack_client(const Convd__ClientMessage *m, uint8_t *buf, size_t cap)
+{
+    size_t need = convd__client_message__get_packed_size(m);
+    if (need > cap)
+        return CONVD_ETOOBIG;
+    return (int)convd__client_message__pack(m, buf);
+}
+
+int wire_pack_server(const Convd__ServerMessage *m, uint8_t *buf, size_t cap)
+{
+    size_t need = convd__server_message__get_packed_size(m);
+    if (need > cap)
+        return CONVD_ETOOBIG;
+    return (int)convd__server_message__pack(m, buf);
+}

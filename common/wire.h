@@ -1,0 +1,36 @@
+/*
+ * The wire protocol's constants and the conversions between protobuf-c messages and the C
+ * structs of the API. No I/O here: everything works on byte buffers, so it is tested directly.
+ */
+#ifndef CONVD_COMMON_WIRE_H
+#define CONVD_COMMON_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convd.pb-c.h"
+#include "convd/conv.h"
+
+#define CONVD_PROTOCOL_VERSION 1u
+/* Largest datagram either side reads or writes. Requests are a few hundred bytes; metrics replies
+ * are the largest messages. */
+#define CONVD_MAX_MESSAGE_BYTES (64u * 1024u)
+#define CONVD_IPC_HANDLE_BYTES  64u
+#define CONVD_MAX_PRIORITY      3u
+#define CONVD_MAX_NAME_BYTES    64u
+
+/* Converts a decoded Problem into the C struct. Every field is range-checked against int32 (the
+ * struct's type) and the enums are mapped; the full semantic check is convd_problem_check(),
+ * which this calls. Returns 0 or a CONVD_E* code with the reason in why. */
+int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, char *why,
+                         size_t why_len);
+
+/* Fills an initialised Problem message from a C struct (no allocation). */
+void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb);
+
+/* Packs a message into buf if it fits in cap bytes. Returns the packed length, or CONVD_ETOOBIG
+ * when it does not fit. */
+int wire_pack_client(const Convd__ClientMessage *m, uint8_t *buf, size_t cap);
+int wire_pack_server(const Convd__ServerMessage *m, uint8_t *buf, size_t cap);
+
+#endif

@@ -1,0 +1,226 @@
+/*
+ * libconvd-client: talk to the convd daemon.
+ *
+ * A client connects to the daemon's Unix socket, registers regions of memory that hold its
+ * tensors, and submits convolutions that name tensors as (region, offset, bytes). The daemon runs
+ * them, writes the outputs in place and answers each with a completion. Tensors never travel
+ * through the socket.
+ *
+ *   convd_client *c;
+ *   convd_connect(NULL, &c);                        // $CONVD_SOCKET or /run/convd/convd.sock
+ *   convd_region *r;
+ *   convd_region_create(c, bytes, &r);              // shared memory, mapped here and in convd
+ *   float *base = convd_region_data(r);             // write input and weights here
+ *   struct convd_conv_args a = CONVD_CONV_ARGS_INIT;
+ *   a.problem = problem;
+ *   a.input = (struct convd_tensor){r, 0, in_bytes};   ... weight, output likewise
+ *   uint64_t id;
+ *   convd_conv_submit(c, &a, &id);
+ *   struct convd_completion done;
+ *   convd_wait(c, id, -1, &done);                   // done.status == 0: output is in the region
+ *   convd_region_free(r);
+ *   convd_close(c);
+ *
+ * Errors: every function returns 0 or a negative CONVD_E* code (include/convd/status.h). When a
+ * function that takes a client fails, convd_errstr() gives a sentence about the failure, naming
+ * the bad field where there is one. Output parameters (ret_*) are written only on success.
+ *
+ * Thread safety: a convd_client and its regions are not thread-safe; use one client per thread,
+ * or serialise calls on a client with a lock of your own. Different clients are independent.
+ * Region memory (convd_region_data) may be read and written from any thread, but not while a
+ * request that uses it is in flight.
+ */
+#ifndef CONVD_CONVD_H
+#define CONVD_CONVD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convd/conv.h"
+#include "convd/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CONVD_VERSION_STRING "0.1.0"
+
+/* The socket a client uses when none is given: $CONVD_SOCKET if set, else this path. */
+#define CONVD_DEFAULT_SOCKET "/run/convd/convd.sock"
+
+typedef struct convd_client convd_client;
+typedef struct convd_region convd_region;
+
+/* Options for convd_connect(). Initialise with CONVD_CONNECT_OPTIONS_INIT so that fields added
+ * later get their defaults. */
+struct convd_connect_options {
+    size_t struct_size;       /* sizeof(struct convd_connect_options) */
+    const char *socket_path;  /* NULL: $CONVD_SOCKET, else CONVD_DEFAULT_SOCKET */
+    const char *client_name;  /* shown in the daemon's logs; NULL: the program's name */
+    int timeout_ms;           /* for connecting and the handshake; <= 0: 5000 */
+};
+#define CONVD_CONNECT_OPTIONS_INIT {sizeof(struct convd_connect_options), NULL, NULL, 0}
+
+/* What the daemon announced in its handshake. */
+struct convd_server_info {
+    uint32_t protocol_version;
+    char server_version[32];
+    char backend[16];          /* "cpu" or "gpu" */
+    char device[128];
+    uint32_t max_inflight;     /* requests this client may have in flight */
+    uint32_t max_regions;
+    uint64_t max_mapped_bytes;
+    uint32_t max_batch;
+};
+
+/* Connects to the daemon and performs the version handshake. opts may be NULL. On success
+ * *ret_client is a new client that convd_close() releases. On failure returns CONVD_ECONNECT (no
+ * daemon at the path), CONVD_EVERSION, CONVD_EPERM, CONVD_ETIMEDOUT or CONVD_ENOMEM; no handle
+ * exists then, so the sentence goes to convd_last_connect_error() of the calling thread. */
+int convd_connect(const struct convd_connect_options *opts, convd_client **ret_client);
+
+/* The sentence describing the calling thread's last failed convd_connect(). Never NULL. */
+const char *convd_last_connect_error(void);
+
+/* Closes the connection and frees the client and all its regions. Requests still in flight are
+ * abandoned: the daemon finishes or cancels them and releases their regions; their outputs must
+ * not be relied on. Accepts NULL. */
+void convd_close(convd_client *c);
+
+/* The sentence describing the last failure on this client ("" if none). Valid until the next call
+ * on the client. */
+const char *convd_errstr(const convd_client *c);
+
+/* The handshake's information. Never fails. */
+void convd_server_info(const convd_client *c, struct convd_server_info *ret_info);
+
+/*
+ * Regions.
+ */
+
+/* Creates `size` bytes of shared host memory (a memfd sealed against shrinking and growing),
+ * maps it here, and registers it with the daemon, which maps it too. The memory starts zeroed.
+ * Fails with CONVD_ELIMIT when the daemon's per-client region or byte limit is reached. */
+int convd_region_create(convd_client *c, size_t size, convd_region **ret_region);
+
+/* Registers `size` bytes of another process-visible GPU allocation: ipc_handle holds the bytes of
+ * a hipIpcMemHandle_t / cudaIpcMemHandle_t (handle_len must be 64) for the allocation, offset the
+ * region's start from the allocation's base (a handle opens at the base, not at a sub-allocated
+ * pointer). The daemon checks offset + size against the allocation. convd_region_data() returns
+ * NULL for such a region. Fails with CONVD_EUNSUPPORTED on a daemon without a GPU backend. */
+int convd_region_import_gpu(convd_client *c, const void *ipc_handle, size_t handle_len,
+                            uint64_t offset, uint64_t size, convd_region **ret_region);
+
+/* The region's memory in this process (NULL for GPU regions), and its size. */
+void *convd_region_data(const convd_region *r);
+size_t convd_region_size(const convd_region *r);
+
+/* Unregisters the region and unmaps it here. The daemon releases its side once requests that
+ * use it finish. Accepts NULL. Returns 0 or the daemon's error. */
+int convd_region_free(convd_region *r);
+
+/*
+ * Convolutions.
+ */
+
+/* A tensor: `bytes` bytes at `offset` in `region`. */
+struct convd_tensor {
+    convd_region *region;
+    uint64_t offset;
+    uint64_t bytes;
+};
+
+/* One request. Initialise with CONVD_CONV_ARGS_INIT. bias is used only when problem.has_bias. */
+struct convd_conv_args {
+    size_t struct_size;
+    struct convd_problem problem;
+    struct convd_tensor input, weight, bias, output;
+    unsigned priority;         /* 0 (highest) .. 3 (lowest) */
+    uint64_t timeout_us;       /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
+};
+#define CONVD_CONV_ARGS_INIT {sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0}
+
+/* The outcome of one request. */
+struct convd_completion {
+    uint64_t id;
+    int status;                /* 0: the output is written; else a CONVD_E* code */
+    char error[256];           /* the daemon's sentence when status != 0 */
+    uint64_t queue_us;         /* waiting in the daemon's queue */
+    uint64_t exec_us;          /* running the batch it was part of */
+    uint32_t batch_size;       /* requests in that batch */
+};
+
+/* Sends a request and returns at once with its id in *ret_id. The client checks the problem and
+ * the tensor bounds first (failing with the same codes the daemon would). Fails with CONVD_ELIMIT
+ * when max_inflight requests are already in flight: wait for one first. */
+int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint64_t *ret_id);
+
+/* Waits up to timeout_ms (-1: forever, 0: do not block) for request `id` to complete and
+ * returns its completion in *ret. Returns 0 when the completion was received (look at
+ * ret->status for the request's own result), CONVD_ETIMEDOUT, CONVD_ENOTFOUND for an id that is
+ * not in flight, or CONVD_ECLOSED when the daemon went away. Completions of other requests that
+ * arrive meanwhile are kept for later. */
+int convd_wait(convd_client *c, uint64_t id, int timeout_ms, struct convd_completion *ret);
+
+/* Like convd_wait() for whichever request completes first (completions already received are
+ * returned first, oldest first). CONVD_ENOTFOUND when nothing is in flight. */
+int convd_wait_any(convd_client *c, int timeout_ms, struct convd_completion *ret);
+
+/* Requests submitted and not yet returned by convd_wait*() or convd_poll(). */
+size_t convd_inflight(const convd_client *c);
+
+/*
+ * Event-loop integration: add convd_client_fd() to your poll set for reading; when it is
+ * readable call convd_client_process(), then convd_poll() until it returns CONVD_EAGAIN.
+ */
+
+/* The socket descriptor; do not read from or close it. */
+int convd_client_fd(const convd_client *c);
+
+/* Reads every message waiting on the socket without blocking and queues the completions.
+ * Returns 0, or CONVD_ECLOSED when the daemon went away. */
+int convd_client_process(convd_client *c);
+
+/* Returns a queued completion (0), or CONVD_EAGAIN when none is queued. Never blocks. */
+int convd_poll(convd_client *c, struct convd_completion *ret);
+
+/* Blocking convenience: copies input, weight and (if p->has_bias) bias from plain host memory
+ * into a region the client keeps for this purpose, runs the problem, waits, and copies the output
+ * to `output`. The region grows as needed and is reused by later calls. Returns 0 or the
+ * request's status. Sizes come from the problem (convd_problem_sizes). */
+int convd_conv(convd_client *c, const struct convd_problem *p, const void *input,
+               const void *weight, const void *bias, void *output);
+
+/*
+ * Queries.
+ */
+
+/* Round trip to the daemon; *ret_rtt_ns (may be NULL) gets the time it took. */
+int convd_ping(convd_client *c, uint64_t *ret_rtt_ns);
+
+struct convd_status {
+    char server_version[32];
+    char backend[16];
+    char device[128];
+    uint32_t protocol_version;
+    uint32_t clients;          /* connections open now */
+    uint32_t queue_depth;      /* requests waiting */
+    uint32_t inflight;         /* requests waiting or running */
+    uint64_t requests_served;  /* completed successfully since start */
+    uint64_t requests_failed;
+    uint64_t batches;
+    uint64_t uptime_ms;
+};
+
+/* The daemon's status. */
+int convd_status_get(convd_client *c, struct convd_status *ret_status);
+
+/* The daemon's metrics in Prometheus text format. *ret_text is a NUL-terminated string the
+ * caller frees with free(). */
+int convd_metrics_get(convd_client *c, char **ret_text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

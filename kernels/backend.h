@@ -1,0 +1,123 @@
+/*
+ * The private backend interface: the only thing the daemon knows of how convolutions run. A
+ * backend is a table of operations plus a context pointer (ggml's backend iface, valkey's
+ * ConnectionType); the daemon calls it through the small inline wrappers at the end and never
+ * includes a GPU header.
+ *
+ * Threading: init, destroy, mem_import and mem_release are called from the daemon's loop thread.
+ * run_batch is called from worker threads, at most `max_workers` (from the info init returned) at
+ * once, each with its own worker index in [0, max_workers). supports may be called from any
+ * thread. Memory that a job references stays imported until its run_batch call returns.
+ */
+#ifndef CONVD_KERNELS_BACKEND_H
+#define CONVD_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convd/conv.h"
+
+#define CONVD_IPC_HANDLE_SIZE 64
+
+struct convd_backend_config {
+    int threads;            /* CPU threads to use; 0: one per online CPU */
+    int device;             /* GPU ordinal; -1: the first usable */
+    unsigned max_batch;     /* most jobs the daemon passes to one run_batch call */
+};
+
+struct convd_backend_info {
+    char name[16];          /* "cpu", "gpu" */
+    char device[128];       /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
+    unsigned max_workers;   /* worker threads the daemon may run run_batch on concurrently */
+};
+
+enum convd_mem_kind {
+    CONVD_MEM_HOST = 1,     /* host memory mapped into the daemon (a sealed memfd) */
+    CONVD_MEM_DEVICE = 2,   /* device memory of another process, by IPC handle */
+};
+
+/* A block of memory a client registered, as backends see it. The daemon fills the fields before
+ * mem_import; the backend may keep its own state in be_priv and, for DEVICE memory, must set
+ * device_ptr to the region's first byte (allocation base + ipc_offset) in its address space. */
+struct convd_mem {
+    enum convd_mem_kind kind;
+    uint64_t size;                               /* usable bytes from the start of the region */
+    void *host;                                  /* HOST: the daemon's mapping */
+    uint8_t ipc_handle[CONVD_IPC_HANDLE_SIZE];   /* DEVICE: the handle's bytes */
+    uint64_t ipc_offset;                         /* DEVICE: region start within the allocation */
+    void *device_ptr;                            /* DEVICE: set by mem_import */
+    void *be_priv;                               /* the backend's own */
+};
+
+/* One tensor of a job: bytes [offset, offset + bytes) of mem. The daemon has checked the range
+ * against mem->size and the byte count against the problem. mem is NULL for an absent bias. */
+struct convd_tensor_view {
+    struct convd_mem *mem;
+    uint64_t offset;
+    uint64_t bytes;
+};
+
+/* One convolution to run. The daemon fills problem and the views; run_batch fills status (0 or
+ * a CONVD_E* code), error (a sentence, on failure) and exec_ns. */
+struct convd_job {
+    struct convd_problem problem;
+    struct convd_tensor_view input, weight, bias, output;
+    int status;
+    char error[160];
+    uint64_t exec_ns;
+    void *owner;            /* the daemon's own; backends leave it alone */
+};
+
+struct convd_backend_ops {
+    const char *name;
+    /* Opens the backend. Returns 0 or a CONVD_E* code; on failure *ret_ctx is untouched and the
+     * reason is in why. */
+    int (*init)(const struct convd_backend_config *cfg, void **ret_ctx,
+                struct convd_backend_info *ret_info, char *why, size_t why_len);
+    void (*destroy)(void *ctx);
+    /* 0 when the backend can run p, else a CONVD_E* code with the reason. p is already valid. */
+    int (*supports)(void *ctx, const struct convd_problem *p, char *why, size_t why_len);
+    /* Makes registered memory usable (pin host memory, open an IPC handle). */
+    int (*mem_import)(void *ctx, struct convd_mem *m, char *why, size_t why_len);
+    void (*mem_release)(void *ctx, struct convd_mem *m);
+    /* Runs n jobs and returns once every output is written (or its job failed). Jobs with the
+     * same problem (convd_problem_same) should run in shared launches. The return value is 0, or
+     * a CONVD_E* code when the backend itself is broken (each job's status is set either way). */
+    int (*run_batch)(void *ctx, unsigned worker, struct convd_job *const *jobs, size_t n);
+};
+
+extern const struct convd_backend_ops convd_cpu_backend_ops;
+#ifdef CONVD_HAVE_GPU
+extern const struct convd_backend_ops convd_gpu_backend_ops;
+#endif
+
+struct convd_backend {
+    const struct convd_backend_ops *ops;
+    void *ctx;
+    struct convd_backend_info info;
+};
+
+static inline int be_supports(struct convd_backend *b, const struct convd_problem *p, char *why,
+                              size_t len)
+{
+    return b->ops->supports(b->ctx, p, why, len);
+}
+
+static inline int be_mem_import(struct convd_backend *b, struct convd_mem *m, char *why,
+                                size_t len)
+{
+    return b->ops->mem_import(b->ctx, m, why, len);
+}
+
+static inline void be_mem_release(struct convd_backend *b, struct convd_mem *m)
+{
+    b->ops->mem_release(b->ctx, m);
+}
+
+static inline int be_run_batch(struct convd_backend *b, unsigned worker,
+                               struct convd_job *const *jobs, size_t n)
+{
+    return b->ops->run_batch(b->ctx, worker, jobs, n);
+}
+
+#endif

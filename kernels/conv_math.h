@@ -1,0 +1,71 @@
+/*
+ * Index math of the convolution, shared by host code (validation, CPU backend, tests) and device
+ * code (the HIP kernels). Plain C, static inline, no library calls, so that one definition of the
+ * output size and of the decode of the GEMM K dimension serves everywhere.
+ *
+ * The implicit GEMM of one group: M = N*Ho*Wo rows (output pixels), N_gemm = K/G columns (output
+ * channels of the group), K_gemm = R*S*C/G (filter taps times channels per group). NHWC orders the
+ * K dimension (r, s, c), so consecutive k are consecutive channels; NCHW orders it (c, r, s).
+ */
+#ifndef CONVD_CONV_MATH_H
+#define CONVD_CONV_MATH_H
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define CONVD_HD __host__ __device__ __forceinline__
+#else
+#define CONVD_HD static inline
+#endif
+
+/* Output extent; <= 0 when the dilated filter is larger than the padded input. */
+CONVD_HD int64_t convd_math_out_dim(int64_t in, int64_t pad_lo, int64_t pad_hi, int64_t k,
+                                    int64_t stride, int64_t dil)
+{
+    int64_t span = dil * (k - 1) + 1;
+    int64_t room = in + pad_lo + pad_hi - span;
+    if (room < 0 || stride <= 0)
+        return 0;
+    return room / stride + 1;
+}
+
+/* Decode of a K_gemm index for NHWC weights (K, R, S, C/G): k = (r*S + s)*cpg + c. */
+struct convd_math_rsc {
+    int32_t r, s, c;
+};
+
+CONVD_HD struct convd_math_rsc convd_math_decode_k_nhwc(int32_t k, int32_t S, int32_t cpg)
+{
+    struct convd_math_rsc d;
+    int32_t rs = k / cpg;
+    d.c = k - rs * cpg;
+    d.r = rs / S;
+    d.s = rs - d.r * S;
+    return d;
+}
+
+/* Decode of a K_gemm index for NCHW weights (K, C/G, R, S): k = (c*R + r)*S + s. */
+CONVD_HD struct convd_math_rsc convd_math_decode_k_nchw(int32_t k, int32_t R, int32_t S)
+{
+    struct convd_math_rsc d;
+    int32_t cr = k / S;
+    d.s = k - cr * S;
+    d.c = cr / R;
+    d.r = cr - d.c * R;
+    return d;
+}
+
+/* Input coordinate of output coordinate o at filter tap t; outside [0, in) means padding. */
+CONVD_HD int32_t convd_math_in_coord(int32_t o, int32_t t, int32_t stride, int32_t pad_lo,
+                                     int32_t dil)
+{
+    return o * stride - pad_lo + t * dil;
+}
+
+/* True when 0 <= v < n, with one unsigned comparison. */
+CONVD_HD int convd_math_inside(int32_t v, int32_t n)
+{
+    return (uint32_t)v < (uint32_t)n;
+}
+
+#endif

@@ -1,0 +1,63 @@
+/*
+ * Test support shared by unit, integration and GPU tests: a naive direct-loop convolution in
+ * double precision (the oracle the CPU backend is checked against), random tensors, poisoning
+ * and comparison by relative error.
+ */
+#ifndef CONVD_TESTUTIL_H
+#define CONVD_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convd/conv.h"
+
+/* Seed for this test process: $CONVD_TEST_SEED if set, else fresh from the clock and pid. The
+ * seed is printed to stderr once so that a failure can be replayed. */
+uint64_t tu_seed(void);
+
+/* xorshift64* generator. */
+struct tu_rng {
+    uint64_t s;
+};
+void tu_rng_init(struct tu_rng *g, uint64_t seed);
+uint64_t tu_rng_next(struct tu_rng *g);
+/* Uniform integer in [lo, hi]. */
+int tu_rng_range(struct tu_rng *g, int lo, int hi);
+/* Uniform float in [-1, 1). */
+float tu_rng_float(struct tu_rng *g);
+
+/* Fills `count` elements of dtype with uniform values in [-1, 1), never all zero. */
+void tu_fill_random(struct tu_rng *g, enum convd_dtype dtype, void *data, size_t count);
+
+/* Sets every byte to 0xff: a NaN in fp32, fp16 and bf16, so any element a kernel forgets to
+ * write fails the comparison. */
+void tu_poison(void *data, size_t bytes);
+
+/* Reads element i of a tensor of dtype as float. */
+float tu_load(enum convd_dtype dtype, const void *data, size_t i);
+
+/* Direct convolution in double precision, straight from the definition in conv.h. Inputs are
+ * in the problem's dtype and layout; the result is written as float to ref (output_elems
+ * elements, the problem's output layout), before any rounding to the dtype. The problem must be
+ * valid. */
+void tu_ref_conv(const struct convd_problem *p, const void *input, const void *weight,
+                 const void *bias, float *ref);
+
+/* Relative error of an output (in the problem's dtype) against the reference:
+ * ||out - ref||_2 / max(||ref||_2, tiny). Returns INFINITY if any element is NaN or infinite
+ * while the reference is finite there; *ret_bad_index (may be NULL) gets the first such element,
+ * or the element of largest absolute error. */
+double tu_rel_error(enum convd_dtype dtype, const void *out, const float *ref, size_t count,
+                    size_t *ret_bad_index);
+
+/* The relative-error tolerance per dtype used by numeric tests: 1e-5 fp32, 1e-2 fp16 and bf16
+ * (inputs rounded to the dtype, fp32 accumulation, one final rounding). */
+double tu_tolerance(enum convd_dtype dtype);
+
+/* A random valid problem: dims, groups with channels per group in 1..max_cpg (odd sizes
+ * included), stride 1-2, dilation 1-2, asymmetric padding, layout and dtype as given
+ * (0: random). Sizes are kept small enough for the naive reference. */
+void tu_random_problem(struct tu_rng *g, struct convd_problem *p, enum convd_dtype dtype,
+                       enum convd_layout layout, int max_cpg);
+
+#endif
