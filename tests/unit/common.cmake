@@ -1,0 +1,3 @@
+# common/: wire conversions and the SOCK_SEQPACKET helpers.
+convd_unit_test(test_wire SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_wire.c LIBS convd_common)
+convd_unit_test(test_sock SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sock.c LIBS convd_common)

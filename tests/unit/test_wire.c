@@ -1,0 +1,177 @@
+/* Wire conversions: Problem <-> struct convd_problem, packing limits, and decoding of hostile
+ * bytes by protobuf-c (which the daemon relies on to reject garbage). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "wire.h"
+
+static void fill_pb(Convd__Problem *pb)
+{
+    convd__problem__init(pb);
+    pb->n = 2;
+    pb->h = 9;
+    pb->w = 7;
+    pb->c = 12;
+    pb->k = 8;
+    pb->r = 3;
+    pb->s = 2;
+    pb->groups = 4;
+    pb->stride_h = 2;
+    pb->stride_w = 1;
+    pb->pad_top = 1;
+    pb->pad_bottom = 0;
+    pb->pad_left = 2;
+    pb->pad_right = 1;
+    pb->dil_h = 1;
+    pb->dil_w = 2;
+    pb->dtype = CONVD__DTYPE__DTYPE_BF16;
+    pb->layout = CONVD__LAYOUT__LAYOUT_NHWC;
+    pb->has_bias = 1;
+    pb->relu = 1;
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    Convd__Problem pb, back;
+    struct convd_problem p;
+    char why[128];
+    fill_pb(&pb);
+    assert_int_equal(wire_problem_from_pb(&pb, &p, why, sizeof(why)), 0);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(p.c, 12);
+    assert_int_equal(p.groups, 4);
+    assert_int_equal(p.pad_left, 2);
+    assert_int_equal(p.dil_w, 2);
+    assert_int_equal(p.dtype, CONVD_DTYPE_BF16);
+    assert_int_equal(p.layout, CONVD_LAYOUT_NHWC);
+    assert_true(p.has_bias && p.relu && !p.allow_tf32);
+
+    convd__problem__init(&back);
+    wire_problem_to_pb(&p, &back);
+    uint8_t a[256], b[256];
+    size_t la = convd__problem__pack(&pb, a), lb = convd__problem__pack(&back, b);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+}
+
+static void test_rejects_named_fields(void **state)
+{
+    (void)state;
+    Convd__Problem pb;
+    struct convd_problem p, untouched;
+    char why[160];
+    memset(&p, 0x5a, sizeof(p));
+    untouched = p;
+
+    fill_pb(&pb);
+    pb.groups = 0;
+    assert_int_equal(wire_problem_from_pb(&pb, &p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "groups"));
+    assert_memory_equal(&p, &untouched, sizeof(p));
+
+    fill_pb(&pb);
+    pb.w = 0x80000000u;
+    assert_int_equal(wire_problem_from_pb(&pb, &p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "field w"));
+
+    fill_pb(&pb);
+    pb.k = 10; /* not a multiple of groups = 4 */
+    assert_int_equal(wire_problem_from_pb(&pb, &p, why, sizeof(why)), CONVD_EGROUPS);
+    assert_non_null(strstr(why, "k=10"));
+
+    fill_pb(&pb);
+    pb.dtype = 9;
+    assert_int_equal(wire_problem_from_pb(&pb, &p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "dtype"));
+
+    fill_pb(&pb);
+    pb.layout = CONVD__LAYOUT__LAYOUT_UNSPECIFIED;
+    assert_int_equal(wire_problem_from_pb(&pb, &p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "layout"));
+
+    assert_int_equal(wire_problem_from_pb(NULL, &p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_memory_equal(&p, &untouched, sizeof(p));
+}
+
+static void test_pack_limits(void **state)
+{
+    (void)state;
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__MetricsReply mr = CONVD__METRICS_REPLY__INIT;
+    static char text[CONVD_MAX_MESSAGE_BYTES + 16];
+    static uint8_t buf[CONVD_MAX_MESSAGE_BYTES];
+    memset(text, 'x', sizeof(text) - 1);
+    text[sizeof(text) - 1] = '\0';
+    mr.text = text;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_METRICS_REPLY;
+    m.metrics_reply = &mr;
+    assert_int_equal(wire_pack_server(&m, buf, sizeof(buf)), CONVD_ETOOBIG);
+    text[100] = '\0';
+    int n = wire_pack_server(&m, buf, sizeof(buf));
+    assert_true(n > 100 && n < 200);
+    Convd__ServerMessage *d = convd__server_message__unpack(NULL, (size_t)n, buf);
+    assert_non_null(d);
+    assert_int_equal(d->msg_case, CONVD__SERVER_MESSAGE__MSG_METRICS_REPLY);
+    assert_int_equal(strlen(d->metrics_reply->text), 100);
+    convd__server_message__free_unpacked(d, NULL);
+}
+
+/* protobuf-c must survive garbage (ASan watches this loop) and refuse truncated messages: the
+ * daemon feeds it whatever a client sends. */
+static void test_garbage_decode(void **state)
+{
+    (void)state;
+    uint64_t x = 0x243f6a8885a308d3ull;
+    uint8_t buf[512];
+    for (int round = 0; round < 5000; round++) {
+        size_t len = (size_t)(x % sizeof(buf));
+        for (size_t i = 0; i < len; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf[i] = (uint8_t)x;
+        }
+        Convd__ClientMessage *m = convd__client_message__unpack(NULL, len, buf);
+        if (m != NULL) {
+            assert_true(m->msg_case >= CONVD__CLIENT_MESSAGE__MSG__NOT_SET &&
+                        m->msg_case <= CONVD__CLIENT_MESSAGE__MSG_PING);
+            convd__client_message__free_unpacked(m, NULL);
+        }
+    }
+
+    /* a valid request cut short anywhere inside its nested problem is refused */
+    Convd__ClientMessage cm = CONVD__CLIENT_MESSAGE__INIT;
+    Convd__ConvRequest req = CONVD__CONV_REQUEST__INIT;
+    Convd__Problem pb;
+    fill_pb(&pb);
+    req.id = 77;
+    req.problem = &pb;
+    cm.msg_case = CONVD__CLIENT_MESSAGE__MSG_CONV;
+    cm.conv = &req;
+    int n = wire_pack_client(&cm, buf, sizeof(buf));
+    assert_true(n > 20);
+    Convd__ClientMessage *whole = convd__client_message__unpack(NULL, (size_t)n, buf);
+    assert_non_null(whole);
+    assert_int_equal(whole->conv->id, 77);
+    assert_int_equal(whole->conv->problem->groups, 4);
+    convd__client_message__free_unpacked(whole, NULL);
+    for (int cut = 1; cut < 6; cut++)
+        assert_null(convd__client_message__unpack(NULL, (size_t)(n - cut), buf));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_rejects_named_fields),
+        cmocka_unit_test(test_pack_limits),
+        cmocka_unit_test(test_garbage_decode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
