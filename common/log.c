@@ -31,7 +31,7 @@ int convd_log_parse_level(const char *s, int *ret_level)
         const char *name;
         int level;
     } names[] = {
-        {"err", LOG_LVL_ERR},   {"error", LOG_LVL_ERR}, {"warning", LOG_LVL_WARNING},
+        {"err", LOG_LVL_ERR},      {"error", LOG_LVL_ERR},     {"warning", LOG_LVL_WARNING},
         {"warn", LOG_LVL_WARNING}, {"notice", LOG_LVL_NOTICE}, {"info", LOG_LVL_INFO},
         {"debug", LOG_LVL_DEBUG},
     };

@@ -33,8 +33,7 @@ int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, ch
     struct convd_problem p = {0};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         if (f[i].v > INT32_MAX) {
-            snprintf(why, why_len, "field %s is %u, larger than %d", f[i].name, f[i].v,
-                     INT32_MAX);
+            snprintf(why, why_len, "field %s is %u, larger than %d", f[i].name, f[i].v, INT32_MAX);
             return CONVD_EBADSHAPE;
         }
     }
@@ -77,8 +76,7 @@ int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, ch
         p.layout = CONVD_LAYOUT_NHWC;
         break;
     default:
-        snprintf(why, why_len, "field layout is %d, must be nchw (1) or nhwc (2)",
-                 (int)pb->layout);
+        snprintf(why, why_len, "field layout is %d, must be nchw (1) or nhwc (2)", (int)pb->layout);
         return CONVD_EBADSHAPE;
     }
     p.has_bias = pb->has_bias;

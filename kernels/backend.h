@@ -20,20 +20,20 @@
 #define CONVD_IPC_HANDLE_SIZE 64
 
 struct convd_backend_config {
-    int threads;            /* CPU threads to use; 0: one per online CPU */
-    int device;             /* GPU ordinal; -1: the first usable */
-    unsigned max_batch;     /* most jobs the daemon passes to one run_batch call */
+    int threads;        /* CPU threads to use; 0: one per online CPU */
+    int device;         /* GPU ordinal; -1: the first usable */
+    unsigned max_batch; /* most jobs the daemon passes to one run_batch call */
 };
 
 struct convd_backend_info {
-    char name[16];          /* "cpu", "gpu" */
-    char device[128];       /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
-    unsigned max_workers;   /* worker threads the daemon may run run_batch on concurrently */
+    char name[16];        /* "cpu", "gpu" */
+    char device[128];     /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
+    unsigned max_workers; /* worker threads the daemon may run run_batch on concurrently */
 };
 
 enum convd_mem_kind {
-    CONVD_MEM_HOST = 1,     /* host memory mapped into the daemon (a sealed memfd) */
-    CONVD_MEM_DEVICE = 2,   /* device memory of another process, by IPC handle */
+    CONVD_MEM_HOST = 1,   /* host memory mapped into the daemon (a sealed memfd) */
+    CONVD_MEM_DEVICE = 2, /* device memory of another process, by IPC handle */
 };
 
 /* A block of memory a client registered, as backends see it. The daemon fills the fields before
@@ -41,12 +41,12 @@ enum convd_mem_kind {
  * device_ptr to the region's first byte (allocation base + ipc_offset) in its address space. */
 struct convd_mem {
     enum convd_mem_kind kind;
-    uint64_t size;                               /* usable bytes from the start of the region */
-    void *host;                                  /* HOST: the daemon's mapping */
-    uint8_t ipc_handle[CONVD_IPC_HANDLE_SIZE];   /* DEVICE: the handle's bytes */
-    uint64_t ipc_offset;                         /* DEVICE: region start within the allocation */
-    void *device_ptr;                            /* DEVICE: set by mem_import */
-    void *be_priv;                               /* the backend's own */
+    uint64_t size;                             /* usable bytes from the start of the region */
+    void *host;                                /* HOST: the daemon's mapping */
+    uint8_t ipc_handle[CONVD_IPC_HANDLE_SIZE]; /* DEVICE: the handle's bytes */
+    uint64_t ipc_offset;                       /* DEVICE: region start within the allocation */
+    void *device_ptr;                          /* DEVICE: set by mem_import */
+    void *be_priv;                             /* the backend's own */
 };
 
 /* One tensor of a job: bytes [offset, offset + bytes) of mem. The daemon has checked the range
@@ -65,7 +65,7 @@ struct convd_job {
     int status;
     char error[160];
     uint64_t exec_ns;
-    void *owner;            /* the daemon's own; backends leave it alone */
+    void *owner; /* the daemon's own; backends leave it alone */
 };
 
 struct convd_backend_ops {
@@ -103,8 +103,7 @@ static inline int be_supports(struct convd_backend *b, const struct convd_proble
     return b->ops->supports(b->ctx, p, why, len);
 }
 
-static inline int be_mem_import(struct convd_backend *b, struct convd_mem *m, char *why,
-                                size_t len)
+static inline int be_mem_import(struct convd_backend *b, struct convd_mem *m, char *why, size_t len)
 {
     return b->ops->mem_import(b->ctx, m, why, len);
 }

@@ -30,7 +30,7 @@ uint16_t convd_f32_to_f16(float f)
         return (uint16_t)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x0200u : 0));
     if (abs >= 0x477ff000u) /* rounds to >= 65520: overflow to infinity */
         return (uint16_t)(sign | 0x7c00u);
-    if (abs < 0x38800000u) { /* below the smallest normal fp16 (2^-14): subnormal or zero */
+    if (abs < 0x38800000u) {   /* below the smallest normal fp16 (2^-14): subnormal or zero */
         if (abs < 0x33000000u) /* below half the smallest subnormal (2^-25): zero */
             return (uint16_t)sign;
         uint32_t e = abs >> 23;

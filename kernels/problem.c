@@ -179,10 +179,10 @@ int convd_problem_sizes(const struct convd_problem *p, struct convd_problem_size
     /* Every product below was bounded by convd_problem_check(). */
     struct convd_problem_sizes z;
     const uint64_t esz = convd_dtype_size(p->dtype);
-    z.out_h = (int32_t)convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h,
-                                          p->dil_h);
-    z.out_w = (int32_t)convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w,
-                                          p->dil_w);
+    z.out_h =
+        (int32_t)convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h, p->dil_h);
+    z.out_w =
+        (int32_t)convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w, p->dil_w);
     z.input_elems = (uint64_t)p->n * p->h * p->w * p->c;
     z.weight_elems = (uint64_t)p->k * p->r * p->s * (p->c / p->groups);
     z.bias_elems = p->has_bias ? (uint64_t)p->k : 0;
@@ -212,10 +212,10 @@ bool convd_problem_same(const struct convd_problem *a, const struct convd_proble
 
 char *convd_problem_str(const struct convd_problem *p, char *buf, size_t len)
 {
-    snprintf(buf, len, "n%d c%dx%dx%d k%d %dx%d g%d s%d,%d p%d,%d,%d,%d d%d,%d %s %s%s%s", (int)p->n,
-             (int)p->c, (int)p->h, (int)p->w, (int)p->k, (int)p->r, (int)p->s, (int)p->groups,
-             (int)p->stride_h, (int)p->stride_w, (int)p->pad_top, (int)p->pad_bottom,
-             (int)p->pad_left, (int)p->pad_right, (int)p->dil_h, (int)p->dil_w,
+    snprintf(buf, len, "n%d c%dx%dx%d k%d %dx%d g%d s%d,%d p%d,%d,%d,%d d%d,%d %s %s%s%s",
+             (int)p->n, (int)p->c, (int)p->h, (int)p->w, (int)p->k, (int)p->r, (int)p->s,
+             (int)p->groups, (int)p->stride_h, (int)p->stride_w, (int)p->pad_top,
+             (int)p->pad_bottom, (int)p->pad_left, (int)p->pad_right, (int)p->dil_h, (int)p->dil_w,
              convd_dtype_name(p->dtype), convd_layout_name(p->layout), p->has_bias ? " bias" : "",
              p->relu ? " relu" : "");
     return buf;
@@ -251,9 +251,9 @@ int convd_dtype_parse(const char *s, enum convd_dtype *ret_dtype)
         const char *name;
         enum convd_dtype dtype;
     } names[] = {
-        {"fp32", CONVD_DTYPE_FP32},     {"float32", CONVD_DTYPE_FP32}, {"float", CONVD_DTYPE_FP32},
-        {"fp16", CONVD_DTYPE_FP16},     {"float16", CONVD_DTYPE_FP16}, {"half", CONVD_DTYPE_FP16},
-        {"bf16", CONVD_DTYPE_BF16},     {"bfloat16", CONVD_DTYPE_BF16},
+        {"fp32", CONVD_DTYPE_FP32}, {"float32", CONVD_DTYPE_FP32},  {"float", CONVD_DTYPE_FP32},
+        {"fp16", CONVD_DTYPE_FP16}, {"float16", CONVD_DTYPE_FP16},  {"half", CONVD_DTYPE_FP16},
+        {"bf16", CONVD_DTYPE_BF16}, {"bfloat16", CONVD_DTYPE_BF16},
     };
     if (s == NULL || ret_dtype == NULL)
         return CONVD_EINVAL;

@@ -8,7 +8,8 @@
  * The problem is a grouped 2-D forward convolution, as torch.nn.functional.conv2d computes it:
  *
  *   y[n, k, oh, ow] = bias[k] + sum over c' < C/G, r < R, s < S of
- *                     x[n, g*C/G + c', oh*stride_h - pad_top + r*dil_h, ow*stride_w - pad_left + s*dil_w]
+ *                     x[n, g*C/G + c', oh*stride_h - pad_top + r*dil_h, ow*stride_w - pad_left +
+ * s*dil_w]
  *                     * w[k, c', r, s]                       where g = k / (K/G)
  *
  * optionally followed by ReLU. Input pixels outside the image read as zero. Shapes and layouts:
@@ -45,10 +46,10 @@ enum convd_layout {
 };
 
 /* Limits enforced by convd_problem_check(). */
-#define CONVD_MAX_DIM          (1 << 24)             /* n, h, w, c, k, r, s, groups */
-#define CONVD_MAX_STRIDE       (1 << 16)             /* stride and dilation */
-#define CONVD_MAX_PAD          (1 << 16)             /* each of the four paddings */
-#define CONVD_MAX_TENSOR_BYTES ((uint64_t)1 << 40)   /* any one tensor */
+#define CONVD_MAX_DIM          (1 << 24)           /* n, h, w, c, k, r, s, groups */
+#define CONVD_MAX_STRIDE       (1 << 16)           /* stride and dilation */
+#define CONVD_MAX_PAD          (1 << 16)           /* each of the four paddings */
+#define CONVD_MAX_TENSOR_BYTES ((uint64_t)1 << 40) /* any one tensor */
 
 /* One convolution problem. Zero-initialise it and set every field; convd_problem_init() gives
  * stride 1, dilation 1, no padding, NCHW, fp32. */

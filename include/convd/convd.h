@@ -54,20 +54,23 @@ typedef struct convd_region convd_region;
 /* Options for convd_connect(). Initialise with CONVD_CONNECT_OPTIONS_INIT so that fields added
  * later get their defaults. */
 struct convd_connect_options {
-    size_t struct_size;       /* sizeof(struct convd_connect_options) */
-    const char *socket_path;  /* NULL: $CONVD_SOCKET, else CONVD_DEFAULT_SOCKET */
-    const char *client_name;  /* shown in the daemon's logs; NULL: the program's name */
-    int timeout_ms;           /* for connecting and the handshake; <= 0: 5000 */
+    size_t struct_size;      /* sizeof(struct convd_connect_options) */
+    const char *socket_path; /* NULL: $CONVD_SOCKET, else CONVD_DEFAULT_SOCKET */
+    const char *client_name; /* shown in the daemon's logs; NULL: the program's name */
+    int timeout_ms;          /* for connecting and the handshake; <= 0: 5000 */
 };
-#define CONVD_CONNECT_OPTIONS_INIT {sizeof(struct convd_connect_options), NULL, NULL, 0}
+#define CONVD_CONNECT_OPTIONS_INIT                                                                 \
+    {                                                                                              \
+        sizeof(struct convd_connect_options), NULL, NULL, 0                                        \
+    }
 
 /* What the daemon announced in its handshake. */
 struct convd_server_info {
     uint32_t protocol_version;
     char server_version[32];
-    char backend[16];          /* "cpu" or "gpu" */
+    char backend[16]; /* "cpu" or "gpu" */
     char device[128];
-    uint32_t max_inflight;     /* requests this client may have in flight */
+    uint32_t max_inflight; /* requests this client may have in flight */
     uint32_t max_regions;
     uint64_t max_mapped_bytes;
     uint32_t max_batch;
@@ -135,19 +138,22 @@ struct convd_conv_args {
     size_t struct_size;
     struct convd_problem problem;
     struct convd_tensor input, weight, bias, output;
-    unsigned priority;         /* 0 (highest) .. 3 (lowest) */
-    uint64_t timeout_us;       /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
+    unsigned priority;   /* 0 (highest) .. 3 (lowest) */
+    uint64_t timeout_us; /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
 };
-#define CONVD_CONV_ARGS_INIT {sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0}
+#define CONVD_CONV_ARGS_INIT                                                                       \
+    {                                                                                              \
+        sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0                              \
+    }
 
 /* The outcome of one request. */
 struct convd_completion {
     uint64_t id;
-    int status;                /* 0: the output is written; else a CONVD_E* code */
-    char error[256];           /* the daemon's sentence when status != 0 */
-    uint64_t queue_us;         /* waiting in the daemon's queue */
-    uint64_t exec_us;          /* running the batch it was part of */
-    uint32_t batch_size;       /* requests in that batch */
+    int status;          /* 0: the output is written; else a CONVD_E* code */
+    char error[256];     /* the daemon's sentence when status != 0 */
+    uint64_t queue_us;   /* waiting in the daemon's queue */
+    uint64_t exec_us;    /* running the batch it was part of */
+    uint32_t batch_size; /* requests in that batch */
 };
 
 /* Sends a request and returns at once with its id in *ret_id. The client checks the problem and
@@ -203,10 +209,10 @@ struct convd_status {
     char backend[16];
     char device[128];
     uint32_t protocol_version;
-    uint32_t clients;          /* connections open now */
-    uint32_t queue_depth;      /* requests waiting */
-    uint32_t inflight;         /* requests waiting or running */
-    uint64_t requests_served;  /* completed successfully since start */
+    uint32_t clients;         /* connections open now */
+    uint32_t queue_depth;     /* requests waiting */
+    uint32_t inflight;        /* requests waiting or running */
+    uint64_t requests_served; /* completed successfully since start */
     uint64_t requests_failed;
     uint64_t batches;
     uint64_t uptime_ms;

@@ -168,8 +168,8 @@ void tu_random_problem(struct tu_rng *g, struct convd_problem *p, enum convd_dty
         int cpg = tu_rng_range(g, 1, max_cpg);
         int kpg = tu_rng_range(g, 1, max_cpg);
         int r = tu_rng_range(g, 1, 5), s = tu_rng_range(g, 1, 5);
-        convd_problem_init(p, tu_rng_range(g, 1, 3), tu_rng_range(g, 1, 13),
-                           tu_rng_range(g, 1, 13), groups * cpg, groups * kpg, r, s, groups);
+        convd_problem_init(p, tu_rng_range(g, 1, 3), tu_rng_range(g, 1, 13), tu_rng_range(g, 1, 13),
+                           groups * cpg, groups * kpg, r, s, groups);
         p->stride_h = tu_rng_range(g, 1, 2);
         p->stride_w = tu_rng_range(g, 1, 2);
         p->dil_h = tu_rng_range(g, 1, 2);
