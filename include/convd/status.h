@@ -46,7 +46,7 @@ extern "C" {
     XX(EBUSY, -26, "resource busy")                                                                \
     XX(EINTERNAL, -27, "internal error")
 
-enum convd_status {
+enum convd_status_code {
 #define CONVD_STATUS_ENUM_(name, value, msg) CONVD_##name = (value),
     CONVD_STATUS_MAP(CONVD_STATUS_ENUM_)
 #undef CONVD_STATUS_ENUM_
