@@ -1,0 +1,369 @@
+/*
+ * Many clients and badly behaved ones, against a real daemon: 64 processes connected at once,
+ * each pipelining checked convolutions; a client killed with SIGKILL while its requests are in
+ * flight; clients that close without unregistering anything; a client that never reads its
+ * completions. After each, the daemon must release everything the client held and keep serving
+ * the others.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "raw.h"
+
+static struct it_daemon daemon_;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    it_daemon_start(&daemon_, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    it_daemon_kill(&daemon_);
+    return 0;
+}
+
+/* Reads one byte, waiting up to IT_TIMEOUT_MS. Returns 1, 0 on EOF, -1 on timeout. */
+static int read_byte(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int n;
+    do
+        n = poll(&p, 1, IT_TIMEOUT_MS);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return -1;
+    char b;
+    ssize_t r;
+    do
+        r = read(fd, &b, 1);
+    while (r < 0 && errno == EINTR);
+    return r == 1 ? 1 : 0;
+}
+
+static convd_client *child_connect(const char *sock, const char *name)
+{
+    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+    o.socket_path = sock;
+    o.client_name = name;
+    o.timeout_ms = IT_TIMEOUT_MS;
+    convd_client *c = NULL;
+    if (convd_connect(&o, &c) != 0) {
+        fprintf(stderr, "%s: connect: %s\n", name, convd_last_connect_error());
+        return NULL;
+    }
+    return c;
+}
+
+/* One of the 64: connect, say so, wait for the start signal, then two rounds of pipelined
+ * requests, every output checked. Runs in a forked child: no cmocka asserts here. */
+static int many_child(const char *sock, uint64_t seed, int ready_fd, int go_fd)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "it-many-%d", (int)getpid());
+    convd_client *c = child_connect(sock, name);
+    if (c == NULL)
+        return 2;
+    if (write(ready_fd, "r", 1) != 1)
+        return 3;
+    if (read_byte(go_fd) != 0) /* EOF is the start signal */
+        return 4;
+    struct tu_rng g;
+    tu_rng_init(&g, seed);
+    enum { PER_ROUND = 12 };
+    int ret = 0;
+    for (int round = 0; round < 2 && ret == 0; round++) {
+        struct convd_problem probs[PER_ROUND];
+        struct it_case cases[PER_ROUND];
+        uint64_t ids[PER_ROUND], total = 0;
+        for (int i = 0; i < PER_ROUND; i++) {
+            tu_random_problem(&g, &probs[i], 0, 0, 4);
+            total += it_case_span(&probs[i]);
+        }
+        convd_region *r = NULL;
+        if (convd_region_create(c, total, &r) != 0) {
+            fprintf(stderr, "%s: region_create: %s\n", name, convd_errstr(c));
+            ret = 5;
+            break;
+        }
+        uint64_t off = 0;
+        for (int i = 0; i < PER_ROUND; i++) {
+            it_case_init(&cases[i], r, off, &probs[i], &g);
+            off += cases[i].span;
+        }
+        int submitted = 0;
+        for (int i = 0; i < PER_ROUND; i++) {
+            struct convd_conv_args a;
+            it_case_args(&cases[i], &a);
+            int rc = convd_conv_submit(c, &a, &ids[i]);
+            if (rc != 0) {
+                fprintf(stderr, "%s: submit: %s: %s\n", name, convd_status_name(rc),
+                        convd_errstr(c));
+                ret = 6;
+                break;
+            }
+            submitted++;
+        }
+        for (int k = 0; k < submitted; k++) {
+            struct convd_completion done;
+            int rc = convd_wait_any(c, IT_TIMEOUT_MS, &done);
+            if (rc != 0) {
+                fprintf(stderr, "%s: wait_any: %s: %s\n", name, convd_status_name(rc),
+                        convd_errstr(c));
+                ret = 7;
+                break;
+            }
+            if (done.status != 0) {
+                fprintf(stderr, "%s: request failed: %s: %s\n", name,
+                        convd_status_name(done.status), done.error);
+                ret = 8;
+            }
+        }
+        for (int i = 0; i < PER_ROUND; i++) {
+            char why[320];
+            if (ret == 0 && !it_case_ok(&cases[i], why, sizeof(why))) {
+                fprintf(stderr, "%s: wrong output: %s\n", name, why);
+                ret = 9;
+            }
+            it_case_fini(&cases[i]);
+        }
+        if (convd_region_free(r) != 0 && ret == 0)
+            ret = 10;
+    }
+    convd_close(c);
+    return ret;
+}
+
+static void test_64_clients_at_once(void **state)
+{
+    (void)state;
+    enum { CLIENTS = 64 };
+    int ready[2], go[2];
+    assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+    pid_t pids[CLIENTS];
+    uint64_t seed = tu_rng_next(it_rng());
+    fflush(NULL);
+    for (int i = 0; i < CLIENTS; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0) {
+            close(ready[0]);
+            close(go[1]);
+            _exit(many_child(daemon_.sock, seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1),
+                             ready[1], go[0]));
+        }
+    }
+    close(ready[1]);
+    close(go[0]);
+    /* All 64 connected before any starts: they really are served at the same time. */
+    int connected = 0;
+    while (connected < CLIENTS && read_byte(ready[0]) == 1)
+        connected++;
+    struct convd_status st;
+    assert_int_equal(convd_status_get(daemon_.mon, &st), 0);
+    close(go[1]);
+    int failed = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        int ws = it_wait_child(pids[i]);
+        if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+            print_error("client %d (pid %d) failed: wait status 0x%x\n", i, (int)pids[i], ws);
+            failed++;
+        }
+    }
+    close(ready[0]);
+    assert_int_equal(connected, CLIENTS);
+    assert_true(st.clients >= CLIENTS + 1);
+    assert_int_equal(failed, 0);
+    it_daemon_check_clean(&daemon_);
+}
+
+/* A client with regions and queued work is killed: the daemon finishes or cancels its work,
+ * then releases its regions and descriptors, and serves everyone else meanwhile. */
+static void test_sigkill_with_requests_in_flight(void **state)
+{
+    (void)state;
+    int ready[2];
+    assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(ready[0]);
+        convd_client *c = child_connect(daemon_.sock, "it-victim");
+        if (c == NULL)
+            _exit(2);
+        struct convd_problem heavy;
+        it_heavy_problem(&heavy);
+        convd_region *r = NULL, *r2 = NULL;
+        if (convd_region_create(c, it_case_span(&heavy), &r) != 0 ||
+            convd_region_create(c, 1 << 20, &r2) != 0)
+            _exit(3);
+        struct tu_rng g;
+        tu_rng_init(&g, 42);
+        struct it_case t;
+        it_case_init(&t, r, 0, &heavy, NULL);
+        struct convd_conv_args a;
+        it_case_args(&t, &a);
+        uint64_t id;
+        for (int i = 0; i < 3; i++)
+            if (convd_conv_submit(c, &a, &id) != 0)
+                _exit(4);
+        struct convd_problem small;
+        convd_problem_init(&small, 1, 8, 8, 8, 8, 3, 3, 2);
+        struct it_case s;
+        it_case_init(&s, r2, 0, &small, &g);
+        it_case_args(&s, &a);
+        for (int i = 0; i < 50; i++)
+            if (convd_conv_submit(c, &a, &id) != 0)
+                _exit(5);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(6);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    int got = read_byte(ready[0]);
+    close(ready[0]);
+    struct convd_status st;
+    assert_int_equal(convd_status_get(daemon_.mon, &st), 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int ws = it_wait_child(pid);
+    assert_int_equal(got, 1);
+    assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
+    assert_true(st.clients >= 2);
+    /* Others are served while the victim's work drains. */
+    convd_client *c = it_connect(&daemon_, "it-bystander");
+    it_one_conv(c, it_rng());
+    convd_close(c);
+    it_daemon_check_clean(&daemon_);
+}
+
+/* Raw clients that register regions, submit, and close the socket without unregistering
+ * anything; then a library client that closes with requests in flight. */
+static void test_close_without_unregistering(void **state)
+{
+    (void)state;
+    struct convd_problem p;
+    convd_problem_init(&p, 1, 12, 12, 16, 16, 3, 3, 4);
+    for (int k = 0; k < 5; k++) {
+        int fd = raw_connect(daemon_.sock);
+        raw_hello(fd);
+        struct raw_conv rc;
+        uint64_t need = raw_conv_init(&rc, 7, &p, 1);
+        for (uint64_t id = 1; id <= 3; id++) {
+            int mfd = raw_memfd(need, F_SEAL_SHRINK | F_SEAL_GROW);
+            char why[256];
+            int st = raw_register(fd, id, need, &mfd, 1, why, sizeof(why));
+            close(mfd);
+            if (st != 0)
+                fail_msg("register: %s: %s", convd_status_name(st), why);
+        }
+        /* k = 0: close with nothing in flight; otherwise with k requests in flight. */
+        for (int i = 0; i < k; i++) {
+            rc.req.id = 100 + (uint64_t)i;
+            raw_conv_send(fd, &rc);
+        }
+        close(fd);
+    }
+    convd_client *c = it_connect(&daemon_, "it-abandon");
+    struct convd_problem q;
+    tu_random_problem(it_rng(), &q, 0, 0, 8);
+    convd_region *r = NULL;
+    assert_int_equal(convd_region_create(c, it_case_span(&q), &r), 0);
+    struct it_case t;
+    it_case_init(&t, r, 0, &q, it_rng());
+    struct convd_conv_args a;
+    it_case_args(&t, &a);
+    for (int i = 0; i < 20; i++) {
+        uint64_t id;
+        assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+    }
+    it_case_fini(&t);
+    convd_close(c);
+    it_daemon_check_clean(&daemon_);
+}
+
+/* A client that sends requests and never reads a single completion: its replies pile up, but
+ * the daemon goes on serving others, and releases everything when the client finally closes. */
+static void test_client_never_reads(void **state)
+{
+    (void)state;
+    int fd = raw_connect(daemon_.sock);
+    uint32_t max_inflight = raw_hello(fd);
+    struct convd_problem p;
+    convd_problem_init(&p, 1, 6, 6, 4, 4, 3, 3, 1);
+    struct raw_conv rc;
+    uint64_t need = raw_conv_init(&rc, 1, &p, 1);
+    int mfd = raw_memfd(need, F_SEAL_SHRINK | F_SEAL_GROW);
+    char why[256];
+    int st = raw_register(fd, 1, need, &mfd, 1, why, sizeof(why));
+    close(mfd);
+    if (st != 0)
+        fail_msg("register: %s: %s", convd_status_name(st), why);
+
+    int fl = fcntl(fd, F_GETFL);
+    assert_int_equal(fcntl(fd, F_SETFL, fl | O_NONBLOCK), 0);
+    static uint8_t buf[1024];
+    uint64_t sent = 0, target = 8u * max_inflight + 2000u;
+    int stalls = 0;
+    for (uint64_t id = 1; id <= target && stalls < 50; id++) {
+        rc.req.id = id;
+        size_t len = convd__client_message__pack(&rc.msg, buf);
+        int r = raw_send_bytes_fds(fd, buf, len, NULL, 0);
+        if (r == -EAGAIN) {
+            /* The daemon stopped reading us for now (allowed); try a little later. */
+            stalls++;
+            id--;
+            it_sleep_ms(20);
+            continue;
+        }
+        if (r == -EPIPE || r == -ECONNRESET)
+            break; /* the daemon dropped us for not reading (allowed too) */
+        assert_int_equal(r, 0);
+        sent++;
+    }
+    print_message("sent %llu requests without reading a reply\n", (unsigned long long)sent);
+    assert_true(sent > 0);
+
+    /* Everyone else is still served. */
+    convd_client *c = it_connect(&daemon_, "it-polite");
+    for (int i = 0; i < 3; i++)
+        it_one_conv(c, it_rng());
+    assert_int_equal(convd_ping(daemon_.mon, NULL), 0);
+    convd_close(c);
+    close(fd);
+    it_daemon_check_clean(&daemon_);
+}
+
+static void test_zz_no_leaks_and_clean_exit(void **state)
+{
+    (void)state;
+    it_daemon_check_clean(&daemon_);
+    it_daemon_stop(&daemon_);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_64_clients_at_once),
+        cmocka_unit_test(test_sigkill_with_requests_in_flight),
+        cmocka_unit_test(test_close_without_unregistering),
+        cmocka_unit_test(test_client_never_reads),
+        cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
+    };
+    return cmocka_run_group_tests_name("integration: clients", tests, group_setup, group_teardown);
+}
