@@ -1,0 +1,1023 @@
+/*
+ * The GPU backend of the daemon (convd_gpu_backend_ops, name "gpu"): device selection and
+ * warm-up, a per-worker device memory pool, pinning of host regions, opening of client IPC
+ * handles, and run_batch, which stages host tensors, runs every group of same-geometry jobs in
+ * one convd_gpu_conv() call and copies host outputs back.
+ *
+ * Compiled as CUDA by nvcc (through vendor.h, which maps the HIP names used here to CUDA) and as
+ * HIP by hipcc. The daemon never sees this file's types: it talks to it through backend.h.
+ *
+ * Threading (backend.h): init, destroy, mem_import and mem_release run on the daemon's loop
+ * thread; run_batch runs on up to GPU_WORKERS worker threads at once, each with its own worker
+ * index, so everything a batch touches (stream, pool, scratch) is per worker and needs no lock.
+ * The IPC cache has a lock anyway, because it is cheap and makes the tests' use from several
+ * threads safe. A runtime's current device is per thread, so every entry point sets it first.
+ *
+ * Errors never abort: a failed runtime call becomes CONVD_EDEVICE (CONVD_ENOMEM for allocations)
+ * with the runtime's own sentence. A sticky error (the context is lost: an illegal address, a
+ * dead device) is detected by probing the stream after the failure; from then on the backend
+ * refuses all work with the first such sentence, so that the daemon can report it and stop.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu_backend_vendor.h"
+
+extern "C" {
+#include "backend.h"
+}
+
+#ifdef CONVD_GPU_NVIDIA
+/* Types of the driver API only: cuMemGetAddressRange is looked up through the runtime
+ * (cudaGetDriverEntryPointByVersion), so the daemon does not link libcuda and still starts, on
+ * the CPU backend, where no NVIDIA driver is installed. */
+#include <cudaTypedefs.h>
+#endif
+
+/* All of this file is host code. hipcc's device pass would still emit the ops table, and with it
+ * references to host functions, into the GPU code object; so that pass sees nothing. */
+#if !defined(__HIP_DEVICE_COMPILE__)
+
+#define GPU_WORKERS      2   /* one stream each: copies of one batch overlap compute of another */
+#define GPU_ALIGN        256 /* staging buffers start at this alignment (vector loads, cp.async) */
+#define GPU_POOL_GRAIN   ((size_t)2 << 20)  /* pool sizes are rounded up to this */
+#define GPU_POOL_MIN_CAP ((size_t)64 << 20) /* a pool cap never below this */
+#define GPU_WHY          160                /* sizeof(convd_job.error) */
+
+static_assert(sizeof(hipIpcMemHandle_t) == CONVD_IPC_HANDLE_SIZE,
+              "the wire's IPC handle size must match the runtime's");
+
+/* One opened IPC allocation, shared by every region whose handle has the same bytes. */
+struct gpu_ipc {
+    struct gpu_ipc *next;
+    uint8_t handle[CONVD_IPC_HANDLE_SIZE];
+    char *ptr;      /* what hipIpcOpenMemHandle returned: the allocation's base */
+    uint64_t avail; /* bytes from ptr to the end of the allocation */
+    unsigned refs;
+};
+
+/* be_priv of an imported region. */
+struct gpu_mem {
+    int pinned;          /* HOST: registered by us, to unregister at release */
+    struct gpu_ipc *ipc; /* DEVICE: the cache entry holding one reference for this region */
+};
+
+/* Where one job's tensors live during a chunk: an offset into the worker's pool for a staged
+ * host tensor, GPU_IN_PLACE for a tensor in device memory, GPU_ABSENT for no bias. */
+#define GPU_IN_PLACE UINT64_MAX
+#define GPU_ABSENT   (UINT64_MAX - 1)
+struct gpu_plan {
+    uint64_t input, weight, bias, output;
+};
+
+/* A host tensor already staged in this chunk, so that jobs sharing weights (or inputs) copy them
+ * once. */
+struct gpu_slot {
+    const struct convd_mem *mem;
+    uint64_t offset, bytes, stage;
+};
+
+struct gpu_worker {
+    hipStream_t stream;
+    char *pool;      /* device memory for staging and workspace, grown on demand */
+    size_t pool_cap; /* its size */
+    /* Scratch sized for the largest batch seen. */
+    size_t scratch_n;
+    struct convd_job **order;
+    unsigned char *taken;
+    struct convd_tensors *tensors;
+    struct gpu_plan *plans;
+    struct gpu_slot *slots;
+};
+
+struct gpu_ctx {
+    int device;
+    size_t pool_limit; /* per worker */
+    struct gpu_worker workers[GPU_WORKERS];
+    pthread_mutex_t ipc_lock;
+    struct gpu_ipc *ipcs;
+    pthread_mutex_t broken_lock;
+    int broken; /* read without the lock as a hint, decided under it */
+    char broken_why[GPU_WHY];
+#ifdef CONVD_GPU_NVIDIA
+    PFN_cuMemGetAddressRange_v3020 get_range;
+#endif
+};
+
+static uint64_t gpu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void gpu_say(char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void gpu_say(char *why, size_t why_len, const char *fmt, ...)
+{
+    if (!why || why_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+}
+
+/* Writes "<what>: <runtime sentence> (<error name>)" and returns the status a caller reports:
+ * CONVD_ENOMEM for an allocation failure, CONVD_EDEVICE for everything else. */
+static int gpu_fail(hipError_t e, char *why, size_t why_len, const char *what)
+{
+    gpu_say(why, why_len, "%s: %s (%s)", what, hipGetErrorString(e), hipGetErrorName(e));
+    return e == hipErrorOutOfMemory ? CONVD_ENOMEM : CONVD_EDEVICE;
+}
+
+/* Checks one runtime call inside a function that has `int rc`, `char *why`, `size_t why_len`
+ * and a `finish` label. */
+#define GPU_TRY(call, what)                                                                        \
+    do {                                                                                           \
+        hipError_t e_ = (call);                                                                    \
+        if (e_ != hipSuccess) {                                                                    \
+            rc = gpu_fail(e_, why, why_len, what);                                                 \
+            goto finish;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static size_t gpu_round_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* ---- broken state ---- */
+
+static bool gpu_is_broken(struct gpu_ctx *ctx, char *why, size_t why_len)
+{
+    if (!__atomic_load_n(&ctx->broken, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&ctx->broken_lock);
+    gpu_say(why, why_len, "%s", ctx->broken_why);
+    pthread_mutex_unlock(&ctx->broken_lock);
+    return true;
+}
+
+static void gpu_set_broken(struct gpu_ctx *ctx, const char *sentence)
+{
+    pthread_mutex_lock(&ctx->broken_lock);
+    if (!ctx->broken) {
+        snprintf(ctx->broken_why, sizeof ctx->broken_why, "GPU unusable after %s", sentence);
+        __atomic_store_n(&ctx->broken, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ctx->broken_lock);
+}
+
+/* After a failure on a worker's stream: waits for whatever was queued (no copy may land in host
+ * memory after run_batch returns), clears a non-sticky error, and probes the stream once more.
+ * A sticky error (the context is lost) fails the probe too; then the backend is broken. */
+static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_worker *w, const char *sentence)
+{
+    (void)hipStreamSynchronize(w->stream);
+    (void)hipGetLastError();
+    hipError_t e = hipSuccess;
+    if (w->pool)
+        e = hipMemsetAsync(w->pool, 0, 1, w->stream);
+    if (e == hipSuccess)
+        e = hipStreamSynchronize(w->stream);
+    if (e == hipSuccess)
+        return false;
+    (void)hipGetLastError();
+    gpu_set_broken(ctx, sentence);
+    return true;
+}
+
+/* ---- the per-worker pool ---- */
+
+/* Makes the worker's pool hold at least `need` bytes (need <= ctx->pool_limit). The stream is
+ * idle here (every chunk ends with a synchronisation), so the old block can go. Grows
+ * geometrically to reuse one block across batches of slowly growing size. */
+static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_worker *w, size_t need, char *why,
+                            size_t why_len)
+{
+    if (need <= w->pool_cap)
+        return 0;
+    size_t want = w->pool_cap * 2;
+    if (want < need)
+        want = need;
+    want = gpu_round_up(want, GPU_POOL_GRAIN);
+    if (want > ctx->pool_limit)
+        want = ctx->pool_limit > need ? ctx->pool_limit : need;
+    if (w->pool) {
+        (void)hipFree(w->pool);
+        w->pool = NULL;
+        w->pool_cap = 0;
+    }
+    void *p = NULL;
+    hipError_t e = hipMalloc(&p, want);
+    if (e == hipErrorOutOfMemory && want > need) {
+        (void)hipGetLastError();
+        want = need;
+        e = hipMalloc(&p, want);
+    }
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        char what[96];
+        snprintf(what, sizeof what, "allocating %zu bytes of device staging memory", want);
+        return gpu_fail(e, why, why_len, what);
+    }
+    w->pool = (char *)p;
+    w->pool_cap = want;
+    return 0;
+}
+
+static int gpu_scratch_reserve(struct gpu_worker *w, size_t n)
+{
+    if (n <= w->scratch_n)
+        return 0;
+    size_t want = n < 64 ? 64 : n;
+    struct convd_job **order = (struct convd_job **)realloc(w->order, want * sizeof *order);
+    if (order)
+        w->order = order;
+    unsigned char *taken = (unsigned char *)realloc(w->taken, want);
+    if (taken)
+        w->taken = taken;
+    struct convd_tensors *t = (struct convd_tensors *)realloc(w->tensors, want * sizeof *t);
+    if (t)
+        w->tensors = t;
+    struct gpu_plan *plans = (struct gpu_plan *)realloc(w->plans, want * sizeof *plans);
+    if (plans)
+        w->plans = plans;
+    struct gpu_slot *slots = (struct gpu_slot *)realloc(w->slots, 3 * want * sizeof *slots);
+    if (slots)
+        w->slots = slots;
+    if (!order || !taken || !t || !plans || !slots)
+        return CONVD_ENOMEM;
+    w->scratch_n = want;
+    return 0;
+}
+
+/* ---- jobs ---- */
+
+static void gpu_job_fail(struct convd_job *j, int status, const char *sentence)
+{
+    j->status = status;
+    snprintf(j->error, sizeof j->error, "%s", sentence);
+}
+
+/* Checks one tensor view of a job: imported memory, enough bytes, inside its region. The daemon
+ * has checked all of this; a backend that copies with DMA checks again, since a mistake here
+ * would write over foreign memory instead of failing one request. */
+static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, const char *name,
+                          char *why, size_t why_len)
+{
+    const struct convd_mem *m = v->mem;
+    if (!m || !m->be_priv) {
+        gpu_say(why, why_len, "the %s tensor's memory is not imported into the GPU backend", name);
+        return CONVD_EINVAL;
+    }
+    if ((m->kind == CONVD_MEM_HOST && !m->host) ||
+        (m->kind == CONVD_MEM_DEVICE && !m->device_ptr) ||
+        (m->kind != CONVD_MEM_HOST && m->kind != CONVD_MEM_DEVICE)) {
+        gpu_say(why, why_len, "the %s tensor's memory has no usable mapping", name);
+        return CONVD_EINVAL;
+    }
+    if (v->bytes < need) {
+        gpu_say(why, why_len, "the %s tensor has %llu bytes, the problem needs %llu", name,
+                (unsigned long long)v->bytes, (unsigned long long)need);
+        return CONVD_ESIZE;
+    }
+    if (v->offset > m->size || need > m->size - v->offset) {
+        gpu_say(why, why_len,
+                "the %s tensor (offset %llu, %llu bytes) exceeds its %llu-byte region", name,
+                (unsigned long long)v->offset, (unsigned long long)need,
+                (unsigned long long)m->size);
+        return CONVD_EBOUNDS;
+    }
+    return 0;
+}
+
+static int gpu_job_check(const struct convd_job *j, const struct convd_problem_sizes *sz, char *why,
+                         size_t why_len)
+{
+    int rc = gpu_view_check(&j->input, sz->input_bytes, "input", why, why_len);
+    if (rc == 0)
+        rc = gpu_view_check(&j->weight, sz->weight_bytes, "weight", why, why_len);
+    if (rc == 0 && j->problem.has_bias)
+        rc = gpu_view_check(&j->bias, sz->bias_bytes, "bias", why, why_len);
+    if (rc == 0)
+        rc = gpu_view_check(&j->output, sz->output_bytes, "output", why, why_len);
+    return rc;
+}
+
+/* Plans one read-only tensor: in place for device memory, else a pool offset, shared with an
+ * identical view staged earlier in the chunk. Returns the offset; *total grows by new bytes. */
+static uint64_t gpu_plan_read(const struct convd_tensor_view *v, uint64_t bytes,
+                              struct gpu_slot *slots, size_t *nslots, uint64_t *total)
+{
+    if (v->mem->kind == CONVD_MEM_DEVICE)
+        return GPU_IN_PLACE;
+    for (size_t i = 0; i < *nslots; i++)
+        if (slots[i].mem == v->mem && slots[i].offset == v->offset && slots[i].bytes == bytes)
+            return slots[i].stage;
+    struct gpu_slot *s = &slots[(*nslots)++];
+    s->mem = v->mem;
+    s->offset = v->offset;
+    s->bytes = bytes;
+    s->stage = *total;
+    *total += gpu_round_up(bytes, GPU_ALIGN);
+    return s->stage;
+}
+
+static void gpu_plan_job(const struct convd_job *j, const struct convd_problem_sizes *sz,
+                         struct gpu_plan *pl, struct gpu_slot *slots, size_t *nslots,
+                         uint64_t *total)
+{
+    pl->input = gpu_plan_read(&j->input, sz->input_bytes, slots, nslots, total);
+    pl->weight = gpu_plan_read(&j->weight, sz->weight_bytes, slots, nslots, total);
+    pl->bias = j->problem.has_bias ? gpu_plan_read(&j->bias, sz->bias_bytes, slots, nslots, total)
+                                   : GPU_ABSENT;
+    if (j->output.mem->kind == CONVD_MEM_DEVICE) {
+        pl->output = GPU_IN_PLACE;
+    } else {
+        pl->output = *total;
+        *total += gpu_round_up(sz->output_bytes, GPU_ALIGN);
+    }
+}
+
+static void *gpu_resolve(struct gpu_worker *w, const struct convd_tensor_view *v, uint64_t plan)
+{
+    if (plan == GPU_ABSENT)
+        return NULL;
+    if (plan == GPU_IN_PLACE)
+        return (char *)v->mem->device_ptr + v->offset;
+    return w->pool + plan;
+}
+
+/* Runs jobs[0..count) (one geometry, checked, planned in w->plans and w->slots[0..nslots) with
+ * pool offsets below `staged`) as one convd_gpu_conv call and sets their status. Returns 0, or
+ * CONVD_EDEVICE when the backend became unusable. */
+static int gpu_run_chunk(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd_job **jobs,
+                         size_t count, size_t nslots, const struct convd_problem_sizes *sz,
+                         uint64_t staged, size_t ws_bytes)
+{
+    char why_buf[GPU_WHY] = "";
+    char *why = why_buf;
+    size_t why_len = sizeof why_buf;
+    const struct convd_problem *p = &jobs[0]->problem;
+    uint64_t t0 = gpu_now_ns();
+    int rc = gpu_pool_reserve(ctx, w, (size_t)staged + ws_bytes, why, why_len);
+    bool queued = false;
+    if (rc != 0)
+        goto finish;
+    queued = true;
+    /* Host-to-device copies, one per distinct staged view. */
+    for (size_t i = 0; i < nslots; i++) {
+        const struct gpu_slot *s = &w->slots[i];
+        GPU_TRY(hipMemcpyAsync(w->pool + s->stage, (const char *)s->mem->host + s->offset, s->bytes,
+                               hipMemcpyHostToDevice, w->stream),
+                "copying a tensor to the device");
+    }
+    for (size_t i = 0; i < count; i++) {
+        const struct convd_job *j = jobs[i];
+        const struct gpu_plan *pl = &w->plans[i];
+        w->tensors[i].input = gpu_resolve(w, &j->input, pl->input);
+        w->tensors[i].weight = gpu_resolve(w, &j->weight, pl->weight);
+        w->tensors[i].bias = gpu_resolve(w, &j->bias, pl->bias);
+        w->tensors[i].output = gpu_resolve(w, &j->output, pl->output);
+    }
+    {
+        void *ws = ws_bytes ? w->pool + staged : NULL;
+        rc = convd_gpu_conv(p, w->tensors, count, ws, ws_bytes, (void *)w->stream);
+        if (rc != 0) {
+            hipError_t e = hipGetLastError();
+            if (rc == CONVD_EDEVICE && e != hipSuccess)
+                rc = gpu_fail(e, why, why_len, "launching the convolution kernel");
+            else if (rc == CONVD_EDEVICE)
+                gpu_say(why, why_len, "launching the convolution kernel failed");
+            else if (convd_gpu_check(p, why, why_len) == 0)
+                gpu_say(why, why_len, "the GPU kernels refused the problem: %s",
+                        convd_strerror(rc));
+            goto finish;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        struct convd_job *j = jobs[i];
+        if (w->plans[i].output == GPU_IN_PLACE)
+            continue;
+        GPU_TRY(hipMemcpyAsync((char *)j->output.mem->host + j->output.offset,
+                               w->pool + w->plans[i].output, sz->output_bytes,
+                               hipMemcpyDeviceToHost, w->stream),
+                "copying an output to the host");
+    }
+    GPU_TRY(hipStreamSynchronize(w->stream), "running the convolution");
+finish:;
+    bool broken = false;
+    if (rc == CONVD_EDEVICE || rc == CONVD_ENOMEM)
+        broken = gpu_settle_after_error(ctx, w, why);
+    else if (rc != 0 && queued)
+        (void)hipStreamSynchronize(w->stream);
+    uint64_t dt = gpu_now_ns() - t0;
+    for (size_t i = 0; i < count; i++) {
+        jobs[i]->exec_ns = dt;
+        if (rc == 0) {
+            jobs[i]->status = 0;
+            jobs[i]->error[0] = '\0';
+        } else {
+            gpu_job_fail(jobs[i], rc, why);
+        }
+    }
+    return broken ? CONVD_EDEVICE : 0;
+}
+
+/* Runs one group of same-geometry jobs: checks each, then packs them into chunks whose staging
+ * plus workspace fits the pool limit, each chunk one convd_gpu_conv call. Returns 0, or
+ * CONVD_EDEVICE when the backend became unusable (the group's jobs all have a status). */
+static int gpu_run_group(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd_job **group,
+                         size_t n)
+{
+    char why[GPU_WHY];
+    const struct convd_problem *p = &group[0]->problem;
+    struct convd_problem_sizes sz;
+    int rc = convd_problem_sizes(p, &sz, why, sizeof why);
+    if (rc == 0)
+        rc = convd_gpu_check(p, why, sizeof why);
+    if (rc != 0) {
+        for (size_t i = 0; i < n; i++)
+            gpu_job_fail(group[i], rc, why);
+        return 0;
+    }
+    /* Drop the jobs whose views are wrong, keeping the order of the rest. */
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        rc = gpu_job_check(group[i], &sz, why, sizeof why);
+        if (rc != 0)
+            gpu_job_fail(group[i], rc, why);
+        else
+            group[kept++] = group[i];
+    }
+    size_t start = 0;
+    while (start < kept) {
+        /* Grow the chunk while staging plus workspace stays under the pool limit. */
+        uint64_t total = 0;
+        size_t nslots = 0, count = 0, ws_bytes = 0;
+        while (start + count < kept) {
+            uint64_t t = total;
+            size_t ns = nslots, ws = 0;
+            gpu_plan_job(group[start + count], &sz, &w->plans[count], w->slots, &ns, &t);
+            rc = convd_gpu_workspace(p, count + 1, &ws);
+            if (rc != 0 || t + ws > ctx->pool_limit)
+                break;
+            total = t;
+            nslots = ns;
+            ws_bytes = ws;
+            count++;
+        }
+        if (count == 0) {
+            struct convd_job *j = group[start];
+            if (rc != 0)
+                snprintf(why, sizeof why, "the GPU kernels cannot size their workspace: %s",
+                         convd_strerror(rc));
+            else
+                snprintf(why, sizeof why,
+                         "the job needs more device staging memory than the GPU pool's %zu-byte "
+                         "limit",
+                         ctx->pool_limit);
+            gpu_job_fail(j, rc != 0 ? rc : CONVD_ENOMEM, why);
+            j->exec_ns = 0;
+            start++;
+            continue;
+        }
+        if (gpu_run_chunk(ctx, w, group + start, count, nslots, &sz, total, ws_bytes) != 0) {
+            gpu_is_broken(ctx, why, sizeof why);
+            for (size_t i = start + count; i < kept; i++)
+                gpu_job_fail(group[i], CONVD_EDEVICE, why);
+            return CONVD_EDEVICE;
+        }
+        start += count;
+    }
+    return 0;
+}
+
+static int gpu_run_batch(void *vctx, unsigned worker, struct convd_job *const *jobs, size_t n)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    char why[GPU_WHY];
+    int rc = 0;
+    if (n == 0)
+        return 0;
+    if (!ctx || !jobs)
+        return CONVD_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->status = CONVD_EINTERNAL;
+        jobs[i]->error[0] = '\0';
+        jobs[i]->exec_ns = 0;
+    }
+    struct gpu_worker *w = worker < GPU_WORKERS ? &ctx->workers[worker] : NULL;
+    if (!w) {
+        snprintf(why, sizeof why, "worker %u out of range (the GPU backend has %d)", worker,
+                 GPU_WORKERS);
+        rc = CONVD_EINVAL;
+        goto fail_all;
+    }
+    if (gpu_is_broken(ctx, why, sizeof why)) {
+        rc = CONVD_EDEVICE;
+        goto fail_all;
+    }
+    {
+        hipError_t e = hipSetDevice(ctx->device);
+        if (e != hipSuccess) {
+            /* The device was usable at init; losing it is not something one request caused. */
+            gpu_fail(e, why, sizeof why, "selecting the device");
+            gpu_set_broken(ctx, why);
+            gpu_is_broken(ctx, why, sizeof why);
+            rc = CONVD_EDEVICE;
+            goto fail_all;
+        }
+    }
+    if (gpu_scratch_reserve(w, n) != 0) {
+        snprintf(why, sizeof why, "out of host memory for a batch of %zu jobs", n);
+        rc = CONVD_ENOMEM;
+        goto fail_all;
+    }
+    memset(w->taken, 0, n);
+    for (size_t i = 0; i < n; i++) {
+        if (w->taken[i])
+            continue;
+        size_t g = 0;
+        for (size_t k = i; k < n; k++) {
+            if (!w->taken[k] && convd_problem_same(&jobs[i]->problem, &jobs[k]->problem)) {
+                w->taken[k] = 1;
+                w->order[g++] = jobs[k];
+            }
+        }
+        if (gpu_run_group(ctx, w, w->order, g) != 0) {
+            gpu_is_broken(ctx, why, sizeof why);
+            for (size_t k = i + 1; k < n; k++)
+                if (!w->taken[k])
+                    gpu_job_fail(jobs[k], CONVD_EDEVICE, why);
+            return CONVD_EDEVICE;
+        }
+    }
+    return 0;
+fail_all:
+    for (size_t i = 0; i < n; i++)
+        gpu_job_fail(jobs[i], rc, why);
+    /* Out of host memory fails this batch only; a bad worker index or a lost device is the
+     * backend's (or its caller's) problem, reported as the return value too. */
+    return rc == CONVD_ENOMEM ? 0 : rc;
+}
+
+/* ---- memory import ---- */
+
+/* Bytes from ptr to the end of the device allocation that contains it. */
+static int gpu_alloc_avail(struct gpu_ctx *ctx, char *ptr, uint64_t *ret_avail, char *why,
+                           size_t why_len)
+{
+#ifdef CONVD_GPU_AMD
+    (void)ctx;
+    hipDeviceptr_t base = NULL;
+    size_t size = 0;
+    hipError_t e = hipMemGetAddressRange(&base, &size, (hipDeviceptr_t)ptr);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        return gpu_fail(e, why, why_len, "finding the size of the opened IPC allocation");
+    }
+    char *b = (char *)base;
+#else
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult cr = ctx->get_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr);
+    if (cr != CUDA_SUCCESS) {
+        gpu_say(why, why_len,
+                "finding the size of the opened IPC allocation: cuMemGetAddressRange failed "
+                "with driver error %d",
+                (int)cr);
+        return CONVD_EDEVICE;
+    }
+    char *b = (char *)(uintptr_t)base;
+#endif
+    if (ptr < b || ptr >= b + size) {
+        gpu_say(why, why_len, "the opened IPC allocation is not where the runtime says it is");
+        return CONVD_EDEVICE;
+    }
+    *ret_avail = (uint64_t)(b + size - ptr);
+    return 0;
+}
+
+/* Takes one reference on the cache entry for a handle, opening it on first use. Several regions
+ * may name the same allocation, and a process may open an allocation only once. */
+static int gpu_ipc_get(struct gpu_ctx *ctx, const uint8_t *handle, struct gpu_ipc **ret_ipc,
+                       char *why, size_t why_len)
+{
+    int rc = 0;
+    struct gpu_ipc *ipc = NULL;
+    void *ptr = NULL;
+    pthread_mutex_lock(&ctx->ipc_lock);
+    for (ipc = ctx->ipcs; ipc; ipc = ipc->next)
+        if (memcmp(ipc->handle, handle, CONVD_IPC_HANDLE_SIZE) == 0)
+            break;
+    if (ipc) {
+        ipc->refs++;
+        *ret_ipc = ipc;
+        goto finish;
+    }
+    {
+        hipIpcMemHandle_t h;
+        memcpy(&h, handle, sizeof h);
+        hipError_t e = hipIpcOpenMemHandle(&ptr, h, hipIpcMemLazyEnablePeerAccess);
+        if (e != hipSuccess) {
+            (void)hipGetLastError();
+            ptr = NULL;
+            gpu_fail(e, why, why_len, "opening the device memory IPC handle");
+            rc = CONVD_EDEVICE;
+            goto finish;
+        }
+    }
+    ipc = (struct gpu_ipc *)calloc(1, sizeof *ipc);
+    if (!ipc) {
+        gpu_say(why, why_len, "out of host memory for an IPC cache entry");
+        rc = CONVD_ENOMEM;
+        goto finish;
+    }
+    rc = gpu_alloc_avail(ctx, (char *)ptr, &ipc->avail, why, why_len);
+    if (rc != 0)
+        goto finish;
+    memcpy(ipc->handle, handle, CONVD_IPC_HANDLE_SIZE);
+    ipc->ptr = (char *)ptr;
+    ipc->refs = 1;
+    ipc->next = ctx->ipcs;
+    ctx->ipcs = ipc;
+    *ret_ipc = ipc;
+    ptr = NULL;
+    ipc = NULL;
+finish:
+    if (ptr) {
+        (void)hipIpcCloseMemHandle(ptr);
+        (void)hipGetLastError();
+        free(ipc);
+    }
+    pthread_mutex_unlock(&ctx->ipc_lock);
+    return rc;
+}
+
+static void gpu_ipc_put(struct gpu_ctx *ctx, struct gpu_ipc *ipc)
+{
+    pthread_mutex_lock(&ctx->ipc_lock);
+    if (--ipc->refs == 0) {
+        struct gpu_ipc **pp = &ctx->ipcs;
+        while (*pp != ipc)
+            pp = &(*pp)->next;
+        *pp = ipc->next;
+        (void)hipIpcCloseMemHandle(ipc->ptr);
+        (void)hipGetLastError();
+        free(ipc);
+    }
+    pthread_mutex_unlock(&ctx->ipc_lock);
+}
+
+static int gpu_import_host(struct gpu_mem *gm, struct convd_mem *m, char *why, size_t why_len)
+{
+    hipError_t e = hipHostRegister(m->host, (size_t)m->size, hipHostRegisterDefault);
+    if (e == hipSuccess) {
+        gm->pinned = 1;
+        return 0;
+    }
+    (void)hipGetLastError();
+    /* Pageable copies are slower (staged through the driver's own pinned buffers) but correct,
+     * so a region that cannot be pinned (a locked-memory limit, a read-only mapping, memory
+     * registered already) stays usable. Success with a sentence: the caller may log it. */
+    gpu_say(why, why_len,
+            "host region of %llu bytes not pinned (%s: %s); its copies will be pageable and slower",
+            (unsigned long long)m->size, hipGetErrorName(e), hipGetErrorString(e));
+    return 0;
+}
+
+static int gpu_import_device(struct gpu_ctx *ctx, struct gpu_mem *gm, struct convd_mem *m,
+                             char *why, size_t why_len)
+{
+    struct gpu_ipc *ipc = NULL;
+    int rc = gpu_ipc_get(ctx, m->ipc_handle, &ipc, why, why_len);
+    if (rc != 0)
+        return rc;
+    if (m->ipc_offset > ipc->avail || m->size > ipc->avail - m->ipc_offset) {
+        gpu_say(why, why_len,
+                "device region at offset %llu of %llu bytes exceeds its %llu-byte allocation",
+                (unsigned long long)m->ipc_offset, (unsigned long long)m->size,
+                (unsigned long long)ipc->avail);
+        gpu_ipc_put(ctx, ipc);
+        return CONVD_EBOUNDS;
+    }
+    gm->ipc = ipc;
+    m->device_ptr = ipc->ptr + m->ipc_offset;
+    return 0;
+}
+
+static int gpu_mem_import(void *vctx, struct convd_mem *m, char *why, size_t why_len)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (why && why_len)
+        why[0] = '\0';
+    if (!ctx || !m || m->size == 0 || (m->kind == CONVD_MEM_HOST && !m->host) ||
+        (m->kind != CONVD_MEM_HOST && m->kind != CONVD_MEM_DEVICE)) {
+        gpu_say(why, why_len, "invalid memory description for the GPU backend");
+        return CONVD_EINVAL;
+    }
+    if (gpu_is_broken(ctx, why, why_len))
+        return CONVD_EDEVICE;
+    hipError_t e = hipSetDevice(ctx->device);
+    if (e != hipSuccess)
+        return gpu_fail(e, why, why_len, "selecting the device");
+    struct gpu_mem *gm = (struct gpu_mem *)calloc(1, sizeof *gm);
+    if (!gm) {
+        gpu_say(why, why_len, "out of host memory");
+        return CONVD_ENOMEM;
+    }
+    int rc = m->kind == CONVD_MEM_HOST ? gpu_import_host(gm, m, why, why_len)
+                                       : gpu_import_device(ctx, gm, m, why, why_len);
+    if (rc != 0) {
+        free(gm);
+        return rc;
+    }
+    m->be_priv = gm;
+    return 0;
+}
+
+static void gpu_mem_release(void *vctx, struct convd_mem *m)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (!ctx || !m || !m->be_priv)
+        return;
+    struct gpu_mem *gm = (struct gpu_mem *)m->be_priv;
+    (void)hipSetDevice(ctx->device);
+    if (gm->pinned) {
+        (void)hipHostUnregister(m->host);
+        (void)hipGetLastError();
+    }
+    if (gm->ipc) {
+        gpu_ipc_put(ctx, gm->ipc);
+        m->device_ptr = NULL;
+    }
+    free(gm);
+    m->be_priv = NULL;
+}
+
+/* ---- init, warm-up, destroy ---- */
+
+static int gpu_supports(void *vctx, const struct convd_problem *p, char *why, size_t why_len)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (ctx && gpu_is_broken(ctx, why, why_len))
+        return CONVD_EDEVICE;
+    return convd_gpu_check(p, why, why_len);
+}
+
+/* Runs one small problem of every kernel family, dtype, layout and epilogue the kernels accept,
+ * alone and batched, so that lazily loaded kernels are loaded before READY=1 and the first
+ * request does not pay for it. */
+static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
+{
+    /* {c, k, groups}: depthwise, small channels per group, 32 per group, dense. */
+    static const int32_t shapes[][3] = {{16, 16, 16}, {32, 32, 8}, {64, 64, 2}, {64, 64, 1}};
+    struct gpu_worker *w = &ctx->workers[0];
+    int rc = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
+            for (int lay = CONVD_LAYOUT_NCHW; lay <= CONVD_LAYOUT_NHWC; lay++) {
+                for (int epi = 0; epi < (dt == CONVD_DTYPE_FP32 ? 8 : 4); epi++) {
+                    struct convd_problem p;
+                    convd_problem_init(&p, 1, 8, 8, shapes[si][0], shapes[si][1], 3, 3,
+                                       shapes[si][2]);
+                    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
+                    p.dtype = (enum convd_dtype)dt;
+                    p.layout = (enum convd_layout)lay;
+                    p.has_bias = (epi & 1) != 0;
+                    p.relu = (epi & 2) != 0;
+                    p.allow_tf32 = (epi & 4) != 0;
+                    struct convd_problem_sizes sz;
+                    if (convd_problem_sizes(&p, &sz, NULL, 0) != 0 ||
+                        convd_gpu_check(&p, NULL, 0) != 0)
+                        continue;
+                    for (size_t count = 1; count <= 2; count++) {
+                        size_t ws = 0;
+                        rc = convd_gpu_workspace(&p, count, &ws);
+                        if (rc != 0) {
+                            gpu_say(why, why_len, "warm-up: workspace query failed: %s",
+                                    convd_strerror(rc));
+                            return CONVD_EDEVICE;
+                        }
+                        size_t one = gpu_round_up(sz.input_bytes, GPU_ALIGN) +
+                                     gpu_round_up(sz.weight_bytes, GPU_ALIGN) +
+                                     gpu_round_up(sz.bias_bytes, GPU_ALIGN) +
+                                     gpu_round_up(sz.output_bytes, GPU_ALIGN);
+                        size_t need = count * one + ws;
+                        rc = gpu_pool_reserve(ctx, w, need, why, why_len);
+                        if (rc != 0)
+                            return rc;
+                        GPU_TRY(hipMemsetAsync(w->pool, 0, need, w->stream), "warm-up: memset");
+                        struct convd_tensors t[2];
+                        for (size_t i = 0; i < count; i++) {
+                            char *b = w->pool + i * one;
+                            t[i].input = b;
+                            b += gpu_round_up(sz.input_bytes, GPU_ALIGN);
+                            t[i].weight = b;
+                            b += gpu_round_up(sz.weight_bytes, GPU_ALIGN);
+                            t[i].bias = p.has_bias ? b : NULL;
+                            b += gpu_round_up(sz.bias_bytes, GPU_ALIGN);
+                            t[i].output = b;
+                        }
+                        rc = convd_gpu_conv(&p, t, count, ws ? w->pool + count * one : NULL, ws,
+                                            (void *)w->stream);
+                        if (rc != 0) {
+                            char ps[160];
+                            hipError_t e = hipGetLastError();
+                            gpu_say(why, why_len, "warm-up of %s kernel on %s failed: %s%s%s",
+                                    convd_gpu_kernel_name(&p), convd_problem_str(&p, ps, sizeof ps),
+                                    convd_strerror(rc), e != hipSuccess ? ": " : "",
+                                    e != hipSuccess ? hipGetErrorString(e) : "");
+                            return CONVD_EDEVICE;
+                        }
+                        GPU_TRY(hipStreamSynchronize(w->stream), "warm-up: running the kernels");
+                    }
+                }
+            }
+        }
+    }
+finish:
+    return rc;
+}
+
+static void gpu_close(struct gpu_ctx *ctx)
+{
+    (void)hipSetDevice(ctx->device);
+    for (int i = 0; i < GPU_WORKERS; i++) {
+        struct gpu_worker *w = &ctx->workers[i];
+        if (w->stream) {
+            (void)hipStreamSynchronize(w->stream);
+            (void)hipStreamDestroy(w->stream);
+        }
+        if (w->pool)
+            (void)hipFree(w->pool);
+        free(w->order);
+        free(w->taken);
+        free(w->tensors);
+        free(w->plans);
+        free(w->slots);
+        memset(w, 0, sizeof *w);
+    }
+    /* Regions the daemon forgot to release: close their handles, or the allocation's owner
+     * cannot free it for real while we live. */
+    while (ctx->ipcs) {
+        struct gpu_ipc *ipc = ctx->ipcs;
+        ctx->ipcs = ipc->next;
+        (void)hipIpcCloseMemHandle(ipc->ptr);
+        free(ipc);
+    }
+    (void)hipGetLastError();
+}
+
+/* Sets up ctx on one device and describes it in info. On failure the caller calls gpu_close. */
+static int gpu_open(struct gpu_ctx *ctx, int dev, struct convd_backend_info *info, char *why,
+                    size_t why_len)
+{
+    int rc = 0;
+    hipDeviceProp_t prop;
+    int mode = 0;
+    size_t mem_free = 0, mem_total = 0;
+    ctx->device = dev;
+    GPU_TRY(hipSetDevice(dev), "selecting the device");
+    GPU_TRY(hipDeviceGetAttribute(&mode, hipDeviceAttributeComputeMode, dev),
+            "reading the compute mode");
+    if (mode == hipComputeModeProhibited) {
+        gpu_say(why, why_len, "the device's compute mode is Prohibited");
+        return CONVD_EDEVICE;
+    }
+    GPU_TRY(hipGetDeviceProperties(&prop, dev), "reading the device properties");
+    /* The first call that needs a context creates it; this is where an exclusive-process device
+     * held by another process answers no. */
+    GPU_TRY(hipMemGetInfo(&mem_free, &mem_total), "creating a context");
+    for (int i = 0; i < GPU_WORKERS; i++)
+        GPU_TRY(hipStreamCreateWithFlags(&ctx->workers[i].stream, hipStreamNonBlocking),
+                "creating a stream");
+    /* The pools together may take a quarter of the device: clients of the daemon allocate on the
+     * same GPU (IPC regions), and staging beyond that buys nothing. */
+    ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_WORKERS, GPU_POOL_GRAIN);
+    if (ctx->pool_limit < GPU_POOL_MIN_CAP)
+        ctx->pool_limit = GPU_POOL_MIN_CAP;
+#ifdef CONVD_GPU_NVIDIA
+    {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        GPU_TRY(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020,
+                                                 cudaEnableDefault, &q),
+                "looking up cuMemGetAddressRange");
+        if (!fn || q != cudaDriverEntryPointSuccess) {
+            gpu_say(why, why_len, "the driver has no cuMemGetAddressRange (query result %d)",
+                    (int)q);
+            return CONVD_EDEVICE;
+        }
+        ctx->get_range = (PFN_cuMemGetAddressRange_v3020)fn;
+    }
+#endif
+    rc = gpu_warm(ctx, why, why_len);
+    if (rc != 0)
+        return rc;
+    {
+        char arch[32];
+#ifdef CONVD_GPU_AMD
+        snprintf(arch, sizeof arch, "%.*s", (int)strcspn(prop.gcnArchName, ":"), prop.gcnArchName);
+#else
+        snprintf(arch, sizeof arch, "sm_%d%d", prop.major, prop.minor);
+#endif
+        memset(info, 0, sizeof *info);
+        snprintf(info->name, sizeof info->name, "gpu");
+        snprintf(info->device, sizeof info->device, "%.80s (%.16s, %d SMs, %llu GiB)", prop.name,
+                 arch, prop.multiProcessorCount, (unsigned long long)(mem_total >> 30));
+        info->max_workers = GPU_WORKERS;
+    }
+finish:
+    return rc;
+}
+
+static void gpu_destroy(void *vctx)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (!ctx)
+        return;
+    gpu_close(ctx);
+    pthread_mutex_destroy(&ctx->ipc_lock);
+    pthread_mutex_destroy(&ctx->broken_lock);
+    free(ctx);
+}
+
+static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
+                    struct convd_backend_info *ret_info, char *why, size_t why_len)
+{
+    if (!cfg || !ret_ctx || !ret_info) {
+        gpu_say(why, why_len, "invalid arguments to the GPU backend's init");
+        return CONVD_EINVAL;
+    }
+    int count = 0;
+    hipError_t e = hipGetDeviceCount(&count);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        gpu_say(why, why_len, "no usable GPU: %s (%s)", hipGetErrorString(e), hipGetErrorName(e));
+        return CONVD_EDEVICE;
+    }
+    if (count <= 0) {
+        gpu_say(why, why_len, "no GPU found");
+        return CONVD_EDEVICE;
+    }
+    if (cfg->device >= count || cfg->device < -1) {
+        gpu_say(why, why_len, "GPU %d requested, but the devices are 0 to %d", cfg->device,
+                count - 1);
+        return CONVD_EDEVICE;
+    }
+    struct gpu_ctx *ctx = (struct gpu_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx) {
+        gpu_say(why, why_len, "out of host memory");
+        return CONVD_ENOMEM;
+    }
+    pthread_mutex_init(&ctx->ipc_lock, NULL);
+    pthread_mutex_init(&ctx->broken_lock, NULL);
+    struct convd_backend_info info;
+    int rc = CONVD_EDEVICE;
+    int first = cfg->device >= 0 ? cfg->device : 0;
+    int last = cfg->device >= 0 ? cfg->device : count - 1;
+    char reasons[512] = "";
+    size_t used = 0;
+    for (int dev = first; dev <= last; dev++) {
+        char one[GPU_WHY] = "";
+        rc = gpu_open(ctx, dev, &info, one, sizeof one);
+        if (rc == 0)
+            break;
+        gpu_close(ctx);
+        if (used < sizeof reasons) {
+            int k = snprintf(reasons + used, sizeof reasons - used, "%sGPU %d: %s",
+                             used ? "; " : "", dev, one);
+            if (k > 0)
+                used += (size_t)k;
+        }
+    }
+    if (rc != 0) {
+        gpu_say(why, why_len, "%s", reasons);
+        gpu_destroy(ctx);
+        return rc;
+    }
+    for (int i = 0; i < GPU_WORKERS; i++) {
+        if (cfg->max_batch && gpu_scratch_reserve(&ctx->workers[i], cfg->max_batch) != 0) {
+            gpu_say(why, why_len, "out of host memory");
+            gpu_destroy(ctx);
+            return CONVD_ENOMEM;
+        }
+    }
+    *ret_info = info;
+    *ret_ctx = ctx;
+    return 0;
+}
+
+extern "C" const struct convd_backend_ops convd_gpu_backend_ops = {
+    "gpu", gpu_init, gpu_destroy, gpu_supports, gpu_mem_import, gpu_mem_release, gpu_run_batch,
+};
+#endif

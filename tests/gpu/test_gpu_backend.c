@@ -1,0 +1,1129 @@
+/*
+ * The GPU backend (convd_gpu_backend_ops) against the double-precision reference, through the
+ * same calls the daemon makes: init, mem_import of memfd host regions and of device memory by a
+ * real IPC handle from another process, run_batch, mem_release, destroy.
+ *
+ * Needs a GPU: without one (no device, no driver) it prints why and exits 77, which ctest counts
+ * as skipped. Every failure prints the problem, the kernel family, the job's status and sentence
+ * and the relative error, so that one run on the GPU machine tells everything.
+ *
+ * The IPC peer: a CUDA (HIP) process may not fork after touching the runtime, so main() forks a
+ * peer process before any GPU call. The peer does nothing until the parent asks: it then
+ * allocates device memory, writes what the parent sends into it, exports the IPC handle, and
+ * reads results back from its own allocation to check them against a reference the parent sends.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#ifndef CONVD_HAVE_GPU
+#define CONVD_HAVE_GPU 1
+#endif
+#include "backend.h"
+#include "testutil.h"
+
+/* The few runtime calls the test itself makes (device presence, the peer's allocation), in C. */
+#ifdef CONVD_TEST_AMD
+#include <hip/hip_runtime_api.h>
+typedef hipError_t rt_error;
+typedef hipIpcMemHandle_t rt_ipc_handle;
+#define RT_OK                   hipSuccess
+#define rt_get_device_count     hipGetDeviceCount
+#define rt_set_device           hipSetDevice
+#define rt_malloc               hipMalloc
+#define rt_free                 hipFree
+#define rt_error_string         hipGetErrorString
+#define rt_ipc_get_handle       hipIpcGetMemHandle
+#define rt_memcpy_htod(d, s, n) hipMemcpy((d), (s), (n), hipMemcpyHostToDevice)
+#define rt_memcpy_dtoh(d, s, n) hipMemcpy((d), (s), (n), hipMemcpyDeviceToHost)
+#else
+#include <cuda_runtime_api.h>
+typedef cudaError_t rt_error;
+typedef cudaIpcMemHandle_t rt_ipc_handle;
+#define RT_OK                   cudaSuccess
+#define rt_get_device_count     cudaGetDeviceCount
+#define rt_set_device           cudaSetDevice
+#define rt_malloc               cudaMalloc
+#define rt_free                 cudaFree
+#define rt_error_string         cudaGetErrorString
+#define rt_ipc_get_handle       cudaIpcGetMemHandle
+#define rt_memcpy_htod(d, s, n) cudaMemcpy((d), (s), (n), cudaMemcpyHostToDevice)
+#define rt_memcpy_dtoh(d, s, n) cudaMemcpy((d), (s), (n), cudaMemcpyDeviceToHost)
+#endif
+
+static const struct convd_backend_ops *const ops = &convd_gpu_backend_ops;
+
+/* The backend shared by the tests of the group (one warm-up for all). */
+static void *g_ctx;
+static struct convd_backend_info g_info;
+static struct tu_rng g_rng;
+
+/* ------------------------------------------------------------------------------------------- */
+/* Host regions: a sealed memfd mapped MAP_SHARED, as the daemon maps a client's region. */
+
+struct host_region {
+    struct convd_mem mem;
+    int fd;
+    int imported;
+};
+
+static void region_open(struct host_region *r, size_t size, int prot)
+{
+    memset(r, 0, sizeof *r);
+    r->fd = memfd_create("convd-gpu-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(r->fd >= 0);
+    assert_int_equal(ftruncate(r->fd, (off_t)size), 0);
+    assert_int_equal(fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    assert_true(p != MAP_FAILED);
+    /* Fill while writable; a read-only test mapping is made read-only afterwards. */
+    tu_poison(p, size);
+    if (prot != (PROT_READ | PROT_WRITE))
+        assert_int_equal(mprotect(p, size, prot), 0);
+    r->mem.kind = CONVD_MEM_HOST;
+    r->mem.size = size;
+    r->mem.host = p;
+}
+
+static void region_import(struct host_region *r)
+{
+    char why[256] = "";
+    int rc = ops->mem_import(g_ctx, &r->mem, why, sizeof why);
+    if (rc != 0)
+        fail_msg("mem_import of a %llu-byte host region: %s: %s", (unsigned long long)r->mem.size,
+                 convd_status_name(rc), why);
+    if (why[0])
+        fprintf(stderr, "note: mem_import said: %s\n", why);
+    r->imported = 1;
+}
+
+static void region_close(struct host_region *r)
+{
+    if (r->imported)
+        ops->mem_release(g_ctx, &r->mem);
+    if (r->mem.host)
+        munmap(r->mem.host, (size_t)r->mem.size);
+    if (r->fd >= 0)
+        close(r->fd);
+    memset(r, 0, sizeof *r);
+    r->fd = -1;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* Problems and jobs. */
+
+enum family { FAM_DEPTHWISE, FAM_SMALL_CPG, FAM_WIDE_CPG, FAM_DENSE, FAM_COUNT };
+static const char *const family_names[FAM_COUNT] = {"depthwise", "small cpg", "cpg >= 17", "dense"};
+
+/* A random valid problem of a family: depthwise (cpg = kpg = 1), small (2-16 channels per
+ * group), wide (17-80 per group, 1-2 groups), dense (groups = 1). Geometry (stride, dilation,
+ * asymmetric padding, odd sizes, bias, ReLU) from tu_random_problem. */
+static void make_problem(struct tu_rng *g, enum family fam, enum convd_dtype dt,
+                         enum convd_layout lay, struct convd_problem *p)
+{
+    for (;;) {
+        tu_random_problem(g, p, dt, lay, 4);
+        int groups = 1, cpg = 1, kpg = 1;
+        switch (fam) {
+        case FAM_DEPTHWISE:
+            groups = tu_rng_range(g, 1, 48);
+            break;
+        case FAM_SMALL_CPG:
+            groups = tu_rng_range(g, 1, 8);
+            cpg = tu_rng_range(g, 2, 16);
+            kpg = tu_rng_range(g, 2, 16);
+            break;
+        case FAM_WIDE_CPG:
+            groups = tu_rng_range(g, 1, 2);
+            cpg = tu_rng_range(g, 17, 80);
+            kpg = tu_rng_range(g, 17, 80);
+            p->n = tu_rng_range(g, 1, 2);
+            break;
+        default:
+            cpg = tu_rng_range(g, 1, 96);
+            kpg = tu_rng_range(g, 1, 96);
+            p->n = tu_rng_range(g, 1, 2);
+            break;
+        }
+        p->groups = groups;
+        p->c = groups * cpg;
+        p->k = groups * kpg;
+        if (convd_problem_check(p, NULL, 0) == 0)
+            return;
+    }
+}
+
+/* One test job: a problem, where its tensors live, and the reference output. */
+struct tjob {
+    struct convd_problem p;
+    struct convd_problem_sizes sz;
+    struct convd_job job;
+    float *ref;
+};
+
+/* Bytes to skip before a tensor: a non-zero multiple of 4 (the reference reads floats), rarely
+ * a multiple of 256, so staged copies start at odd host addresses. */
+static uint64_t random_gap(struct tu_rng *g)
+{
+    return 4u * (uint64_t)tu_rng_range(g, 1, 300);
+}
+
+/* Bytes a host region needs for the four tensors of p with gaps. */
+static uint64_t region_bytes_for(const struct convd_problem_sizes *sz)
+{
+    return sz->input_bytes + sz->weight_bytes + sz->bias_bytes + sz->output_bytes + 4 * 1200 + 64;
+}
+
+static void view_set(struct convd_tensor_view *v, struct convd_mem *m, uint64_t offset,
+                     uint64_t bytes)
+{
+    v->mem = m;
+    v->offset = offset;
+    v->bytes = bytes;
+}
+
+/* Places the tensors of t in region r from *cursor on (with random gaps), fills input, weight
+ * and bias with fresh random data, poisons the output and computes the reference. */
+static void tjob_place_host(struct tjob *t, struct host_region *r, uint64_t *cursor)
+{
+    struct convd_mem *m = &r->mem;
+    char *base = (char *)m->host;
+    uint64_t at = *cursor;
+    at += random_gap(&g_rng);
+    view_set(&t->job.input, m, at, t->sz.input_bytes);
+    at += t->sz.input_bytes + random_gap(&g_rng);
+    view_set(&t->job.weight, m, at, t->sz.weight_bytes);
+    at += t->sz.weight_bytes + random_gap(&g_rng);
+    if (t->p.has_bias) {
+        view_set(&t->job.bias, m, at, t->sz.bias_bytes);
+        at += t->sz.bias_bytes + random_gap(&g_rng);
+    }
+    view_set(&t->job.output, m, at, t->sz.output_bytes);
+    at += t->sz.output_bytes;
+    assert_true(at <= m->size);
+    *cursor = at;
+    tu_fill_random(&g_rng, t->p.dtype, base + t->job.input.offset, t->sz.input_elems);
+    tu_fill_random(&g_rng, t->p.dtype, base + t->job.weight.offset, t->sz.weight_elems);
+    if (t->p.has_bias)
+        tu_fill_random(&g_rng, t->p.dtype, base + t->job.bias.offset, t->sz.bias_elems);
+    tu_poison(base + t->job.output.offset, t->sz.output_bytes);
+}
+
+static void tjob_init(struct tjob *t, const struct convd_problem *p)
+{
+    memset(t, 0, sizeof *t);
+    t->p = *p;
+    assert_int_equal(convd_problem_sizes(p, &t->sz, NULL, 0), 0);
+    t->job.problem = *p;
+    t->job.status = 12345; /* must be overwritten */
+}
+
+static const void *view_host(const struct convd_tensor_view *v)
+{
+    return v->mem ? (const char *)v->mem->host + v->offset : NULL;
+}
+
+/* Computes the reference from the job's host tensors. */
+static void tjob_reference(struct tjob *t)
+{
+    t->ref = malloc(t->sz.output_elems * sizeof(float));
+    assert_non_null(t->ref);
+    tu_ref_conv(&t->p, view_host(&t->job.input), view_host(&t->job.weight),
+                t->p.has_bias ? view_host(&t->job.bias) : NULL, t->ref);
+}
+
+static void tjob_free(struct tjob *t)
+{
+    free(t->ref);
+    t->ref = NULL;
+}
+
+/* Describes a job for failure messages. */
+static const char *tjob_str(const struct tjob *t, char *buf, size_t len)
+{
+    char ps[160];
+    snprintf(buf, len, "[%s] %s", convd_gpu_kernel_name(&t->p),
+             convd_problem_str(&t->p, ps, sizeof ps));
+    return buf;
+}
+
+/* Asserts that the job succeeded and that its output (host memory) matches the reference. */
+static void tjob_expect_ok(const struct tjob *t, const char *what)
+{
+    char d[256];
+    if (t->job.status != 0)
+        fail_msg("%s: %s: status %d (%s): %s", what, tjob_str(t, d, sizeof d), t->job.status,
+                 convd_status_name(t->job.status), t->job.error);
+    size_t bad = 0;
+    const void *out = view_host(&t->job.output);
+    double err = tu_rel_error(t->p.dtype, out, t->ref, t->sz.output_elems, &bad);
+    if (!(err <= tu_tolerance(t->p.dtype)))
+        fail_msg("%s: %s: relative error %.3g > %.3g; element %zu of %llu is %g, reference %g",
+                 what, tjob_str(t, d, sizeof d), err, tu_tolerance(t->p.dtype), bad,
+                 (unsigned long long)t->sz.output_elems, (double)tu_load(t->p.dtype, out, bad),
+                 (double)t->ref[bad]);
+}
+
+static void run_jobs(unsigned worker, struct tjob *const *t, size_t n, int expect_rc)
+{
+    struct convd_job *jobs[64];
+    assert_true(n <= 64);
+    for (size_t i = 0; i < n; i++)
+        jobs[i] = &t[i]->job;
+    int rc = ops->run_batch(g_ctx, worker, jobs, n);
+    if (rc != expect_rc)
+        fail_msg("run_batch(worker %u, %zu jobs) returned %d (%s), expected %d; first job: %s",
+                 worker, n, rc, convd_status_name(rc), expect_rc, n ? jobs[0]->error : "");
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* Tests on host memory. */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    struct convd_backend_config cfg = {0};
+    cfg.device = -1;
+    cfg.max_batch = 64;
+    char why[256] = "";
+    int rc = ops->init(&cfg, &g_ctx, &g_info, why, sizeof why);
+    if (rc != 0) {
+        fprintf(stderr, "GPU backend init failed: %s: %s\n", convd_status_name(rc), why);
+        return -1;
+    }
+    fprintf(stderr, "GPU backend: %s, %s, %u workers\n", g_info.name, g_info.device,
+            g_info.max_workers);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    ops->destroy(g_ctx);
+    g_ctx = NULL;
+    return 0;
+}
+
+static void test_init_destroy(void **state)
+{
+    (void)state;
+    struct convd_backend_config cfg = {0};
+    cfg.device = -1;
+    void *ctx = NULL;
+    struct convd_backend_info info;
+    char why[256] = "";
+    int rc = ops->init(&cfg, &ctx, &info, why, sizeof why);
+    if (rc != 0)
+        fail_msg("init: %s: %s", convd_status_name(rc), why);
+    assert_non_null(ctx);
+    assert_string_equal(info.name, "gpu");
+    assert_int_equal(info.max_workers, 2);
+    if (!strstr(info.device, "GiB)") || !strstr(info.device, " ("))
+        fail_msg("device description '%s' lacks the '(arch, SMs, GiB)' part", info.device);
+    ops->destroy(ctx);
+    ops->destroy(NULL);
+
+    /* A device that does not exist: a clear failure, *ret_ctx untouched. */
+    cfg.device = 4096;
+    void *sentinel = (void *)&cfg;
+    ctx = sentinel;
+    why[0] = '\0';
+    rc = ops->init(&cfg, &ctx, &info, why, sizeof why);
+    assert_int_equal(rc, CONVD_EDEVICE);
+    assert_ptr_equal(ctx, sentinel);
+    assert_true(why[0] != '\0');
+    fprintf(stderr, "init on GPU 4096 says: %s\n", why);
+    assert_string_equal(ops->name, "gpu");
+}
+
+/* Random problems of every family, dtype and layout, one job per batch on alternating workers,
+ * tensors at random non-zero offsets of a host region. */
+static void test_host_random(void **state)
+{
+    (void)state;
+    int ran[FAM_COUNT] = {0}, skipped[FAM_COUNT] = {0};
+    unsigned worker = 0;
+    for (int fam = 0; fam < FAM_COUNT; fam++) {
+        for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
+            for (int lay = CONVD_LAYOUT_NCHW; lay <= CONVD_LAYOUT_NHWC; lay++) {
+                struct convd_problem p;
+                make_problem(&g_rng, (enum family)fam, (enum convd_dtype)dt, (enum convd_layout)lay,
+                             &p);
+                char why[256] = "", ps[160];
+                int rc = ops->supports(g_ctx, &p, why, sizeof why);
+                if (rc != 0) {
+                    fprintf(stderr, "unsupported (%s): %s: %s\n", convd_status_name(rc),
+                            convd_problem_str(&p, ps, sizeof ps), why);
+                    skipped[fam]++;
+                    continue;
+                }
+                struct tjob t;
+                tjob_init(&t, &p);
+                struct host_region r;
+                region_open(&r, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+                uint64_t cursor = 0;
+                tjob_place_host(&t, &r, &cursor);
+                tjob_reference(&t);
+                region_import(&r);
+                struct tjob *tp = &t;
+                run_jobs(worker, &tp, 1, 0);
+                worker ^= 1;
+                tjob_expect_ok(&t, family_names[fam]);
+                assert_true(t.job.exec_ns > 0);
+                tjob_free(&t);
+                region_close(&r);
+                ran[fam]++;
+            }
+        }
+    }
+    for (int fam = 0; fam < FAM_COUNT; fam++) {
+        fprintf(stderr, "%s: %d run, %d unsupported\n", family_names[fam], ran[fam], skipped[fam]);
+        if (ran[fam] == 0)
+            fail_msg("no problem of the %s family was supported", family_names[fam]);
+    }
+}
+
+/* One batch: four jobs of one problem (two in one region, one sharing the other's weights, one in
+ * a second region) interleaved with a job of another problem. Each must match its reference. */
+static void test_host_batch_grouped(void **state)
+{
+    (void)state;
+    struct convd_problem pa, pb;
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, FAM_SMALL_CPG, 0, 0, &pa);
+        if (ops->supports(g_ctx, &pa, NULL, 0) == 0)
+            break;
+    }
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, FAM_DEPTHWISE, 0, 0, &pb);
+        if (ops->supports(g_ctx, &pb, NULL, 0) == 0 && !convd_problem_same(&pa, &pb))
+            break;
+    }
+    struct tjob t[5];
+    tjob_init(&t[0], &pa);
+    tjob_init(&t[1], &pa);
+    tjob_init(&t[2], &pb);
+    tjob_init(&t[3], &pa);
+    tjob_init(&t[4], &pa);
+    struct host_region r1, r2;
+    region_open(&r1, 3 * region_bytes_for(&t[0].sz) + region_bytes_for(&t[2].sz),
+                PROT_READ | PROT_WRITE);
+    region_open(&r2, region_bytes_for(&t[0].sz), PROT_READ | PROT_WRITE);
+    uint64_t c1 = 0, c2 = 0;
+    tjob_place_host(&t[0], &r1, &c1);
+    tjob_place_host(&t[1], &r1, &c1);
+    tjob_place_host(&t[2], &r1, &c1);
+    tjob_place_host(&t[3], &r1, &c1);
+    /* t[3] shares t[1]'s weights (and bias): the backend stages them once. */
+    t[3].job.weight = t[1].job.weight;
+    t[3].job.bias = t[1].job.bias;
+    tjob_place_host(&t[4], &r2, &c2);
+    for (int i = 0; i < 5; i++)
+        tjob_reference(&t[i]);
+    region_import(&r1);
+    region_import(&r2);
+    struct tjob *tp[5] = {&t[0], &t[1], &t[2], &t[3], &t[4]};
+    run_jobs(1, tp, 5, 0);
+    for (int i = 0; i < 5; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "batched job %d", i);
+        tjob_expect_ok(&t[i], what);
+        tjob_free(&t[i]);
+    }
+    region_close(&r1);
+    region_close(&r2);
+}
+
+/* Bad jobs fail alone, with a status, and leave the rest of the batch alone; a bad worker index
+ * fails the batch without touching the device. */
+static void test_host_bad_jobs(void **state)
+{
+    (void)state;
+    struct convd_problem p;
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, FAM_SMALL_CPG, CONVD_DTYPE_FP32, 0, &p);
+        if (ops->supports(g_ctx, &p, NULL, 0) == 0)
+            break;
+    }
+    struct tjob t[3];
+    struct host_region r;
+    tjob_init(&t[0], &p);
+    tjob_init(&t[1], &p);
+    tjob_init(&t[2], &p);
+    region_open(&r, 3 * region_bytes_for(&t[0].sz), PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    for (int i = 0; i < 3; i++) {
+        tjob_place_host(&t[i], &r, &c);
+        tjob_reference(&t[i]);
+    }
+    region_import(&r);
+    /* t[1]'s output runs past the end of its region; t[2]'s weight view is too short. */
+    t[1].job.output.offset = r.mem.size - t[1].sz.output_bytes / 2;
+    t[2].job.weight.bytes = t[2].sz.weight_bytes - 1;
+    struct tjob *tp[3] = {&t[0], &t[1], &t[2]};
+    run_jobs(0, tp, 3, 0);
+    tjob_expect_ok(&t[0], "the good job of a batch with bad ones");
+    if (t[1].job.status != CONVD_EBOUNDS)
+        fail_msg("output past the region: status %s (%s), expected EBOUNDS",
+                 convd_status_name(t[1].job.status), t[1].job.error);
+    if (t[2].job.status != CONVD_ESIZE)
+        fail_msg("short weight view: status %s (%s), expected ESIZE",
+                 convd_status_name(t[2].job.status), t[2].job.error);
+    fprintf(stderr, "bad job sentences: '%s' / '%s'\n", t[1].job.error, t[2].job.error);
+
+    /* Worker index out of range. */
+    tu_poison((char *)r.mem.host + t[0].job.output.offset, t[0].sz.output_bytes);
+    run_jobs(2, tp, 1, CONVD_EINVAL);
+    assert_int_equal(t[0].job.status, CONVD_EINVAL);
+    assert_true(t[0].job.error[0] != '\0');
+
+    /* Invalid memory descriptions. */
+    struct convd_mem bad;
+    memset(&bad, 0, sizeof bad);
+    bad.kind = CONVD_MEM_HOST;
+    bad.size = 0;
+    bad.host = r.mem.host;
+    char why[256] = "";
+    assert_int_equal(ops->mem_import(g_ctx, &bad, why, sizeof why), CONVD_EINVAL);
+    assert_null(bad.be_priv);
+    ops->mem_release(g_ctx, &bad); /* never imported: a no-op */
+    ops->mem_release(g_ctx, NULL);
+
+    for (int i = 0; i < 3; i++)
+        tjob_free(&t[i]);
+    region_close(&r);
+}
+
+/* Inputs in a read-only mapping: pinning such memory may fail, and the region must stay usable
+ * with pageable copies. */
+static void test_host_readonly_inputs(void **state)
+{
+    (void)state;
+    struct convd_problem p;
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, FAM_DENSE, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC, &p);
+        if (ops->supports(g_ctx, &p, NULL, 0) == 0)
+            break;
+    }
+    struct tjob t;
+    tjob_init(&t, &p);
+    struct host_region in, out;
+    region_open(&in, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    region_open(&out, t.sz.output_bytes + 4096, PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    tjob_place_host(&t, &in, &c);
+    tjob_reference(&t);
+    view_set(&t.job.output, &out.mem, 4096 - 4 * 7, t.sz.output_bytes);
+    tu_poison((char *)out.mem.host + t.job.output.offset, t.sz.output_bytes);
+    assert_int_equal(mprotect(in.mem.host, (size_t)in.mem.size, PROT_READ), 0);
+    region_import(&in);
+    region_import(&out);
+    struct tjob *tp = &t;
+    run_jobs(0, &tp, 1, 0);
+    tjob_expect_ok(&t, "inputs in a read-only mapping");
+    tjob_free(&t);
+    region_close(&in);
+    region_close(&out);
+}
+
+/* Both workers at once, as the daemon runs them: each thread runs its own batches. */
+struct worker_arg {
+    unsigned worker;
+    int rounds;
+    uint64_t seed;
+    char failure[512];
+};
+
+static void *worker_main(void *varg)
+{
+    struct worker_arg *a = varg;
+    struct tu_rng g;
+    tu_rng_init(&g, a->seed);
+    for (int round = 0; round < a->rounds && !a->failure[0]; round++) {
+        struct convd_problem p;
+        make_problem(&g, (enum family)(round % FAM_COUNT), 0, 0, &p);
+        if (ops->supports(g_ctx, &p, NULL, 0) != 0)
+            continue;
+        struct convd_problem_sizes sz;
+        convd_problem_sizes(&p, &sz, NULL, 0);
+        /* An anonymous shared mapping stands for a region (a worker thread may not call the
+         * cmocka asserts that region_open uses). */
+        struct convd_mem m;
+        memset(&m, 0, sizeof m);
+        m.kind = CONVD_MEM_HOST;
+        m.size = sz.input_bytes + sz.weight_bytes + sz.bias_bytes + sz.output_bytes;
+        m.host =
+            mmap(NULL, (size_t)m.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        float *ref = malloc(sz.output_elems * sizeof *ref);
+        if (m.host == MAP_FAILED || !ref) {
+            snprintf(a->failure, sizeof a->failure, "out of memory");
+            if (m.host != MAP_FAILED)
+                munmap(m.host, (size_t)m.size);
+            free(ref);
+            break;
+        }
+        char *b = m.host;
+        struct convd_job job;
+        memset(&job, 0, sizeof job);
+        job.problem = p;
+        view_set(&job.input, &m, 0, sz.input_bytes);
+        view_set(&job.weight, &m, sz.input_bytes, sz.weight_bytes);
+        if (p.has_bias)
+            view_set(&job.bias, &m, sz.input_bytes + sz.weight_bytes, sz.bias_bytes);
+        view_set(&job.output, &m, m.size - sz.output_bytes, sz.output_bytes);
+        tu_fill_random(&g, p.dtype, b, sz.input_elems);
+        tu_fill_random(&g, p.dtype, b + sz.input_bytes, sz.weight_elems);
+        tu_fill_random(&g, p.dtype, b + sz.input_bytes + sz.weight_bytes, sz.bias_elems);
+        tu_poison(b + job.output.offset, sz.output_bytes);
+        tu_ref_conv(&p, b, b + sz.input_bytes,
+                    p.has_bias ? b + sz.input_bytes + sz.weight_bytes : NULL, ref);
+        char why[256] = "";
+        int rc = ops->mem_import(g_ctx, &m, why, sizeof why);
+        struct convd_job *jp = &job;
+        if (rc == 0)
+            rc = ops->run_batch(g_ctx, a->worker, &jp, 1);
+        char ps[160];
+        size_t bad = 0;
+        if (rc != 0 || job.status != 0) {
+            snprintf(a->failure, sizeof a->failure, "worker %u: %s: rc %s, status %s: %s %s",
+                     a->worker, convd_problem_str(&p, ps, sizeof ps), convd_status_name(rc),
+                     convd_status_name(job.status), job.error, why);
+        } else {
+            double err = tu_rel_error(p.dtype, b + job.output.offset, ref, sz.output_elems, &bad);
+            if (!(err <= tu_tolerance(p.dtype)))
+                snprintf(a->failure, sizeof a->failure,
+                         "worker %u: [%s] %s: relative error %.3g at element %zu", a->worker,
+                         convd_gpu_kernel_name(&p), convd_problem_str(&p, ps, sizeof ps), err, bad);
+        }
+        if (m.be_priv)
+            ops->mem_release(g_ctx, &m);
+        munmap(m.host, (size_t)m.size);
+        free(ref);
+    }
+    return NULL;
+}
+
+static void test_two_workers_concurrently(void **state)
+{
+    (void)state;
+    struct worker_arg a[2];
+    pthread_t th[2];
+    for (unsigned i = 0; i < 2; i++) {
+        memset(&a[i], 0, sizeof a[i]);
+        a[i].worker = i;
+        a[i].rounds = 12;
+        a[i].seed = tu_rng_next(&g_rng);
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &a[i]), 0);
+    }
+    for (unsigned i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (unsigned i = 0; i < 2; i++)
+        if (a[i].failure[0])
+            fail_msg("%s", a[i].failure);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* The IPC peer process. */
+
+enum peer_op { PEER_ALLOC = 1, PEER_WRITE, PEER_CHECK, PEER_HANDLE, PEER_EXIT };
+
+struct peer_cmd {
+    uint32_t op;
+    uint32_t dtype;
+    uint64_t a; /* ALLOC: bytes; WRITE, CHECK: offset into the allocation */
+    uint64_t b; /* ALLOC: device; WRITE: bytes that follow; CHECK: elements (floats follow) */
+};
+
+struct peer_reply {
+    int32_t status; /* 0 or -1 */
+    uint32_t pad;
+    double err;
+    uint64_t bad;
+    uint8_t handle[CONVD_IPC_HANDLE_SIZE];
+    char msg[256];
+};
+
+static int g_peer_in = -1, g_peer_out = -1; /* parent: write commands, read replies */
+static pid_t g_peer_pid = -1;
+
+static int full_write(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t k = write(fd, p, len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+static int full_read(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t k = read(fd, p, len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+static void peer_fail(struct peer_reply *rep, const char *what, rt_error e)
+{
+    rep->status = -1;
+    snprintf(rep->msg, sizeof rep->msg, "peer: %s: %s", what, rt_error_string(e));
+}
+
+/* The peer's loop. It touches the GPU runtime only once asked to. */
+static int peer_main(int in, int out)
+{
+    char *dev = NULL;
+    uint64_t dev_bytes = 0;
+    for (;;) {
+        struct peer_cmd cmd;
+        struct peer_reply rep;
+        memset(&rep, 0, sizeof rep);
+        if (full_read(in, &cmd, sizeof cmd) != 0)
+            return dev ? 1 : 0; /* the parent is gone */
+        void *payload = NULL;
+        size_t payload_len = cmd.op == PEER_WRITE   ? (size_t)cmd.b
+                             : cmd.op == PEER_CHECK ? (size_t)cmd.b * sizeof(float)
+                                                    : 0;
+        if (payload_len) {
+            payload = malloc(payload_len);
+            if (!payload || full_read(in, payload, payload_len) != 0)
+                return 1;
+        }
+        rt_error e = RT_OK;
+        switch (cmd.op) {
+        case PEER_ALLOC:
+            if ((e = rt_set_device((int)cmd.b)) != RT_OK) {
+                peer_fail(&rep, "selecting the device", e);
+            } else if ((e = rt_malloc((void **)&dev, (size_t)cmd.a)) != RT_OK) {
+                peer_fail(&rep, "allocating device memory", e);
+                dev = NULL;
+            } else {
+                dev_bytes = cmd.a;
+            }
+            break;
+        case PEER_WRITE:
+            if (!dev || cmd.a > dev_bytes || cmd.b > dev_bytes - cmd.a)
+                snprintf(rep.msg, sizeof rep.msg, "peer: write outside the allocation"),
+                    rep.status = -1;
+            else if ((e = rt_memcpy_htod(dev + cmd.a, payload, (size_t)cmd.b)) != RT_OK)
+                peer_fail(&rep, "writing device memory", e);
+            break;
+        case PEER_CHECK: {
+            size_t esize = convd_dtype_size((enum convd_dtype)cmd.dtype);
+            size_t bytes = (size_t)cmd.b * esize;
+            void *host = malloc(bytes ? bytes : 1);
+            if (!dev || !host || cmd.a > dev_bytes || bytes > dev_bytes - cmd.a) {
+                snprintf(rep.msg, sizeof rep.msg, "peer: check outside the allocation");
+                rep.status = -1;
+            } else if ((e = rt_memcpy_dtoh(host, dev + cmd.a, bytes)) != RT_OK) {
+                peer_fail(&rep, "reading device memory", e);
+            } else {
+                size_t bad = 0;
+                rep.err =
+                    tu_rel_error((enum convd_dtype)cmd.dtype, host, payload, (size_t)cmd.b, &bad);
+                rep.bad = bad;
+                snprintf(rep.msg, sizeof rep.msg, "element %zu is %g, reference %g", bad,
+                         (double)tu_load((enum convd_dtype)cmd.dtype, host, bad),
+                         (double)((const float *)payload)[bad]);
+            }
+            free(host);
+            break;
+        }
+        case PEER_HANDLE: {
+            rt_ipc_handle h;
+            if (!dev)
+                snprintf(rep.msg, sizeof rep.msg, "peer: nothing allocated"), rep.status = -1;
+            else if ((e = rt_ipc_get_handle(&h, dev)) != RT_OK)
+                peer_fail(&rep, "exporting the IPC handle", e);
+            else
+                memcpy(rep.handle, &h, sizeof rep.handle);
+            break;
+        }
+        case PEER_EXIT:
+            if (dev)
+                rt_free(dev);
+            full_write(out, &rep, sizeof rep);
+            return 0;
+        default:
+            return 1;
+        }
+        free(payload);
+        if (full_write(out, &rep, sizeof rep) != 0)
+            return 1;
+    }
+}
+
+/* Sends one command (with its payload) and returns the reply; a dead peer fails the test. */
+static struct peer_reply peer_call(uint32_t op, uint32_t dtype, uint64_t a, uint64_t b,
+                                   const void *payload, size_t payload_len)
+{
+    struct peer_cmd cmd = {op, dtype, a, b};
+    struct peer_reply rep;
+    if (full_write(g_peer_in, &cmd, sizeof cmd) != 0 ||
+        (payload_len && full_write(g_peer_in, payload, payload_len) != 0) ||
+        full_read(g_peer_out, &rep, sizeof rep) != 0)
+        fail_msg("the IPC peer process died (op %u)", op);
+    return rep;
+}
+
+static void peer_must(const struct peer_reply *rep, const char *what)
+{
+    if (rep->status != 0)
+        fail_msg("%s: %s", what, rep->msg);
+}
+
+static void peer_stop(void)
+{
+    if (g_peer_pid <= 0)
+        return;
+    struct peer_cmd cmd = {PEER_EXIT, 0, 0, 0};
+    struct peer_reply rep;
+    if (full_write(g_peer_in, &cmd, sizeof cmd) == 0)
+        (void)full_read(g_peer_out, &rep, sizeof rep);
+    close(g_peer_in);
+    close(g_peer_out);
+    int st = 0;
+    waitpid(g_peer_pid, &st, 0);
+    g_peer_pid = -1;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fprintf(stderr, "the IPC peer exited abnormally (status 0x%x)\n", st);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* Tests on device memory by IPC handle. */
+
+#define IPC_ALLOC  ((uint64_t)32 << 20) /* a multiple of 2 MiB: the allocation's size is exact */
+#define IPC_REGION ((uint64_t)4096 + 256)
+
+static struct convd_mem device_mem(const uint8_t *handle, uint64_t offset, uint64_t size)
+{
+    struct convd_mem m;
+    memset(&m, 0, sizeof m);
+    m.kind = CONVD_MEM_DEVICE;
+    memcpy(m.ipc_handle, handle, CONVD_IPC_HANDLE_SIZE);
+    m.ipc_offset = offset;
+    m.size = size;
+    return m;
+}
+
+/* Expects mem_import to refuse m with `status`; prints the sentence. */
+static void expect_import_fails(struct convd_mem *m, int status, const char *what)
+{
+    char why[256] = "";
+    int rc = ops->mem_import(g_ctx, m, why, sizeof why);
+    if (rc != status) {
+        if (rc == 0)
+            ops->mem_release(g_ctx, m);
+        fail_msg("%s: mem_import returned %s (%s), expected %s", what, convd_status_name(rc), why,
+                 convd_status_name(status));
+    }
+    if (!why[0])
+        fail_msg("%s: refused without a sentence", what);
+    assert_null(m->be_priv);
+    fprintf(stderr, "%s: %s\n", what, why);
+}
+
+static void import_ok(struct convd_mem *m, const char *what)
+{
+    char why[256] = "";
+    int rc = ops->mem_import(g_ctx, m, why, sizeof why);
+    if (rc != 0)
+        fail_msg("%s: mem_import: %s: %s", what, convd_status_name(rc), why);
+    assert_non_null(m->device_ptr);
+}
+
+/* Sends the job's host-side inputs (in `src`, laid out at the job's view offsets relative to
+ * `region_base`) to the peer at the same offsets of its allocation. */
+static void peer_write_view(const struct convd_tensor_view *v, const void *data, uint64_t region_at)
+{
+    struct peer_reply rep =
+        peer_call(PEER_WRITE, 0, region_at + v->offset, v->bytes, data, (size_t)v->bytes);
+    peer_must(&rep, "writing a tensor into the peer's device memory");
+}
+
+/* A job entirely in device memory of region m (at allocation offset region_at), with data
+ * generated here and written by the peer; the peer then checks the output in its own memory. */
+static void device_job_roundtrip(struct convd_mem *m, uint64_t region_at, uint64_t *cursor,
+                                 unsigned worker, const char *what)
+{
+    struct convd_problem p;
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, (enum family)tu_rng_range(&g_rng, 0, FAM_COUNT - 1), 0, 0, &p);
+        if (ops->supports(g_ctx, &p, NULL, 0) == 0)
+            break;
+    }
+    struct tjob t;
+    tjob_init(&t, &p);
+    /* Host copies of the tensors, for the reference and for the peer. */
+    struct host_region h;
+    region_open(&h, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    uint64_t hc = 0;
+    tjob_place_host(&t, &h, &hc);
+    tjob_reference(&t);
+    struct convd_job dj = t.job;
+    struct convd_tensor_view *views[4] = {&dj.input, &dj.weight, &dj.bias, &dj.output};
+    uint64_t at = *cursor;
+    for (int i = 0; i < 4; i++) {
+        if (!views[i]->mem)
+            continue;
+        const void *data = view_host(views[i]);
+        at += random_gap(&g_rng);
+        views[i]->mem = m;
+        views[i]->offset = at;
+        at += views[i]->bytes;
+        if (at > m->size)
+            fail_msg("%s: the test's device region is too small (%llu > %llu)", what,
+                     (unsigned long long)at, (unsigned long long)m->size);
+        peer_write_view(views[i], data, region_at); /* the output: poison */
+    }
+    *cursor = at;
+    struct convd_job *jp = &dj;
+    int rc = ops->run_batch(g_ctx, worker, &jp, 1);
+    char d[256];
+    if (rc != 0 || dj.status != 0)
+        fail_msg("%s: %s: run_batch %s, job %s: %s", what, tjob_str(&t, d, sizeof d),
+                 convd_status_name(rc), convd_status_name(dj.status), dj.error);
+    struct peer_reply rep = peer_call(PEER_CHECK, (uint32_t)p.dtype, region_at + dj.output.offset,
+                                      t.sz.output_elems, t.ref, t.sz.output_elems * sizeof(float));
+    peer_must(&rep, "checking the output in the peer");
+    if (!(rep.err <= tu_tolerance(p.dtype)))
+        fail_msg("%s: %s: relative error %.3g in the peer's memory; %s", what,
+                 tjob_str(&t, d, sizeof d), rep.err, rep.msg);
+    tjob_free(&t);
+    region_close(&h);
+}
+
+static void test_device_ipc(void **state)
+{
+    (void)state;
+    struct peer_reply rep = peer_call(PEER_ALLOC, 0, IPC_ALLOC, 0, NULL, 0);
+    peer_must(&rep, "peer allocation");
+    rep = peer_call(PEER_HANDLE, 0, 0, 0, NULL, 0);
+    peer_must(&rep, "peer handle export");
+    uint8_t handle[CONVD_IPC_HANDLE_SIZE];
+    memcpy(handle, rep.handle, sizeof handle);
+
+    /* Out of range: refused with EBOUNDS, naming offset, size and allocation size. */
+    struct convd_mem m = device_mem(handle, IPC_ALLOC - 100, 200);
+    expect_import_fails(&m, CONVD_EBOUNDS, "region past the allocation's end");
+    m = device_mem(handle, 0, IPC_ALLOC + 1);
+    expect_import_fails(&m, CONVD_EBOUNDS, "region one byte too large");
+    m = device_mem(handle, UINT64_MAX - 10, 100);
+    expect_import_fails(&m, CONVD_EBOUNDS, "region offset near 2^64");
+    m = device_mem(handle, IPC_ALLOC + 4096, 1);
+    expect_import_fails(&m, CONVD_EBOUNDS, "region starting after the allocation");
+    {
+        char why[256] = "", alloc[32];
+        snprintf(alloc, sizeof alloc, "%llu", (unsigned long long)IPC_ALLOC);
+        m = device_mem(handle, 12345, IPC_ALLOC);
+        (void)ops->mem_import(g_ctx, &m, why, sizeof why);
+        if (!strstr(why, "12345") || !strstr(why, alloc))
+            fail_msg("the EBOUNDS sentence should name the offset (12345), the size and the "
+                     "allocation size (%s): '%s'",
+                     alloc, why);
+    }
+
+    /* Exactly the whole allocation is fine. */
+    m = device_mem(handle, 0, IPC_ALLOC);
+    import_ok(&m, "the whole allocation");
+    ops->mem_release(g_ctx, &m);
+
+    /* Two regions of one allocation: one handle opened once, shared. */
+    uint64_t half = IPC_ALLOC / 2;
+    struct convd_mem a = device_mem(handle, IPC_REGION, half - IPC_REGION);
+    struct convd_mem b = device_mem(handle, half, half);
+    import_ok(&a, "region a");
+    import_ok(&b, "region b");
+    assert_ptr_equal((char *)b.device_ptr - (char *)a.device_ptr, half - IPC_REGION);
+    uint64_t ca = 0, cb = 0;
+    device_job_roundtrip(&a, IPC_REGION, &ca, 0, "job in device region a");
+    device_job_roundtrip(&b, half, &cb, 1, "job in device region b");
+    /* Releasing a keeps the allocation open for b. */
+    ops->mem_release(g_ctx, &a);
+    assert_null(a.be_priv);
+    device_job_roundtrip(&b, half, &cb, 0, "job in region b after a's release");
+    ops->mem_release(g_ctx, &b);
+    /* Closed for good now; opening it again works. */
+    a = device_mem(handle, IPC_REGION, half - IPC_REGION);
+    import_ok(&a, "region a, reopened");
+    ca = 0;
+    device_job_roundtrip(&a, IPC_REGION, &ca, 1, "job in region a after reopening");
+    ops->mem_release(g_ctx, &a);
+}
+
+/* A job with its input in host memory and everything else in device memory: staging and in-place
+ * tensors in one launch. */
+static void test_device_mixed_with_host(void **state)
+{
+    (void)state;
+    struct peer_reply rep = peer_call(PEER_HANDLE, 0, 0, 0, NULL, 0);
+    peer_must(&rep, "peer handle export (the allocation of test_device_ipc)");
+    struct convd_mem dm = device_mem(rep.handle, 0, IPC_ALLOC);
+    import_ok(&dm, "mixed: device region");
+    struct convd_problem p;
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p);
+        if (ops->supports(g_ctx, &p, NULL, 0) == 0)
+            break;
+    }
+    struct tjob t;
+    tjob_init(&t, &p);
+    struct host_region h;
+    region_open(&h, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    uint64_t hc = 0;
+    tjob_place_host(&t, &h, &hc);
+    tjob_reference(&t);
+    region_import(&h);
+    struct convd_job dj = t.job; /* input stays in host memory */
+    uint64_t at = 8192;
+    struct convd_tensor_view *views[3] = {&dj.weight, &dj.bias, &dj.output};
+    for (int i = 0; i < 3; i++) {
+        if (!views[i]->mem)
+            continue;
+        const void *data = view_host(views[i]);
+        views[i]->mem = &dm;
+        views[i]->offset = at;
+        peer_write_view(views[i], data, 0);
+        at += views[i]->bytes + 64;
+    }
+    assert_true(at <= IPC_ALLOC);
+    struct convd_job *jp = &dj;
+    int rc = ops->run_batch(g_ctx, 0, &jp, 1);
+    char d[256];
+    if (rc != 0 || dj.status != 0)
+        fail_msg("mixed job %s: run_batch %s, job %s: %s", tjob_str(&t, d, sizeof d),
+                 convd_status_name(rc), convd_status_name(dj.status), dj.error);
+    rep = peer_call(PEER_CHECK, (uint32_t)p.dtype, dj.output.offset, t.sz.output_elems, t.ref,
+                    t.sz.output_elems * sizeof(float));
+    peer_must(&rep, "checking the mixed job's output in the peer");
+    if (!(rep.err <= tu_tolerance(p.dtype)))
+        fail_msg("mixed job %s: relative error %.3g; %s", tjob_str(&t, d, sizeof d), rep.err,
+                 rep.msg);
+    ops->mem_release(g_ctx, &dm);
+    tjob_free(&t);
+    region_close(&h);
+}
+
+/* Handles that name nothing: CONVD_EDEVICE with the runtime's sentence, and the backend still
+ * works afterwards. */
+static void test_device_bad_handle(void **state)
+{
+    (void)state;
+    uint8_t junk[CONVD_IPC_HANDLE_SIZE];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)tu_rng_next(&g_rng);
+    struct convd_mem m = device_mem(junk, 0, 4096);
+    expect_import_fails(&m, CONVD_EDEVICE, "random handle bytes");
+    memset(junk, 0, sizeof junk);
+    m = device_mem(junk, 0, 4096);
+    expect_import_fails(&m, CONVD_EDEVICE, "an all-zero handle");
+    memset(junk, 0xff, sizeof junk);
+    m = device_mem(junk, 0, 4096);
+    expect_import_fails(&m, CONVD_EDEVICE, "an all-ones handle");
+
+    /* Still healthy. */
+    struct convd_problem p;
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, FAM_DEPTHWISE, 0, 0, &p);
+        if (ops->supports(g_ctx, &p, NULL, 0) == 0)
+            break;
+    }
+    struct tjob t;
+    tjob_init(&t, &p);
+    struct host_region r;
+    region_open(&r, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    tjob_place_host(&t, &r, &c);
+    tjob_reference(&t);
+    region_import(&r);
+    struct tjob *tp = &t;
+    run_jobs(1, &tp, 1, 0);
+    tjob_expect_ok(&t, "a job after bad handles");
+    tjob_free(&t);
+    region_close(&r);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+
+int main(void)
+{
+    /* Fork the IPC peer before this process makes any GPU call. */
+    int to_peer[2], from_peer[2];
+    if (pipe2(to_peer, O_CLOEXEC) != 0 || pipe2(from_peer, O_CLOEXEC) != 0) {
+        perror("pipe2");
+        return 1;
+    }
+    fflush(NULL);
+    g_peer_pid = fork();
+    if (g_peer_pid < 0) {
+        perror("fork");
+        return 1;
+    }
+    if (g_peer_pid == 0) {
+        close(to_peer[1]);
+        close(from_peer[0]);
+        _exit(peer_main(to_peer[0], from_peer[1]));
+    }
+    close(to_peer[0]);
+    close(from_peer[1]);
+    g_peer_in = to_peer[1];
+    g_peer_out = from_peer[0];
+
+    int count = 0;
+    rt_error e = rt_get_device_count(&count);
+    if (e != RT_OK || count <= 0) {
+        printf("SKIP: no GPU here (%s); the GPU backend tests need one\n",
+               e != RT_OK ? rt_error_string(e) : "no devices");
+        peer_stop();
+        return 77;
+    }
+    tu_rng_init(&g_rng, tu_seed());
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init_destroy),
+        cmocka_unit_test(test_host_random),
+        cmocka_unit_test(test_host_batch_grouped),
+        cmocka_unit_test(test_host_bad_jobs),
+        cmocka_unit_test(test_host_readonly_inputs),
+        cmocka_unit_test(test_two_workers_concurrently),
+        cmocka_unit_test(test_device_ipc),
+        cmocka_unit_test(test_device_mixed_with_host),
+        cmocka_unit_test(test_device_bad_handle),
+    };
+    int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+    peer_stop();
+    return failed;
+}
