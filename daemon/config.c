@@ -1,0 +1,651 @@
+/*
+ * Configuration: one table of options drives the file parser, the command line, --help and
+ * --check-config, so the three can never disagree about a name or a range.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "convd/convd.h"
+#include "convd/status.h"
+#include "log.h"
+
+enum cfg_type {
+    CFG_PATH,
+    CFG_BACKEND,
+    CFG_LOG_LEVEL,
+    CFG_INT,   /* int, decimal */
+    CFG_U32,   /* uint32_t, decimal */
+    CFG_U64,   /* uint64_t, decimal */
+    CFG_BYTES, /* uint64_t, decimal with an optional K, M, G, T suffix (powers of 1024) */
+    CFG_MODE,  /* uint32_t, octal */
+    CFG_GROUP, /* a group name or number */
+    CFG_UIDS,  /* comma-separated user names or numbers */
+    CFG_GIDS,  /* comma-separated group names or numbers */
+};
+
+struct cfg_option {
+    const char *key;
+    enum cfg_type type;
+    size_t offset;
+    int64_t min;
+    uint64_t max;
+    const char *arg;
+    const char *help;
+};
+
+#define OFF(field) offsetof(struct convd_config, field)
+
+static const struct cfg_option cfg_options[] = {
+    {"socket", CFG_PATH, OFF(socket_path), 0, 0, "PATH",
+     "socket to listen on when not socket-activated (default $CONVD_SOCKET, "
+     "else " CONVD_DEFAULT_SOCKET ")"},
+    {"backend", CFG_BACKEND, OFF(backend), 0, 0, "auto|cpu|gpu",
+     "auto: the GPU when built and a device answers, else the CPU"},
+    {"log_level", CFG_LOG_LEVEL, OFF(log_level), 0, 0, "LEVEL",
+     "err, warning, notice, info, debug"},
+    {"threads", CFG_INT, OFF(threads), 0, 4096, "N", "CPU backend threads (0: one per CPU)"},
+    {"device", CFG_INT, OFF(device), -1, 1023, "N", "GPU ordinal (-1: the first usable)"},
+    {"max_clients", CFG_U32, OFF(max_clients), 1, 65536, "N", "connections at once"},
+    {"max_inflight", CFG_U32, OFF(max_inflight), 1, 65536, "N",
+     "requests one client may have queued or running"},
+    {"max_regions", CFG_U32, OFF(max_regions), 1, 65536, "N", "regions one client may register"},
+    {"max_mapped_bytes", CFG_BYTES, OFF(max_mapped_bytes), 1, (uint64_t)1 << 50, "BYTES",
+     "bytes of regions one client may register (suffixes K, M, G, T)"},
+    {"max_batch", CFG_U32, OFF(max_batch), 1, 1024, "N", "requests per backend call"},
+    {"max_queue_delay_us", CFG_U64, OFF(max_queue_delay_us), 0, 10000000, "US",
+     "time an idle worker may wait for a batch to fill (0: dispatch at once)"},
+    {"queue_limit", CFG_U32, OFF(queue_limit), 1, 1048576, "N",
+     "requests waiting, all clients together"},
+    {"drain_timeout_ms", CFG_U64, OFF(drain_timeout_ms), 0, 3600000, "MS",
+     "on SIGTERM, time left to queued work before it fails with ESHUTDOWN"},
+    {"socket_mode", CFG_MODE, OFF(socket_mode), 0, 0777, "OCTAL",
+     "permissions of a socket convd binds itself"},
+    {"socket_group", CFG_GROUP, OFF(socket_group), 0, 0, "GROUP",
+     "group of a socket convd binds itself"},
+    {"allow_uids", CFG_UIDS, OFF(allow_uids), 0, 0, "LIST",
+     "users allowed to connect (names or numbers, comma-separated)"},
+    {"allow_gids", CFG_GIDS, OFF(allow_gids), 0, 0, "LIST",
+     "groups allowed to connect (names or numbers, comma-separated)"},
+    {"max_protocol_errors", CFG_U32, OFF(max_protocol_errors), 1, 1000000, "N",
+     "protocol errors before a connection is closed"},
+    {"max_send_queue_bytes", CFG_BYTES, OFF(max_send_queue_bytes), 65536, (uint64_t)1 << 30,
+     "BYTES", "replies a client has not read before it is disconnected"},
+    {"hello_timeout_ms", CFG_U64, OFF(hello_timeout_ms), 100, 3600000, "MS",
+     "time a new connection has to send Hello"},
+};
+
+#define N_OPTIONS (sizeof(cfg_options) / sizeof(cfg_options[0]))
+
+static int cfg_fail(char *why, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cfg_fail(char *why, size_t len, const char *fmt, ...)
+{
+    if (why != NULL && len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return CONVD_EINVAL;
+}
+
+void config_defaults(struct convd_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    const char *env = getenv("CONVD_SOCKET");
+    if (env != NULL && *env != '\0' && strlen(env) < sizeof(c->socket_path))
+        strcpy(c->socket_path, env);
+    else
+        strcpy(c->socket_path, CONVD_DEFAULT_SOCKET);
+    c->backend = CONFIG_BACKEND_AUTO;
+    c->log_level = LOG_LVL_INFO;
+    c->threads = 0;
+    c->device = -1;
+    c->max_clients = 128;
+    c->max_inflight = 256;
+    c->max_regions = 256;
+    c->max_mapped_bytes = (uint64_t)16 << 30;
+    c->max_batch = 32;
+    c->max_queue_delay_us = 0;
+    c->queue_limit = 4096;
+    c->drain_timeout_ms = 10000;
+    c->socket_mode = 0660;
+    c->max_protocol_errors = 16;
+    c->max_send_queue_bytes = (uint64_t)16 << 20;
+    c->hello_timeout_ms = 10000;
+}
+
+const char *config_backend_name(enum config_backend b)
+{
+    switch (b) {
+    case CONFIG_BACKEND_AUTO:
+        return "auto";
+    case CONFIG_BACKEND_CPU:
+        return "cpu";
+    case CONFIG_BACKEND_GPU:
+        return "gpu";
+    }
+    return "unknown";
+}
+
+static const struct cfg_option *cfg_find(const char *key)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (strcmp(cfg_options[i].key, key) == 0)
+            return &cfg_options[i];
+    return NULL;
+}
+
+/* Parses an unsigned decimal (or, with base 8, octal) number covering all of s, with an optional
+ * binary size suffix when `suffixes` is set. Rejects signs, which strtoull would accept. */
+static int cfg_parse_u64(const char *s, int base, bool suffixes, uint64_t *ret)
+{
+    if (!isdigit((unsigned char)s[0]))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, base);
+    if (errno != 0 || end == s)
+        return -1;
+    if (suffixes && *end != '\0') {
+        static const char units[] = "KMGT";
+        const char *u = strchr(units, toupper((unsigned char)*end));
+        if (u == NULL)
+            return -1;
+        end++;
+        if (strcasecmp(end, "ib") == 0 || strcasecmp(end, "b") == 0)
+            end += strlen(end);
+        unsigned shift = 10u * (unsigned)(u - units + 1);
+        if (v > (ULLONG_MAX >> shift))
+            return -1;
+        v <<= shift;
+    }
+    if (*end != '\0')
+        return -1;
+    *ret = v;
+    return 0;
+}
+
+static int cfg_parse_id(const char *name, bool group, uint32_t *ret)
+{
+    uint64_t v;
+    if (cfg_parse_u64(name, 10, false, &v) == 0) {
+        if (v >= UINT32_MAX) /* (uid_t)-1 means "no change" to chown: never an identity */
+            return -1;
+        *ret = (uint32_t)v;
+        return 0;
+    }
+    char buf[4096];
+    if (group) {
+        struct group gr, *res = NULL;
+        if (getgrnam_r(name, &gr, buf, sizeof(buf), &res) != 0 || res == NULL)
+            return -1;
+        *ret = res->gr_gid;
+    } else {
+        struct passwd pw, *res = NULL;
+        if (getpwnam_r(name, &pw, buf, sizeof(buf), &res) != 0 || res == NULL)
+            return -1;
+        *ret = res->pw_uid;
+    }
+    return 0;
+}
+
+/* "a, b,c" into ids; an empty value clears the list. */
+static int cfg_parse_id_list(const char *key, const char *value, bool group, uint32_t *ids,
+                             size_t *ret_n, char *why, size_t why_len)
+{
+    uint32_t tmp[CONFIG_MAX_IDS];
+    size_t n = 0;
+    const char *p = value;
+    while (*p != '\0') {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        if (*p == '\0')
+            break;
+        const char *e = p;
+        while (*e != '\0' && *e != ',' && *e != ' ' && *e != '\t')
+            e++;
+        char name[256];
+        size_t len = (size_t)(e - p);
+        if (len >= sizeof(name))
+            return cfg_fail(why, why_len, "%s: name '%.40s...' is too long", key, p);
+        memcpy(name, p, len);
+        name[len] = '\0';
+        if (n == CONFIG_MAX_IDS)
+            return cfg_fail(why, why_len, "%s: more than %d entries", key, CONFIG_MAX_IDS);
+        if (cfg_parse_id(name, group, &tmp[n]) != 0)
+            return cfg_fail(why, why_len, "%s: '%s' is not a known %s name or a number", key, name,
+                            group ? "group" : "user");
+        n++;
+        p = e;
+    }
+    memcpy(ids, tmp, n * sizeof(ids[0]));
+    *ret_n = n;
+    return 0;
+}
+
+int config_set(struct convd_config *c, const char *key, const char *value, char *why,
+               size_t why_len)
+{
+    if (c == NULL || key == NULL || value == NULL)
+        return cfg_fail(why, why_len, "missing key or value");
+    const struct cfg_option *o = cfg_find(key);
+    if (o == NULL)
+        return cfg_fail(why, why_len, "unknown option '%s'", key);
+    char *field = (char *)c + o->offset;
+    uint64_t v;
+
+    switch (o->type) {
+    case CFG_PATH: {
+        size_t len = strlen(value);
+        if (len == 0)
+            return cfg_fail(why, why_len, "%s: empty path", key);
+        if (len >= CONFIG_PATH_BYTES)
+            return cfg_fail(why, why_len,
+                            "%s: path of %zu bytes is longer than the %d a Unix "
+                            "socket address holds",
+                            key, len, CONFIG_PATH_BYTES - 1);
+        memcpy(field, value, len + 1);
+        return 0;
+    }
+    case CFG_BACKEND: {
+        enum config_backend b;
+        if (strcasecmp(value, "auto") == 0)
+            b = CONFIG_BACKEND_AUTO;
+        else if (strcasecmp(value, "cpu") == 0)
+            b = CONFIG_BACKEND_CPU;
+        else if (strcasecmp(value, "gpu") == 0)
+            b = CONFIG_BACKEND_GPU;
+        else
+            return cfg_fail(why, why_len, "%s: '%s' is not auto, cpu or gpu", key, value);
+        c->backend = b;
+        return 0;
+    }
+    case CFG_LOG_LEVEL: {
+        int level;
+        if (convd_log_parse_level(value, &level) != 0)
+            return cfg_fail(why, why_len,
+                            "%s: '%s' is not err, warning, notice, info, debug or 0-7", key, value);
+        c->log_level = level;
+        return 0;
+    }
+    case CFG_INT: {
+        bool neg = value[0] == '-';
+        if (cfg_parse_u64(value + neg, 10, false, &v) != 0 || v > (uint64_t)INT32_MAX)
+            return cfg_fail(why, why_len, "%s: '%s' is not a number", key, value);
+        int64_t s = neg ? -(int64_t)v : (int64_t)v;
+        if (s < o->min || s > (int64_t)o->max)
+            return cfg_fail(why, why_len, "%s: %lld is out of range (%lld to %llu)", key,
+                            (long long)s, (long long)o->min, (unsigned long long)o->max);
+        *(int *)(void *)field = (int)s;
+        return 0;
+    }
+    case CFG_U32:
+    case CFG_U64:
+    case CFG_BYTES:
+    case CFG_MODE:
+        if (cfg_parse_u64(value, o->type == CFG_MODE ? 8 : 10, o->type == CFG_BYTES, &v) != 0)
+            return cfg_fail(why, why_len, "%s: '%s' is not %s", key, value,
+                            o->type == CFG_MODE    ? "an octal mode"
+                            : o->type == CFG_BYTES ? "a byte count (suffixes K, M, G, T)"
+                                                   : "a non-negative number");
+        if (v < (uint64_t)o->min || v > o->max) {
+            if (o->type == CFG_MODE)
+                return cfg_fail(why, why_len, "%s: %llo is out of range (0 to 0777)", key,
+                                (unsigned long long)v);
+            return cfg_fail(why, why_len, "%s: %llu is out of range (%lld to %llu)", key,
+                            (unsigned long long)v, (long long)o->min, (unsigned long long)o->max);
+        }
+        if (o->type == CFG_U32 || o->type == CFG_MODE)
+            *(uint32_t *)(void *)field = (uint32_t)v;
+        else
+            *(uint64_t *)(void *)field = v;
+        return 0;
+    case CFG_GROUP: {
+        uint32_t gid;
+        if (value[0] == '\0') {
+            c->socket_group_set = false;
+            return 0;
+        }
+        if (cfg_parse_id(value, true, &gid) != 0)
+            return cfg_fail(why, why_len, "%s: '%s' is not a known group name or a number", key,
+                            value);
+        c->socket_group = gid;
+        c->socket_group_set = true;
+        return 0;
+    }
+    case CFG_UIDS:
+        return cfg_parse_id_list(key, value, false, c->allow_uids, &c->n_allow_uids, why, why_len);
+    case CFG_GIDS:
+        return cfg_parse_id_list(key, value, true, c->allow_gids, &c->n_allow_gids, why, why_len);
+    }
+    return cfg_fail(why, why_len, "%s: option of unknown type", key);
+}
+
+static bool cfg_space(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\r';
+}
+
+/* Parses one line (no newline) into key and value, both NUL-terminated copies. Returns 1 for a
+ * key/value line, 0 for a blank or comment line, -1 with the reason in why for anything else. */
+static int cfg_split_line(const char *line, size_t len, char *key, size_t key_cap, char *value,
+                          size_t value_cap, char *why, size_t why_len)
+{
+    const char *p = line, *end = line + len;
+    while (p < end && cfg_space(*p))
+        p++;
+    if (p == end || *p == '#')
+        return 0;
+    for (const char *q = p; q < end; q++)
+        if (*q == '\0' || (iscntrl((unsigned char)*q) && *q != '\t' && *q != '\r'))
+            return cfg_fail(why, why_len, "control character in line"), -1;
+    const char *eq = memchr(p, '=', (size_t)(end - p));
+    if (eq == NULL)
+        return cfg_fail(why, why_len, "expected 'key = value', got '%.*s'", (int)(end - p), p), -1;
+    const char *ke = eq;
+    while (ke > p && cfg_space(ke[-1]))
+        ke--;
+    if (ke == p)
+        return cfg_fail(why, why_len, "missing key before '='"), -1;
+    for (const char *q = p; q < ke; q++)
+        if (!(isalnum((unsigned char)*q) || *q == '_' || *q == '-'))
+            return cfg_fail(why, why_len,
+                            "key '%.*s' has a character other than letters, "
+                            "digits, '_' and '-'",
+                            (int)(ke - p), p),
+                   -1;
+    if ((size_t)(ke - p) >= key_cap)
+        return cfg_fail(why, why_len, "key '%.40s...' is too long", p), -1;
+
+    const char *v = eq + 1, *ve = end;
+    while (v < ve && cfg_space(*v))
+        v++;
+    if (v < ve && *v == '"') {
+        const char *close = memchr(v + 1, '"', (size_t)(ve - v - 1));
+        if (close == NULL)
+            return cfg_fail(why, why_len, "unterminated quote"), -1;
+        const char *rest = close + 1;
+        while (rest < ve && cfg_space(*rest))
+            rest++;
+        if (rest < ve && *rest != '#')
+            return cfg_fail(why, why_len, "text after the closing quote"), -1;
+        v++;
+        ve = close;
+    } else {
+        /* a '#' that follows whitespace starts a comment */
+        for (const char *q = v; q < ve; q++)
+            if (*q == '#' && (q == v || cfg_space(q[-1]))) {
+                ve = q;
+                break;
+            }
+        while (ve > v && cfg_space(ve[-1]))
+            ve--;
+    }
+    if ((size_t)(ve - v) >= value_cap)
+        return cfg_fail(why, why_len, "value is too long"), -1;
+
+    size_t kl = (size_t)(ke - p);
+    for (size_t i = 0; i < kl; i++)
+        key[i] = p[i] == '-' ? '_' : p[i];
+    key[kl] = '\0';
+    memcpy(value, v, (size_t)(ve - v));
+    value[ve - v] = '\0';
+    return 1;
+}
+
+int config_parse_text(struct convd_config *c, const char *text, size_t len, const char *source,
+                      char *why, size_t why_len)
+{
+    if (c == NULL || (text == NULL && len > 0))
+        return cfg_fail(why, why_len, "no configuration text");
+    if (source == NULL)
+        source = "config";
+    const char *p = text, *end = text + len;
+    for (unsigned lineno = 1; p < end; lineno++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl != NULL ? nl : end;
+        char key[64], value[1024], err[384];
+        int kind = cfg_split_line(p, (size_t)(le - p), key, sizeof(key), value, sizeof(value), err,
+                                  sizeof(err));
+        if (kind < 0)
+            return cfg_fail(why, why_len, "%s:%u: %s", source, lineno, err);
+        if (kind > 0) {
+            if (strcmp(key, "config") == 0)
+                return cfg_fail(why, why_len, "%s:%u: 'config' is a command-line option only",
+                                source, lineno);
+            if (config_set(c, key, value, err, sizeof(err)) != 0)
+                return cfg_fail(why, why_len, "%s:%u: %s", source, lineno, err);
+        }
+        p = nl != NULL ? nl + 1 : end;
+    }
+    return 0;
+}
+
+int config_load_file(struct convd_config *c, const char *path, char *why, size_t why_len)
+{
+    /* A config file is small; anything larger than this is not one. */
+    enum { MAX_FILE = 1 << 20 };
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        int err = errno;
+        cfg_fail(why, why_len, "cannot open %s: %s", path, strerror(err));
+        return CONVD_EIO;
+    }
+    int rc = CONVD_EIO;
+    char *buf = malloc(MAX_FILE + 1);
+    if (buf == NULL) {
+        cfg_fail(why, why_len, "out of memory reading %s", path);
+        rc = CONVD_ENOMEM;
+        goto out;
+    }
+    size_t n = fread(buf, 1, MAX_FILE + 1, f);
+    if (ferror(f)) {
+        cfg_fail(why, why_len, "cannot read %s", path);
+        goto out;
+    }
+    if (n > MAX_FILE) {
+        rc = cfg_fail(why, why_len, "%s is larger than %d bytes", path, MAX_FILE);
+        goto out;
+    }
+    rc = config_parse_text(c, buf, n, path, why, why_len);
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+/* One command-line option that waits to be applied after the file. */
+struct cfg_arg {
+    const char *key_src; /* as written, without the leading dashes and any "=value" */
+    size_t key_len;
+    const char *value;
+};
+
+int config_from_args(int argc, char *const argv[], struct convd_config *ret_config,
+                     enum config_action *ret_action, char *why, size_t why_len)
+{
+    if (argc < 1 || argv == NULL || ret_config == NULL || ret_action == NULL)
+        return cfg_fail(why, why_len, "no arguments");
+    struct cfg_arg *args = calloc((size_t)argc, sizeof(*args));
+    if (args == NULL)
+        return cfg_fail(why, why_len, "out of memory");
+    size_t n_args = 0;
+    const char *config_path = NULL;
+    enum config_action action = CONFIG_RUN;
+    int rc = CONVD_EINVAL;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            action = CONFIG_HELP;
+            continue;
+        }
+        if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
+            if (action == CONFIG_RUN)
+                action = CONFIG_VERSION;
+            continue;
+        }
+        if (strcmp(a, "--check-config") == 0) {
+            if (action == CONFIG_RUN)
+                action = CONFIG_CHECK;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+            cfg_fail(why, why_len, "unexpected argument '%s' (see --help)", a);
+            goto out;
+        }
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t name_len = eq != NULL ? (size_t)(eq - name) : strlen(name);
+        const char *value;
+        if (eq != NULL) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                cfg_fail(why, why_len, "option --%s needs a value", name);
+                goto out;
+            }
+            value = argv[++i];
+        }
+        if (name_len == 6 && strncmp(name, "config", 6) == 0) {
+            config_path = value;
+            continue;
+        }
+        args[n_args++] = (struct cfg_arg){name, name_len, value};
+    }
+
+    struct convd_config c;
+    config_defaults(&c);
+    if (action == CONFIG_HELP || action == CONFIG_VERSION) {
+        *ret_config = c;
+        *ret_action = action;
+        rc = 0;
+        goto out;
+    }
+    if (config_path != NULL) {
+        rc = config_load_file(&c, config_path, why, why_len);
+        if (rc != 0)
+            goto out;
+    } else if (access(CONVD_DEFAULT_CONFIG, F_OK) == 0) {
+        rc = config_load_file(&c, CONVD_DEFAULT_CONFIG, why, why_len);
+        if (rc != 0)
+            goto out;
+    }
+    rc = CONVD_EINVAL;
+    for (size_t i = 0; i < n_args; i++) {
+        char key[64], err[384];
+        if (args[i].key_len >= sizeof(key)) {
+            cfg_fail(why, why_len, "unknown option --%.*s", (int)args[i].key_len, args[i].key_src);
+            goto out;
+        }
+        for (size_t k = 0; k < args[i].key_len; k++)
+            key[k] = args[i].key_src[k] == '-' ? '_' : args[i].key_src[k];
+        key[args[i].key_len] = '\0';
+        if (cfg_find(key) == NULL) {
+            cfg_fail(why, why_len, "unknown option --%.*s (see --help)", (int)args[i].key_len,
+                     args[i].key_src);
+            goto out;
+        }
+        if (config_set(&c, key, args[i].value, err, sizeof(err)) != 0) {
+            cfg_fail(why, why_len, "--%.*s: %s", (int)args[i].key_len, args[i].key_src, err);
+            goto out;
+        }
+    }
+    *ret_config = c;
+    *ret_action = action;
+    rc = 0;
+out:
+    free(args);
+    return rc;
+}
+
+void config_usage(FILE *out, const char *prog)
+{
+    fprintf(out,
+            "Usage: %s [OPTIONS]\n"
+            "convd serves grouped 2-D convolutions to local processes over a Unix socket.\n\n"
+            "  --config FILE         read `key = value` lines (default " CONVD_DEFAULT_CONFIG
+            " if it exists);\n"
+            "                        every option below is also a key there, with '_' for '-';\n"
+            "                        the command line wins over the file\n"
+            "  --check-config        print the effective configuration and exit\n"
+            "  -h, --help            this text\n"
+            "  -V, --version         the version\n",
+            prog);
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const struct cfg_option *o = &cfg_options[i];
+        char flag[64];
+        size_t k = 0;
+        for (const char *p = o->key; *p != '\0' && k + 1 < sizeof(flag); p++)
+            flag[k++] = *p == '_' ? '-' : *p;
+        flag[k] = '\0';
+        char left[96];
+        snprintf(left, sizeof(left), "--%s %s", flag, o->arg);
+        fprintf(out, "  %-30s %s\n", left, o->help);
+    }
+}
+
+static void cfg_print_ids(FILE *out, const char *key, const uint32_t *ids, size_t n)
+{
+    fprintf(out, "%s =", key);
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "%s%u", i ? "," : " ", (unsigned)ids[i]);
+    fputc('\n', out);
+}
+
+void config_print(const struct convd_config *c, FILE *out)
+{
+    static const char *const levels[] = {"0",       "1",      "2",    "err",
+                                         "warning", "notice", "info", "debug"};
+    fprintf(out, "socket = \"%s\"\n", c->socket_path);
+    fprintf(out, "backend = %s\n", config_backend_name(c->backend));
+    fprintf(out, "log_level = %s\n",
+            c->log_level >= 0 && c->log_level <= 7 ? levels[c->log_level] : "info");
+    fprintf(out, "threads = %d\n", c->threads);
+    fprintf(out, "device = %d\n", c->device);
+    fprintf(out, "max_clients = %u\n", (unsigned)c->max_clients);
+    fprintf(out, "max_inflight = %u\n", (unsigned)c->max_inflight);
+    fprintf(out, "max_regions = %u\n", (unsigned)c->max_regions);
+    fprintf(out, "max_mapped_bytes = %llu\n", (unsigned long long)c->max_mapped_bytes);
+    fprintf(out, "max_batch = %u\n", (unsigned)c->max_batch);
+    fprintf(out, "max_queue_delay_us = %llu\n", (unsigned long long)c->max_queue_delay_us);
+    fprintf(out, "queue_limit = %u\n", (unsigned)c->queue_limit);
+    fprintf(out, "drain_timeout_ms = %llu\n", (unsigned long long)c->drain_timeout_ms);
+    fprintf(out, "socket_mode = %04o\n", (unsigned)c->socket_mode);
+    if (c->socket_group_set)
+        fprintf(out, "socket_group = %u\n", (unsigned)c->socket_group);
+    else
+        fprintf(out, "socket_group =\n");
+    cfg_print_ids(out, "allow_uids", c->allow_uids, c->n_allow_uids);
+    cfg_print_ids(out, "allow_gids", c->allow_gids, c->n_allow_gids);
+    fprintf(out, "max_protocol_errors = %u\n", (unsigned)c->max_protocol_errors);
+    fprintf(out, "max_send_queue_bytes = %llu\n", (unsigned long long)c->max_send_queue_bytes);
+    fprintf(out, "hello_timeout_ms = %llu\n", (unsigned long long)c->hello_timeout_ms);
+}
+
+bool config_peer_allowed(const struct convd_config *c, uid_t uid, const gid_t *gids, size_t n_gids)
+{
+    if (c->n_allow_uids == 0 && c->n_allow_gids == 0)
+        return true;
+    if (uid == 0 || uid == geteuid())
+        return true;
+    for (size_t i = 0; i < c->n_allow_uids; i++)
+        if (c->allow_uids[i] == uid)
+            return true;
+    for (size_t i = 0; i < c->n_allow_gids; i++)
+        for (size_t j = 0; j < n_gids; j++)
+            if (c->allow_gids[i] == gids[j])
+                return true;
+    return false;
+}

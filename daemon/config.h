@@ -1,0 +1,105 @@
+/*
+ * The daemon's configuration: built-in defaults, then $CONVD_SOCKET, then the config file, then
+ * the command line, each overriding the one before. Every option has one name: `max_batch` in the
+ * file is `--max-batch` on the command line.
+ *
+ * The file format is `key = value` lines; blank lines and lines starting with '#' are ignored, and
+ * a '#' after whitespace starts a comment. Values may be double-quoted.
+ *
+ * The parsers do no I/O apart from reading the file named by --config and looking up user and
+ * group names, so they are tested on strings.
+ */
+#ifndef CONVD_DAEMON_CONFIG_H
+#define CONVD_DAEMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#define CONFIG_MAX_IDS    32
+#define CONFIG_PATH_BYTES 108 /* sizeof(sockaddr_un.sun_path) */
+
+/* Used when --config is not given, and only if the file exists. */
+#ifndef CONVD_DEFAULT_CONFIG
+#define CONVD_DEFAULT_CONFIG "/etc/convd/convd.conf"
+#endif
+
+enum config_backend {
+    CONFIG_BACKEND_AUTO = 0, /* the GPU when built and a device answers, else the CPU */
+    CONFIG_BACKEND_CPU,
+    CONFIG_BACKEND_GPU,
+};
+
+struct convd_config {
+    char socket_path[CONFIG_PATH_BYTES];
+    enum config_backend backend;
+    int log_level;               /* LOG_LVL_* */
+    int threads;                 /* CPU backend threads; 0: one per online CPU */
+    int device;                  /* GPU ordinal; -1: the first usable */
+    uint32_t max_clients;        /* connections that completed or await their handshake */
+    uint32_t max_inflight;       /* per client: requests queued or running */
+    uint32_t max_regions;        /* per client */
+    uint64_t max_mapped_bytes;   /* per client: bytes of registered regions */
+    uint32_t max_batch;          /* requests per backend call */
+    uint64_t max_queue_delay_us; /* how long an idle worker may wait for a batch to grow */
+    uint32_t queue_limit;        /* requests waiting, all clients together */
+    uint64_t drain_timeout_ms;   /* on SIGTERM, time for queued work before it is failed */
+    uint32_t socket_mode;        /* permission bits of a socket the daemon binds itself */
+    bool socket_group_set;
+    gid_t socket_group; /* group of that socket, when socket_group_set */
+    size_t n_allow_uids, n_allow_gids;
+    uid_t allow_uids[CONFIG_MAX_IDS]; /* both lists empty: every peer the socket admits */
+    gid_t allow_gids[CONFIG_MAX_IDS];
+    uint32_t max_protocol_errors;  /* per connection, before the daemon closes it */
+    uint64_t max_send_queue_bytes; /* per connection: replies the peer has not read yet */
+    uint64_t hello_timeout_ms;     /* a connection must send Hello within this time */
+};
+
+/* What main() should do after config_from_args(). */
+enum config_action {
+    CONFIG_RUN = 0,
+    CONFIG_HELP,
+    CONFIG_VERSION,
+    CONFIG_CHECK, /* --check-config: print the effective configuration and exit */
+};
+
+/* Fills c with the built-in defaults; the socket path comes from $CONVD_SOCKET when it is set and
+ * fits, else CONVD_DEFAULT_SOCKET. */
+void config_defaults(struct convd_config *c);
+
+/* Sets one option from its textual value. Returns 0, or CONVD_EINVAL with a sentence in why
+ * naming the key and what is wrong with the value. c is unchanged on failure. */
+int config_set(struct convd_config *c, const char *key, const char *value, char *why,
+               size_t why_len);
+
+/* Applies every `key = value` line of text (len bytes, need not be NUL-terminated). Stops at the
+ * first bad line and returns CONVD_EINVAL with "<source>:<line>: ..." in why; lines before it stay
+ * applied. */
+int config_parse_text(struct convd_config *c, const char *text, size_t len, const char *source,
+                      char *why, size_t why_len);
+
+/* Reads path and applies it with config_parse_text(). CONVD_EIO when it cannot be read. */
+int config_load_file(struct convd_config *c, const char *path, char *why, size_t why_len);
+
+/* The whole start-up sequence: defaults, $CONVD_SOCKET, the config file (--config FILE, else
+ * CONVD_DEFAULT_CONFIG if it exists), then the other command-line options. Returns 0 with the
+ * result in *ret_config and what to do in *ret_action, or CONVD_EINVAL / CONVD_EIO with the
+ * reason in why. argv[0] is skipped. */
+int config_from_args(int argc, char *const argv[], struct convd_config *ret_config,
+                     enum config_action *ret_action, char *why, size_t why_len);
+
+/* Prints the --help text. */
+void config_usage(FILE *out, const char *prog);
+
+/* Prints the configuration as `key = value` lines that config_parse_text() reads back. */
+void config_print(const struct convd_config *c, FILE *out);
+
+/* True when the peer may use the daemon: both allow-lists empty, uid 0, the daemon's own uid, a
+ * uid in allow_uids, or one of the peer's gids (primary and supplementary) in allow_gids. */
+bool config_peer_allowed(const struct convd_config *c, uid_t uid, const gid_t *gids, size_t n_gids);
+
+const char *config_backend_name(enum config_backend b);
+
+#endif

@@ -1,0 +1,779 @@
+#include <ctype.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "connection.h"
+#include "convd/convd.h"
+#include "daemon.h"
+#include "log.h"
+#include "sock.h"
+
+#define CONN_READS_PER_WAKEUP 32   /* datagrams read before other connections get a turn */
+#define CONN_LINGER_MS        1000 /* how long a closing connection may take to flush */
+#define CONN_MAX_GIDS         64
+
+/* One encoded datagram waiting for the socket to take it. */
+struct conn_out {
+    struct list_node link;
+    size_t len;
+    uint8_t data[];
+};
+
+static void conn_close_handles(struct conn *c);
+static void conn_maybe_free(struct conn *c);
+static void conn_on_poll(uv_poll_t *h, int status, int events);
+
+static const char *conn_msg_name(Convd__ClientMessage__MsgCase m)
+{
+    switch (m) {
+    case CONVD__CLIENT_MESSAGE__MSG_HELLO:
+        return "Hello";
+    case CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION:
+        return "RegisterRegion";
+    case CONVD__CLIENT_MESSAGE__MSG_UNREGISTER_REGION:
+        return "UnregisterRegion";
+    case CONVD__CLIENT_MESSAGE__MSG_CONV:
+        return "ConvRequest";
+    case CONVD__CLIENT_MESSAGE__MSG_STATUS:
+        return "StatusRequest";
+    case CONVD__CLIENT_MESSAGE__MSG_METRICS:
+        return "MetricsRequest";
+    case CONVD__CLIENT_MESSAGE__MSG_PING:
+        return "Ping";
+    default:
+        return "nothing";
+    }
+}
+
+static const char *conn_label(const struct conn *c)
+{
+    return c->name[0] != '\0' ? c->name : "?";
+}
+
+/* --- sending ------------------------------------------------------------------------------ */
+
+static void conn_set_events(struct conn *c, int events)
+{
+    if (c->handles_closing || events == c->poll_events)
+        return;
+    c->poll_events = events;
+    if (events == 0)
+        uv_poll_stop(&c->poll);
+    else
+        uv_poll_start(&c->poll, events, conn_on_poll);
+}
+
+/* Sends what the queue holds. Returns 0, or -1 when the connection broke (and is shut down). */
+static int conn_flush(struct conn *c)
+{
+    while (!list_empty(&c->outq)) {
+        struct conn_out *o = list_entry(c->outq.next, struct conn_out, link);
+        int rc = sock_send(c->fd, o->data, o->len, -1);
+        if (rc == -EAGAIN)
+            return 0;
+        if (rc != 0) {
+            char reason[96];
+            snprintf(reason, sizeof(reason), "send failed: %s", strerror(-rc));
+            conn_shutdown(c, false, reason);
+            return -1;
+        }
+        c->outq_bytes -= o->len;
+        list_del(&o->link);
+        free(o);
+    }
+    if (c->state == CONN_CLOSING) {
+        /* the flush a closing connection waited for is complete */
+        conn_close_handles(c);
+        return 0;
+    }
+    conn_set_events(c, UV_READABLE | UV_DISCONNECT);
+    return 0;
+}
+
+/* Encodes and sends one message, queueing it when the socket is full. A peer whose queue grows
+ * past max_send_queue_bytes is not reading its replies and is disconnected. */
+static void conn_send(struct conn *c, const Convd__ServerMessage *m)
+{
+    struct convd_daemon *d = c->d;
+    if (c->handles_closing || c->fd < 0)
+        return;
+    int len = wire_pack_server(m, d->tx, sizeof(d->tx));
+    if (len < 0) {
+        log_err("client %llu: reply does not fit in %u bytes; dropped",
+                (unsigned long long)c->serial, CONVD_MAX_MESSAGE_BYTES);
+        return;
+    }
+    if (list_empty(&c->outq)) {
+        int rc = sock_send(c->fd, d->tx, (size_t)len, -1);
+        if (rc == 0)
+            return;
+        if (rc != -EAGAIN) {
+            char reason[96];
+            snprintf(reason, sizeof(reason), "send failed: %s", strerror(-rc));
+            conn_shutdown(c, false, reason);
+            return;
+        }
+    }
+    if (c->outq_bytes + (uint64_t)len > d->cfg.max_send_queue_bytes) {
+        log_warn("client %llu (%s): %llu bytes of replies unread; disconnecting it",
+                 (unsigned long long)c->serial, conn_label(c), (unsigned long long)c->outq_bytes);
+        conn_shutdown(c, false, "not reading its replies (max_send_queue_bytes)");
+        return;
+    }
+    struct conn_out *o = malloc(sizeof(*o) + (size_t)len);
+    if (o == NULL) {
+        conn_shutdown(c, false, "out of memory queueing a reply");
+        return;
+    }
+    o->len = (size_t)len;
+    memcpy(o->data, d->tx, (size_t)len);
+    list_add_tail(&c->outq, &o->link);
+    c->outq_bytes += (uint64_t)len;
+    conn_set_events(c, c->state == CONN_CLOSING ? UV_WRITABLE
+                                                : UV_READABLE | UV_DISCONNECT | UV_WRITABLE);
+}
+
+static void conn_send_protocol_error(struct conn *c, int status, const char *text)
+{
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__ProtocolError pe = CONVD__PROTOCOL_ERROR__INIT;
+    pe.status = status;
+    pe.error = (char *)text;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR;
+    m.protocol_error = &pe;
+    conn_send(c, &m);
+}
+
+/* A datagram that cannot be decoded or is not allowed now. Counted; past the limit the connection
+ * is closed. */
+static void conn_protocol_error(struct conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void conn_protocol_error(struct conn *c, int status, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    c->protocol_errors++;
+    c->d->metrics.protocol_errors++;
+    log_debug("client %llu (%s): protocol error %s: %s", (unsigned long long)c->serial,
+              conn_label(c), convd_status_name(status), text);
+    conn_send_protocol_error(c, status, text);
+    if (c->protocol_errors >= c->d->cfg.max_protocol_errors && c->state != CONN_CLOSING)
+        conn_shutdown(c, true, "too many protocol errors (max_protocol_errors)");
+}
+
+static void conn_send_completion(struct conn *c, uint64_t id, int status, const char *error,
+                                 uint64_t queue_us, uint64_t exec_us, uint32_t batch_size)
+{
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__Completion done = CONVD__COMPLETION__INIT;
+    done.id = id;
+    done.status = status;
+    done.error = (char *)(status != 0 && error != NULL ? error : "");
+    done.queue_us = queue_us;
+    done.exec_us = exec_us;
+    done.batch_size = batch_size;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_COMPLETION;
+    m.completion = &done;
+    conn_send(c, &m);
+}
+
+static void conn_send_region_reply(struct conn *c, uint64_t id, int status, const char *error)
+{
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__RegionReply rr = CONVD__REGION_REPLY__INIT;
+    rr.region_id = id;
+    rr.status = status;
+    rr.error = (char *)(status != 0 ? error : "");
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_REGION_REPLY;
+    m.region_reply = &rr;
+    conn_send(c, &m);
+}
+
+/* --- requests ----------------------------------------------------------------------------- */
+
+static void conn_free_request(struct conn *c, struct dreq *r)
+{
+    idmap_del(&c->inflight, r->id);
+    req_unref_regions(r);
+    free(r);
+}
+
+void conn_request_done(struct dreq *r, int status, const char *error, uint64_t queue_us,
+                       uint64_t exec_us, uint32_t batch_size)
+{
+    struct conn *c = r->conn;
+    struct convd_daemon *d = c->d;
+    metrics_request(&d->metrics, status, 0);
+    if (status == 0)
+        c->served++;
+    else
+        c->failed++;
+    if (c->state == CONN_READY)
+        conn_send_completion(c, r->id, status, error, queue_us, exec_us, batch_size);
+    if (status != 0 && status != CONVD_ECANCELED)
+        log_debug("client %llu (%s): request %llu failed: %s: %s", (unsigned long long)c->serial,
+                  conn_label(c), (unsigned long long)r->id, convd_status_name(status),
+                  error != NULL ? error : "");
+    bool was_running = r->running;
+    conn_free_request(c, r);
+    if (was_running) {
+        c->running--;
+        d->running--;
+    }
+    if (c->state == CONN_CLOSING)
+        conn_maybe_free(c);
+}
+
+/* Completion for a request refused before it was queued. */
+static void conn_reject(struct conn *c, uint64_t id, int status, const char *why)
+{
+    struct convd_daemon *d = c->d;
+    metrics_request(&d->metrics, status, 1);
+    c->failed++;
+    log_info("client %llu (%s): request %llu rejected: %s: %s", (unsigned long long)c->serial,
+             conn_label(c), (unsigned long long)id, convd_status_name(status), why);
+    conn_send_completion(c, id, status, why, 0, 0, 0);
+}
+
+static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb)
+{
+    struct convd_daemon *d = c->d;
+    char why[320];
+    if (d->draining) {
+        conn_reject(c, pb->id, CONVD_ESHUTDOWN, "the daemon is shutting down; no new requests");
+        return;
+    }
+    struct dreq *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        conn_reject(c, pb->id, CONVD_ENOMEM, "out of memory");
+        return;
+    }
+    const struct req_context ctx = {
+        .regions = &c->regions,
+        .backend = &d->backend,
+        .inflight = &c->inflight,
+        .max_inflight = d->cfg.max_inflight,
+    };
+    int rc = req_validate(pb, &ctx, r, why, sizeof(why));
+    if (rc != 0) {
+        free(r);
+        conn_reject(c, pb->id, rc, why);
+        return;
+    }
+    r->conn = c;
+    r->recv_ns = convd_now_ns();
+    r->sched.enqueue_ns = r->recv_ns;
+    if (r->timeout_us != 0) {
+        uint64_t dl;
+        if (__builtin_mul_overflow(r->timeout_us, (uint64_t)1000, &dl) ||
+            __builtin_add_overflow(dl, r->recv_ns, &dl))
+            dl = 0; /* a timeout past the end of time is no timeout */
+        r->sched.deadline_ns = dl;
+    }
+    rc = idmap_put(&c->inflight, r->id, r);
+    if (rc != 0) {
+        free(r);
+        conn_reject(c, pb->id, rc, "out of memory");
+        return;
+    }
+    rc = sched_push(&d->sched, &c->sched, &r->sched);
+    if (rc != 0) {
+        idmap_del(&c->inflight, r->id);
+        free(r);
+        snprintf(why, sizeof(why), "the queue holds %u requests, the limit (queue_limit)",
+                 (unsigned)sched_depth(&d->sched));
+        conn_reject(c, pb->id, rc, why);
+        return;
+    }
+    req_ref_regions(r);
+    if (r->sched.deadline_ns != 0)
+        daemon_note_deadline(d, r->sched.deadline_ns);
+    daemon_dispatch(d);
+}
+
+/* --- regions ------------------------------------------------------------------------------ */
+
+static void conn_on_register(struct conn *c, const Convd__RegisterRegion *rr, const int *fds,
+                             size_t nfds)
+{
+    struct convd_daemon *d = c->d;
+    char why[320];
+    int rc;
+    if (d->draining) {
+        rc = CONVD_ESHUTDOWN;
+        snprintf(why, sizeof(why), "the daemon is shutting down; no new regions");
+    } else if (rr->kind == CONVD__REGION_KIND__REGION_MEMFD) {
+        rc = region_register_memfd(&c->regions, rr->region_id, rr->size, fds, nfds, why,
+                                   sizeof(why));
+    } else if (rr->kind == CONVD__REGION_KIND__REGION_GPU_IPC) {
+        if (nfds > 0) {
+            rc = CONVD_EINVAL;
+            snprintf(why, sizeof(why),
+                     "region %llu: a GPU_IPC registration carries no file descriptor, this one "
+                     "carried %zu",
+                     (unsigned long long)rr->region_id, nfds);
+        } else {
+            rc = region_register_gpu(&c->regions, rr->region_id, rr->size, rr->ipc_handle.data,
+                                     rr->ipc_handle.len, rr->ipc_offset, why, sizeof(why));
+        }
+    } else {
+        rc = CONVD_EINVAL;
+        snprintf(why, sizeof(why),
+                 "region %llu: field kind is %d, must be REGION_MEMFD (1) or REGION_GPU_IPC (2)",
+                 (unsigned long long)rr->region_id, (int)rr->kind);
+    }
+    if (rc == 0) {
+        d->metrics.regions_registered++;
+        log_debug("client %llu (%s): region %llu registered (%llu bytes)",
+                  (unsigned long long)c->serial, conn_label(c), (unsigned long long)rr->region_id,
+                  (unsigned long long)rr->size);
+    } else {
+        d->metrics.region_failures++;
+        log_info("client %llu (%s): region %llu refused: %s: %s", (unsigned long long)c->serial,
+                 conn_label(c), (unsigned long long)rr->region_id, convd_status_name(rc), why);
+    }
+    conn_send_region_reply(c, rr->region_id, rc, why);
+}
+
+static void conn_on_unregister(struct conn *c, const Convd__UnregisterRegion *ur)
+{
+    char why[256];
+    int rc = region_unregister(&c->regions, ur->region_id, why, sizeof(why));
+    conn_send_region_reply(c, ur->region_id, rc, why);
+}
+
+/* --- handshake and queries ---------------------------------------------------------------- */
+
+/* Keeps a client's name printable and short: it ends up in logs. */
+static void conn_set_name(struct conn *c, const char *name)
+{
+    size_t k = 0;
+    for (const char *p = name; p != NULL && *p != '\0' && k < CONVD_MAX_NAME_BYTES; p++)
+        c->name[k++] = isprint((unsigned char)*p) ? *p : '?';
+    c->name[k] = '\0';
+    if (k == 0)
+        snprintf(c->name, sizeof(c->name), "pid %d", (int)c->pid);
+}
+
+static void conn_on_hello(struct conn *c, const Convd__Hello *h)
+{
+    struct convd_daemon *d = c->d;
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__HelloReply hr = CONVD__HELLO_REPLY__INIT;
+    char err[256] = "";
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY;
+    m.hello_reply = &hr;
+    hr.protocol_version = CONVD_PROTOCOL_VERSION;
+    hr.server_version = (char *)CONVD_VERSION_STRING;
+    hr.backend = d->backend.info.name;
+    hr.device = d->backend.info.device;
+    hr.max_message_bytes = CONVD_MAX_MESSAGE_BYTES;
+    hr.error = err;
+    conn_set_name(c, h->client_name);
+
+    if (c->refuse_status != 0) {
+        hr.status = c->refuse_status;
+        snprintf(err, sizeof(err), "%s", c->refuse_why);
+        conn_send(c, &m);
+        conn_shutdown(c, true, c->refuse_why);
+        return;
+    }
+    if (h->protocol_version != CONVD_PROTOCOL_VERSION) {
+        hr.status = CONVD_EVERSION;
+        snprintf(err, sizeof(err),
+                 "protocol version %u is not supported; this daemon speaks version %u",
+                 (unsigned)h->protocol_version, CONVD_PROTOCOL_VERSION);
+        conn_send(c, &m);
+        conn_shutdown(c, true, err);
+        return;
+    }
+    hr.max_inflight = d->cfg.max_inflight;
+    hr.max_regions = d->cfg.max_regions;
+    hr.max_mapped_bytes = d->cfg.max_mapped_bytes;
+    hr.max_batch = d->cfg.max_batch;
+    c->state = CONN_READY;
+    uv_timer_stop(&c->timer);
+    log_info("client %llu (%s) ready: pid %d, uid %u, gid %u", (unsigned long long)c->serial,
+             c->name, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
+    conn_send(c, &m);
+}
+
+static void conn_on_status(struct conn *c, const Convd__StatusRequest *sr)
+{
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__StatusReply st = CONVD__STATUS_REPLY__INIT;
+    daemon_fill_status(c->d, &st);
+    st.tag = sr->tag;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_STATUS_REPLY;
+    m.status_reply = &st;
+    conn_send(c, &m);
+}
+
+static void conn_on_metrics(struct conn *c, const Convd__MetricsRequest *mr)
+{
+    /* leave room for the envelope within one datagram */
+    enum { TEXT_CAP = CONVD_MAX_MESSAGE_BYTES - 256 };
+    char *text = malloc(TEXT_CAP);
+    if (text == NULL) {
+        conn_send_protocol_error(c, CONVD_ENOMEM, "out of memory rendering metrics");
+        return;
+    }
+    if (daemon_render_metrics(c->d, text, TEXT_CAP) < 0)
+        snprintf(text, TEXT_CAP, "# metrics do not fit in one message\n");
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__MetricsReply rep = CONVD__METRICS_REPLY__INIT;
+    rep.tag = mr->tag;
+    rep.text = text;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_METRICS_REPLY;
+    m.metrics_reply = &rep;
+    conn_send(c, &m);
+    free(text);
+}
+
+static void conn_on_ping(struct conn *c, const Convd__Ping *p)
+{
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__Pong pong = CONVD__PONG__INIT;
+    pong.tag = p->tag;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_PONG;
+    m.pong = &pong;
+    conn_send(c, &m);
+}
+
+/* --- reading ------------------------------------------------------------------------------ */
+
+/* Handles one datagram. The descriptors that came with it stay the caller's to close. */
+static void conn_on_datagram(struct conn *c, const uint8_t *buf, size_t len, const int *fds,
+                             size_t nfds)
+{
+    Convd__ClientMessage *msg = convd__client_message__unpack(NULL, len, buf);
+    if (msg == NULL) {
+        conn_protocol_error(c, CONVD_EPROTO,
+                            "datagram of %zu bytes is not a valid convd.ClientMessage "
+                            "(protobuf decoding failed)",
+                            len);
+        return;
+    }
+    Convd__ClientMessage__MsgCase kind = msg->msg_case;
+    bool fds_expected = kind == CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION;
+    if (nfds > 0 && !fds_expected)
+        log_debug("client %llu (%s): closing %zu unexpected descriptor(s) sent with %s",
+                  (unsigned long long)c->serial, conn_label(c), nfds, conn_msg_name(kind));
+
+    if (kind == CONVD__CLIENT_MESSAGE__MSG__NOT_SET) {
+        conn_protocol_error(c, CONVD_EPROTO,
+                            "ClientMessage carries no message (empty, or a kind this daemon "
+                            "does not know)");
+    } else if (c->state == CONN_AWAIT_HELLO && kind != CONVD__CLIENT_MESSAGE__MSG_HELLO) {
+        if (c->refuse_status != 0) {
+            conn_send_protocol_error(c, c->refuse_status, c->refuse_why);
+            conn_shutdown(c, true, c->refuse_why);
+        } else {
+            conn_protocol_error(c, CONVD_EPROTO, "the first message must be Hello, got %s",
+                                conn_msg_name(kind));
+        }
+    } else {
+        switch (kind) {
+        case CONVD__CLIENT_MESSAGE__MSG_HELLO:
+            if (c->state == CONN_READY)
+                conn_protocol_error(c, CONVD_EPROTO, "Hello was already received");
+            else
+                conn_on_hello(c, msg->hello);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION:
+            conn_on_register(c, msg->register_region, fds, nfds);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_UNREGISTER_REGION:
+            conn_on_unregister(c, msg->unregister_region);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_CONV:
+            conn_on_conv(c, msg->conv);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_STATUS:
+            conn_on_status(c, msg->status);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_METRICS:
+            conn_on_metrics(c, msg->metrics);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_PING:
+            conn_on_ping(c, msg->ping);
+            break;
+        default:
+            conn_protocol_error(c, CONVD_EPROTO, "unknown message kind %d", (int)kind);
+            break;
+        }
+    }
+    convd__client_message__free_unpacked(msg, NULL);
+}
+
+static void conn_read(struct conn *c)
+{
+    struct convd_daemon *d = c->d;
+    for (int i = 0; i < CONN_READS_PER_WAKEUP && c->state != CONN_CLOSING; i++) {
+        int fds[SOCK_MAX_FDS];
+        size_t nfds = 0;
+        ssize_t n = sock_recv(c->fd, d->rx, sizeof(d->rx), fds, &nfds);
+        if (n == -EAGAIN)
+            return;
+        if (n == -EMSGSIZE) {
+            conn_protocol_error(c, CONVD_ETOOBIG,
+                                "datagram is larger than %u bytes or carries more than %d file "
+                                "descriptors; it was discarded",
+                                CONVD_MAX_MESSAGE_BYTES, SOCK_MAX_FDS);
+            continue;
+        }
+        if (n == 0) {
+            /* SOCK_SEQPACKET reads an empty datagram as 0 bytes, like the end of the stream;
+             * only the hang-up flag tells them apart. */
+            struct pollfd pfd = {.fd = c->fd, .events = POLLRDHUP};
+            if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                conn_shutdown(c, false, "closed by the client");
+                return;
+            }
+            conn_protocol_error(c, CONVD_EPROTO, "empty datagram: no message in it");
+            continue;
+        }
+        if (n < 0) {
+            char reason[96];
+            snprintf(reason, sizeof(reason), "receive failed: %s", strerror((int)-n));
+            conn_shutdown(c, false, reason);
+            return;
+        }
+        conn_on_datagram(c, d->rx, (size_t)n, fds, nfds);
+        sock_close_fds(fds, nfds);
+    }
+}
+
+static void conn_on_poll(uv_poll_t *h, int status, int events)
+{
+    struct conn *c = h->data;
+    if (status < 0) {
+        char reason[96];
+        snprintf(reason, sizeof(reason), "poll error: %s", uv_strerror(status));
+        conn_shutdown(c, false, reason);
+        return;
+    }
+    if ((events & UV_WRITABLE) && conn_flush(c) != 0)
+        return;
+    if (c->state != CONN_CLOSING && (events & (UV_READABLE | UV_DISCONNECT)))
+        conn_read(c);
+}
+
+static void conn_on_timer(uv_timer_t *t)
+{
+    struct conn *c = t->data;
+    if (c->state == CONN_AWAIT_HELLO) {
+        char reason[96];
+        snprintf(reason, sizeof(reason), "no Hello within %llu ms (hello_timeout_ms)",
+                 (unsigned long long)c->d->cfg.hello_timeout_ms);
+        conn_shutdown(c, false, reason);
+    } else if (c->state == CONN_CLOSING) {
+        log_debug("client %llu (%s): %llu bytes of replies were never read",
+                  (unsigned long long)c->serial, conn_label(c), (unsigned long long)c->outq_bytes);
+        conn_close_handles(c);
+    }
+}
+
+/* --- lifetime ----------------------------------------------------------------------------- */
+
+static void conn_maybe_free(struct conn *c)
+{
+    if (c->handles_open > 0 || !c->handles_closing || c->running > 0 ||
+        !region_table_empty(&c->regions))
+        return;
+    struct convd_daemon *d = c->d;
+    list_del(&c->link);
+    idmap_free(&c->inflight);
+    region_table_destroy(&c->regions);
+    free(c);
+    daemon_check_drained(d);
+}
+
+static void conn_on_handle_closed(uv_handle_t *h)
+{
+    struct conn *c = h->data;
+    if (--c->handles_open > 0)
+        return;
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    while (!list_empty(&c->outq)) {
+        struct conn_out *o = list_entry(c->outq.next, struct conn_out, link);
+        list_del(&o->link);
+        free(o);
+    }
+    c->outq_bytes = 0;
+    conn_maybe_free(c);
+}
+
+static void conn_close_handles(struct conn *c)
+{
+    if (c->handles_closing)
+        return;
+    c->handles_closing = true;
+    uv_close((uv_handle_t *)&c->poll, conn_on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, conn_on_handle_closed);
+}
+
+void conn_shutdown(struct conn *c, bool flush, const char *reason)
+{
+    struct convd_daemon *d = c->d;
+    if (c->state == CONN_CLOSING) {
+        if (!flush)
+            conn_close_handles(c);
+        return;
+    }
+    enum conn_state was = c->state;
+    c->state = CONN_CLOSING;
+    if (c->counted) {
+        d->n_clients--;
+        c->counted = false;
+    } else {
+        d->n_refused--;
+    }
+
+    /* Queued requests will never run; running ones finish and keep their regions alive. */
+    struct list_node cancelled;
+    list_init(&cancelled);
+    size_t n = sched_cancel_client(&d->sched, &c->sched, &cancelled);
+    while (!list_empty(&cancelled)) {
+        struct sched_item *it = list_entry(cancelled.next, struct sched_item, link);
+        list_del(&it->link);
+        struct dreq *r = req_from_item(it);
+        metrics_request(&d->metrics, CONVD_ECANCELED, 0);
+        conn_free_request(c, r);
+    }
+    region_table_release_all(&c->regions);
+
+    if (was == CONN_READY || c->refuse_status == 0)
+        log_info("client %llu (%s) disconnected: %s (%llu served, %llu failed, %zu cancelled, "
+                 "%u still running)",
+                 (unsigned long long)c->serial, conn_label(c), reason,
+                 (unsigned long long)c->served, (unsigned long long)c->failed, n,
+                 (unsigned)c->running);
+    else
+        log_info("client %llu refused: %s", (unsigned long long)c->serial, reason);
+
+    if (flush && !list_empty(&c->outq) && !c->handles_closing) {
+        conn_set_events(c, UV_WRITABLE);
+        uv_timer_start(&c->timer, conn_on_timer, CONN_LINGER_MS, 0);
+    } else {
+        conn_close_handles(c);
+    }
+    if (n > 0)
+        daemon_dispatch(d); /* the queue changed: a waiting batch may now be complete */
+    daemon_check_drained(d);
+}
+
+static void conn_peer_ids(struct conn *c, gid_t *gids, size_t *ret_n)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    size_t n = 0;
+    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        c->pid = cred.pid;
+        c->uid = cred.uid;
+        c->gid = cred.gid;
+    } else {
+        /* no credentials: treat as nobody so an allow-list refuses it */
+        c->pid = 0;
+        c->uid = (uid_t)-1;
+        c->gid = (gid_t)-1;
+    }
+    gids[n++] = c->gid;
+#ifdef SO_PEERGROUPS
+    gid_t extra[CONN_MAX_GIDS - 1];
+    len = sizeof(extra);
+    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, extra, &len) == 0)
+        for (size_t i = 0; i < len / sizeof(gid_t) && n < CONN_MAX_GIDS; i++)
+            gids[n++] = extra[i];
+#endif
+    *ret_n = n;
+}
+
+void conn_accept(struct convd_daemon *d, int fd)
+{
+    /* Refused peers are held only until they have been told why; past this many, new ones are
+     * closed without a word so that a flood cannot pin descriptors. */
+    if (d->draining) {
+        close(fd);
+        return;
+    }
+    struct conn *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        log_err("out of memory accepting a connection");
+        close(fd);
+        return;
+    }
+    c->d = d;
+    c->fd = fd;
+    c->serial = ++d->next_conn_serial;
+    c->state = CONN_AWAIT_HELLO;
+    list_init(&c->outq);
+    idmap_init(&c->inflight);
+    sched_client_init(&c->sched);
+    region_table_init(&c->regions, &d->backend, &d->region_limits, &d->region_stats);
+
+    gid_t gids[CONN_MAX_GIDS];
+    size_t n_gids;
+    conn_peer_ids(c, gids, &n_gids);
+    if (!config_peer_allowed(&d->cfg, c->uid, gids, n_gids)) {
+        c->refuse_status = CONVD_EPERM;
+        snprintf(c->refuse_why, sizeof(c->refuse_why),
+                 "uid %u (gid %u) is not allowed to use convd (allow_uids / allow_gids)",
+                 (unsigned)c->uid, (unsigned)c->gid);
+    } else if (d->n_clients >= d->cfg.max_clients) {
+        c->refuse_status = CONVD_ELIMIT;
+        snprintf(c->refuse_why, sizeof(c->refuse_why),
+                 "the daemon already serves %u clients, the limit (max_clients)",
+                 (unsigned)d->n_clients);
+    }
+    if (c->refuse_status != 0 && d->n_refused >= d->cfg.max_clients) {
+        log_warn("client %llu (pid %d, uid %u) dropped: %s", (unsigned long long)c->serial,
+                 (int)c->pid, (unsigned)c->uid, c->refuse_why);
+        d->metrics.connections_refused++;
+        region_table_destroy(&c->regions);
+        free(c);
+        close(fd);
+        return;
+    }
+
+    if (uv_poll_init(&d->loop, &c->poll, fd) != 0) {
+        log_err("cannot watch a new connection");
+        region_table_destroy(&c->regions);
+        free(c);
+        close(fd);
+        return;
+    }
+    uv_timer_init(&d->loop, &c->timer);
+    c->poll.data = c;
+    c->timer.data = c;
+    c->handles_open = 2;
+    list_add_tail(&d->conns, &c->link);
+    if (c->refuse_status != 0) {
+        d->n_refused++;
+        d->metrics.connections_refused++;
+        log_info("client %llu (pid %d, uid %u) will be refused: %s", (unsigned long long)c->serial,
+                 (int)c->pid, (unsigned)c->uid, c->refuse_why);
+    } else {
+        c->counted = true;
+        d->n_clients++;
+        d->metrics.connections_accepted++;
+        log_info("client %llu connected: pid %d, uid %u, gid %u", (unsigned long long)c->serial,
+                 (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
+    }
+    conn_set_events(c, UV_READABLE | UV_DISCONNECT);
+    uv_timer_start(&c->timer, conn_on_timer, d->cfg.hello_timeout_ms, 0);
+}

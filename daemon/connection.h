@@ -1,0 +1,85 @@
+/*
+ * One client connection, as an explicit state machine:
+ *
+ *   AWAIT_HELLO --Hello (version ok, peer allowed)--> READY --error/EOF/limit/shutdown--> CLOSING
+ *   AWAIT_HELLO --bad version, refused peer, timeout, EOF--> CLOSING
+ *
+ * In CLOSING nothing more is read; queued requests are cancelled, replies already queued may be
+ * flushed for a short while, then the handles are closed. The struct is freed only from a close
+ * callback or from the completion of its last running request, never inside its own poll
+ * callback, and only once its handles are closed, no request of it runs and every one of its
+ * regions is released.
+ *
+ * Each connection is watched with a uv_poll_t and read with recvmsg (common/sock.c) because
+ * libuv's pipes cannot carry plain file descriptors. Replies are sent without blocking; what the
+ * socket does not take waits in a bounded per-connection queue flushed on UV_WRITABLE.
+ */
+#ifndef CONVD_DAEMON_CONNECTION_H
+#define CONVD_DAEMON_CONNECTION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "idmap.h"
+#include "list.h"
+#include "regions.h"
+#include "request.h"
+#include "scheduler.h"
+#include "wire.h"
+
+struct convd_daemon;
+
+enum conn_state {
+    CONN_AWAIT_HELLO = 0,
+    CONN_READY,
+    CONN_CLOSING,
+};
+
+struct conn {
+    struct list_node link; /* in daemon->conns */
+    struct convd_daemon *d;
+    uint64_t serial; /* "client 7" in logs */
+    int fd;
+    enum conn_state state;
+    int refuse_status; /* != 0: answer Hello with this status, then close */
+    char refuse_why[192];
+    bool counted; /* counts against max_clients (else a refused one) */
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    char name[CONVD_MAX_NAME_BYTES + 1];
+
+    uv_poll_t poll;
+    uv_timer_t timer; /* Hello timeout, then the linger after CLOSING */
+    int handles_open;
+    bool handles_closing;
+    int poll_events;
+
+    struct list_node outq; /* struct conn_out, oldest first */
+    uint64_t outq_bytes;
+
+    uint32_t protocol_errors;
+    struct region_table regions;
+    struct idmap inflight; /* id -> struct dreq, queued or running */
+    uint32_t running;
+    struct sched_client sched;
+    uint64_t served, failed; /* for the closing log line */
+};
+
+/* Takes over a freshly accepted descriptor: reads the peer's credentials, applies the allow-list
+ * and max_clients (a refused peer is told why at its Hello), and starts watching it. */
+void conn_accept(struct convd_daemon *d, int fd);
+
+/* Moves c to CLOSING: cancels its queued requests, unregisters its regions, and closes its handles
+ * (after flushing queued replies for up to a second when flush is set). Idempotent; a second call
+ * without flush cuts a pending flush short. */
+void conn_shutdown(struct conn *c, bool flush, const char *reason);
+
+/* Finishes request r: sends its Completion when the connection is READY, drops its region
+ * references and its id, frees it, and frees the connection if that was all it waited for. */
+void conn_request_done(struct dreq *r, int status, const char *error, uint64_t queue_us,
+                       uint64_t exec_us, uint32_t batch_size);
+
+#endif

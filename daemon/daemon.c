@@ -1,0 +1,602 @@
+/*
+ * The daemon: start-up, the dispatch loop between the queue and the workers, deadlines, the drain
+ * on SIGTERM, and the systemd notifications.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "connection.h"
+#include "convd/convd.h"
+#include "daemon.h"
+#include "log.h"
+#include "request.h"
+#include "sdnotify.h"
+
+#define STATUS_INTERVAL_MS 5000
+
+static int dmn_fail(char *why, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int dmn_fail(char *why, size_t len, int code, const char *fmt, ...)
+{
+    if (why != NULL && len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* --- backend ------------------------------------------------------------------------------ */
+
+static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_ops *ops, char *why,
+                           size_t why_len)
+{
+    struct convd_backend_config bc = {
+        .threads = d->cfg.threads,
+        .device = d->cfg.device,
+        .max_batch = d->cfg.max_batch,
+    };
+    void *ctx = NULL;
+    struct convd_backend_info info;
+    memset(&info, 0, sizeof(info));
+    int rc = ops->init(&bc, &ctx, &info, why, why_len);
+    if (rc != 0)
+        return rc;
+    info.name[sizeof(info.name) - 1] = '\0';
+    info.device[sizeof(info.device) - 1] = '\0';
+    if (info.max_workers == 0)
+        info.max_workers = 1;
+    d->backend.ops = ops;
+    d->backend.ctx = ctx;
+    d->backend.info = info;
+    d->backend_open = true;
+    return 0;
+}
+
+/* auto: the GPU when this build has one and a device answers, else the CPU. */
+static int dmn_open_backend(struct convd_daemon *d, char *why, size_t why_len)
+{
+    char be_why[256] = "";
+    int rc;
+    if (d->cfg.backend != CONFIG_BACKEND_CPU) {
+#ifdef CONVD_HAVE_GPU
+        rc = dmn_try_backend(d, &convd_gpu_backend_ops, be_why, sizeof(be_why));
+        if (rc == 0)
+            return 0;
+        if (d->cfg.backend == CONFIG_BACKEND_GPU)
+            return dmn_fail(why, why_len, rc, "the GPU backend did not start: %s",
+                            be_why[0] ? be_why : convd_strerror(rc));
+        log_notice("no usable GPU (%s); serving from the CPU backend",
+                   be_why[0] ? be_why : convd_strerror(rc));
+#else
+        if (d->cfg.backend == CONFIG_BACKEND_GPU)
+            return dmn_fail(why, why_len, CONVD_EUNSUPPORTED,
+                            "this convd was built without GPU support (CONVD_GPU=off); use "
+                            "--backend cpu or auto");
+#endif
+    }
+    rc = dmn_try_backend(d, &convd_cpu_backend_ops, be_why, sizeof(be_why));
+    if (rc != 0)
+        return dmn_fail(why, why_len, rc, "the CPU backend did not start: %s",
+                        be_why[0] ? be_why : convd_strerror(rc));
+    return 0;
+}
+
+/* --- deadlines, dispatch and completions -------------------------------------------------- */
+
+/* Fails every queued request whose deadline has passed. */
+static void dmn_expire(struct convd_daemon *d, uint64_t now)
+{
+    struct list_node expired;
+    list_init(&expired);
+    if (sched_expire(&d->sched, now, &expired) == 0)
+        return;
+    while (!list_empty(&expired)) {
+        struct sched_item *it = list_entry(expired.next, struct sched_item, link);
+        list_del(&it->link);
+        struct dreq *r = req_from_item(it);
+        uint64_t waited_us = (now - r->recv_ns) / 1000;
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "request %llu waited %llu us in the queue, past its timeout of %llu us; it was "
+                 "not run",
+                 (unsigned long long)r->id, (unsigned long long)waited_us,
+                 (unsigned long long)r->timeout_us);
+        conn_request_done(r, CONVD_ETIMEDOUT, msg, waited_us, 0, 0);
+    }
+}
+
+static void dmn_on_deadline(uv_timer_t *t);
+
+void daemon_note_deadline(struct convd_daemon *d, uint64_t deadline_ns)
+{
+    if (d->finishing || deadline_ns == 0)
+        return;
+    if (d->deadline_armed_ns != 0 && d->deadline_armed_ns <= deadline_ns)
+        return;
+    uint64_t now = convd_now_ns();
+    /* libuv timers count whole milliseconds: round up so the timer never fires early; an early
+     * wake-up would find nothing expired and re-arm anyway */
+    uint64_t ms = deadline_ns > now ? (deadline_ns - now + 999999) / 1000000 : 0;
+    d->deadline_armed_ns = deadline_ns;
+    uv_timer_start(&d->deadline_timer, dmn_on_deadline, ms, 0);
+}
+
+static void dmn_on_deadline(uv_timer_t *t)
+{
+    struct convd_daemon *d = t->data;
+    d->deadline_armed_ns = 0;
+    dmn_expire(d, convd_now_ns());
+    uint64_t next = sched_next_deadline(&d->sched);
+    if (next != 0) {
+        if (next <= convd_now_ns())
+            next = convd_now_ns() + 1000000;
+        daemon_note_deadline(d, next);
+    }
+    daemon_check_drained(d);
+}
+
+static void dmn_arm_delay(struct convd_daemon *d, uint64_t wait_ns)
+{
+    if (d->delay_armed)
+        return;
+    struct itimerspec its = {0};
+    its.it_value.tv_sec = (time_t)(wait_ns / 1000000000u);
+    its.it_value.tv_nsec = (long)(wait_ns % 1000000000u);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+        its.it_value.tv_nsec = 1;
+    if (timerfd_settime(d->delay_fd, 0, &its, NULL) == 0)
+        d->delay_armed = true;
+}
+
+static void dmn_on_delay(uv_poll_t *h, int status, int events)
+{
+    struct convd_daemon *d = h->data;
+    uint64_t expirations;
+    (void)status;
+    (void)events;
+    while (read(d->delay_fd, &expirations, sizeof(expirations)) > 0)
+        ;
+    d->delay_armed = false;
+    daemon_dispatch(d);
+}
+
+void daemon_dispatch(struct convd_daemon *d)
+{
+    if (d->dispatching || d->finishing || !d->pool_started)
+        return;
+    d->dispatching = true;
+    uint64_t now = convd_now_ns();
+    dmn_expire(d, now);
+    while (sched_depth(&d->sched) > 0) {
+        int w = pool_idle_worker(&d->pool);
+        if (w < 0)
+            break;
+        if (d->cfg.max_queue_delay_us > 0 && !d->draining) {
+            /* An idle worker may wait a little for the head's batch to fill. */
+            const struct sched_item *head;
+            size_t avail = sched_peek(&d->sched, &head);
+            uint64_t due = head->enqueue_ns + d->cfg.max_queue_delay_us * 1000u;
+            if (avail < d->cfg.max_batch && now < due) {
+                dmn_arm_delay(d, due - now);
+                break;
+            }
+        }
+        size_t n = sched_take(&d->sched, d->take, d->cfg.max_batch);
+        struct batch *b = batch_new(n);
+        if (b == NULL) {
+            for (size_t i = 0; i < n; i++)
+                conn_request_done(req_from_item(d->take[i]), CONVD_ENOMEM,
+                                  "out of memory starting the batch", 0, 0, 0);
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) {
+            struct dreq *r = req_from_item(d->take[i]);
+            r->running = true;
+            r->start_ns = now;
+            r->conn->running++;
+            d->running++;
+            r->job.status = 0;
+            r->job.error[0] = '\0';
+            r->job.exec_ns = 0;
+            b->jobs[i] = &r->job;
+        }
+        pool_submit(&d->pool, (unsigned)w, b);
+    }
+    d->dispatching = false;
+}
+
+static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
+{
+    struct convd_daemon *d = p->data;
+    uint64_t exec_ns = b->end_ns - b->start_ns;
+    d->metrics.batches++;
+    metrics_hist_observe(&d->metrics.exec_seconds, (double)exec_ns / 1e9);
+    metrics_hist_observe(&d->metrics.batch_size, (double)b->n);
+    if (b->rc != 0)
+        log_err("%s backend: a batch of %zu failed as a whole: %s", d->backend.info.name, b->n,
+                convd_strerror(b->rc));
+    for (size_t i = 0; i < b->n; i++) {
+        struct convd_job *job = b->jobs[i];
+        struct dreq *r = job->owner;
+        uint64_t queue_ns = b->start_ns > r->recv_ns ? b->start_ns - r->recv_ns : 0;
+        metrics_hist_observe(&d->metrics.queue_seconds, (double)queue_ns / 1e9);
+        int status = job->status;
+        if (status == 0 && b->rc != 0)
+            status = b->rc; /* a broken backend must not report success */
+        job->error[sizeof(job->error) - 1] = '\0';
+        conn_request_done(r, status, job->error[0] ? job->error : convd_strerror(status),
+                          queue_ns / 1000, exec_ns / 1000, (uint32_t)b->n);
+    }
+    free(b);
+    daemon_dispatch(d);
+    daemon_check_drained(d);
+}
+
+/* --- drain and shutdown ------------------------------------------------------------------- */
+
+static void dmn_close_handles(struct convd_daemon *d)
+{
+    if (!d->handles_open)
+        return;
+    d->handles_open = false;
+    uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_int, NULL);
+    uv_close((uv_handle_t *)&d->sig_hup, NULL);
+    uv_close((uv_handle_t *)&d->watchdog_timer, NULL);
+    uv_close((uv_handle_t *)&d->status_timer, NULL);
+    uv_close((uv_handle_t *)&d->drain_timer, NULL);
+    uv_close((uv_handle_t *)&d->deadline_timer, NULL);
+    uv_close((uv_handle_t *)&d->stop_async, NULL);
+    if (d->delay_poll_open) {
+        uv_close((uv_handle_t *)&d->delay_poll, NULL);
+        d->delay_poll_open = false;
+    }
+}
+
+/* Everything queued is done: close the connections (flushing their last replies), the workers and
+ * every handle, so that uv_run returns. */
+static void dmn_finish(struct convd_daemon *d)
+{
+    d->finishing = true;
+    log_notice("drained: closing %u connection(s)", (unsigned)d->n_clients);
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &d->conns)
+    {
+        struct conn *c = list_entry(pos, struct conn, link);
+        conn_shutdown(c, true, "the daemon is shutting down");
+    }
+    if (d->listener_open) {
+        listener_close(&d->listener, NULL);
+        d->listener_open = false;
+    }
+    if (d->pool_started) {
+        pool_stop(&d->pool);
+        d->pool_started = false;
+    }
+    dmn_close_handles(d);
+}
+
+void daemon_check_drained(struct convd_daemon *d)
+{
+    if (!d->draining || d->finishing)
+        return;
+    if (sched_depth(&d->sched) > 0 || d->running > 0)
+        return;
+    dmn_finish(d);
+}
+
+static void dmn_drain_expire(struct convd_daemon *d)
+{
+    d->drain_expired = true;
+    struct list_node all;
+    list_init(&all);
+    size_t n = sched_cancel_all(&d->sched, &all);
+    if (n > 0)
+        log_notice("drain timeout: failing %zu queued request(s) with ESHUTDOWN", n);
+    uint64_t now = convd_now_ns();
+    while (!list_empty(&all)) {
+        struct sched_item *it = list_entry(all.next, struct sched_item, link);
+        list_del(&it->link);
+        struct dreq *r = req_from_item(it);
+        conn_request_done(r, CONVD_ESHUTDOWN,
+                          "the daemon is shutting down and its drain timeout passed before the "
+                          "request ran",
+                          (now - r->recv_ns) / 1000, 0, 0);
+    }
+    daemon_check_drained(d);
+}
+
+static void dmn_on_drain_timeout(uv_timer_t *t)
+{
+    dmn_drain_expire(t->data);
+}
+
+static void dmn_begin_drain(struct convd_daemon *d, const char *cause)
+{
+    if (d->finishing)
+        return;
+    if (d->draining) {
+        log_notice("%s again: failing queued work now", cause);
+        dmn_drain_expire(d);
+        return;
+    }
+    d->draining = true;
+    log_notice("%s: draining (%u queued, %u running), no longer accepting connections", cause,
+               (unsigned)sched_depth(&d->sched), (unsigned)d->running);
+    sdn_notifyf("STOPPING=1\nSTATUS=draining: %u queued, %u running",
+                (unsigned)sched_depth(&d->sched), (unsigned)d->running);
+    if (d->listener_open) {
+        listener_close(&d->listener, NULL);
+        d->listener_open = false;
+    }
+    if (d->cfg.drain_timeout_ms == 0)
+        dmn_drain_expire(d);
+    else
+        uv_timer_start(&d->drain_timer, dmn_on_drain_timeout, d->cfg.drain_timeout_ms, 0);
+    /* the delay must not hold back a drain */
+    daemon_dispatch(d);
+    daemon_check_drained(d);
+}
+
+static void dmn_on_signal(uv_signal_t *h, int signum)
+{
+    struct convd_daemon *d = h->data;
+    if (signum == SIGHUP) {
+        log_notice("SIGHUP ignored: restart convd to apply a changed configuration");
+        return;
+    }
+    dmn_begin_drain(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void dmn_on_stop(uv_async_t *h)
+{
+    dmn_begin_drain(h->data, "stop requested");
+}
+
+void daemon_request_stop(struct convd_daemon *d)
+{
+    uv_async_send(&d->stop_async);
+}
+
+/* --- systemd ------------------------------------------------------------------------------ */
+
+static void dmn_on_watchdog(uv_timer_t *t)
+{
+    (void)t;
+    sdn_notify("WATCHDOG=1");
+}
+
+static void dmn_on_status_timer(uv_timer_t *t)
+{
+    struct convd_daemon *d = t->data;
+    char line[256];
+    snprintf(line, sizeof(line),
+             "STATUS=%s backend on %s: %u client(s), %u queued, %u running, %llu served",
+             d->backend.info.name, d->listener.path, (unsigned)d->n_clients,
+             (unsigned)sched_depth(&d->sched), (unsigned)d->running,
+             (unsigned long long)metrics_served(&d->metrics));
+    if (strcmp(line, d->last_status) != 0 && !d->draining) {
+        sdn_notify(line);
+        snprintf(d->last_status, sizeof(d->last_status), "%s", line);
+    }
+}
+
+/* --- status and metrics ------------------------------------------------------------------- */
+
+void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st)
+{
+    st->server_version = (char *)CONVD_VERSION_STRING;
+    st->backend = d->backend.info.name;
+    st->device = d->backend.info.device;
+    st->clients = d->n_clients;
+    st->queue_depth = sched_depth(&d->sched);
+    st->inflight = sched_depth(&d->sched) + d->running;
+    st->requests_served = metrics_served(&d->metrics);
+    st->requests_failed = metrics_failed(&d->metrics);
+    st->batches = d->metrics.batches;
+    st->uptime_ms = (convd_now_ns() - d->start_ns) / 1000000u;
+    st->protocol_version = CONVD_PROTOCOL_VERSION;
+}
+
+int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap)
+{
+    struct met_gauges g = {
+        .clients = d->n_clients,
+        .queue_depth = sched_depth(&d->sched),
+        .inflight = sched_depth(&d->sched) + d->running,
+        .running = d->running,
+        .regions = d->region_stats.regions,
+        .mapped_bytes = d->region_stats.mapped_bytes,
+        .workers = d->pool.n,
+        .workers_busy = d->pool.busy,
+        .draining = d->draining,
+    };
+    return metrics_render(&d->metrics, &g, d->backend.info.name, d->backend.info.device,
+                          convd_now_ns(), buf, cap);
+}
+
+/* --- life cycle --------------------------------------------------------------------------- */
+
+static void dmn_on_accept(struct listener *l, int fd)
+{
+    conn_accept(l->data, fd);
+}
+
+static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
+{
+    uv_loop_t *loop = &d->loop;
+    uv_signal_init(loop, &d->sig_term);
+    uv_signal_init(loop, &d->sig_int);
+    uv_signal_init(loop, &d->sig_hup);
+    uv_timer_init(loop, &d->watchdog_timer);
+    uv_timer_init(loop, &d->status_timer);
+    uv_timer_init(loop, &d->drain_timer);
+    uv_timer_init(loop, &d->deadline_timer);
+    if (uv_async_init(loop, &d->stop_async, dmn_on_stop) != 0) {
+        /* nothing above can fail, but it must still be closed */
+        uv_handle_t *h[] = {(uv_handle_t *)&d->sig_term,      (uv_handle_t *)&d->sig_int,
+                            (uv_handle_t *)&d->sig_hup,       (uv_handle_t *)&d->watchdog_timer,
+                            (uv_handle_t *)&d->status_timer,  (uv_handle_t *)&d->drain_timer,
+                            (uv_handle_t *)&d->deadline_timer};
+        for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)
+            uv_close(h[i], NULL);
+        return dmn_fail(why, why_len, CONVD_EINTERNAL, "cannot set up the event loop");
+    }
+    d->handles_open = true;
+    uv_handle_t *all[] = {(uv_handle_t *)&d->stop_async,     (uv_handle_t *)&d->sig_term,
+                          (uv_handle_t *)&d->sig_int,        (uv_handle_t *)&d->sig_hup,
+                          (uv_handle_t *)&d->watchdog_timer, (uv_handle_t *)&d->status_timer,
+                          (uv_handle_t *)&d->drain_timer,    (uv_handle_t *)&d->deadline_timer};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        all[i]->data = d;
+    d->delay_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (d->delay_fd < 0)
+        return dmn_fail(why, why_len, CONVD_EINTERNAL, "timerfd_create: %s", strerror(errno));
+    if (uv_poll_init(loop, &d->delay_poll, d->delay_fd) != 0)
+        return dmn_fail(why, why_len, CONVD_EINTERNAL, "cannot watch the delay timer");
+    d->delay_poll_open = true;
+    d->delay_poll.data = d;
+    uv_poll_start(&d->delay_poll, UV_READABLE, dmn_on_delay);
+    uv_signal_start(&d->sig_term, dmn_on_signal, SIGTERM);
+    uv_signal_start(&d->sig_int, dmn_on_signal, SIGINT);
+    uv_signal_start(&d->sig_hup, dmn_on_signal, SIGHUP);
+
+    d->watchdog_usec = sdn_watchdog_usec();
+    if (d->watchdog_usec > 0) {
+        uint64_t ms = d->watchdog_usec / 2000u;
+        if (ms == 0)
+            ms = 1;
+        uv_timer_start(&d->watchdog_timer, dmn_on_watchdog, ms, ms);
+        log_info("systemd watchdog: WATCHDOG=1 every %llu ms", (unsigned long long)ms);
+    }
+    const char *notify = getenv("NOTIFY_SOCKET");
+    if (notify != NULL && notify[0] != '\0')
+        uv_timer_start(&d->status_timer, dmn_on_status_timer, STATUS_INTERVAL_MS,
+                       STATUS_INTERVAL_MS);
+    return 0;
+}
+
+int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, char *why,
+                  size_t why_len)
+{
+    if (cfg == NULL || ret == NULL)
+        return dmn_fail(why, why_len, CONVD_EINVAL, "no configuration");
+    struct convd_daemon *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return dmn_fail(why, why_len, CONVD_ENOMEM, "out of memory");
+    int rc;
+    d->cfg = *cfg;
+    d->delay_fd = -1;
+    d->start_ns = convd_now_ns();
+    list_init(&d->conns);
+    metrics_init(&d->metrics, d->start_ns);
+    d->region_limits.max_regions = cfg->max_regions;
+    d->region_limits.max_mapped_bytes = cfg->max_mapped_bytes;
+    sched_init(&d->sched, cfg->queue_limit, cfg->max_batch);
+    /* a client that vanishes must not kill the daemon with SIGPIPE; sends use MSG_NOSIGNAL too */
+    signal(SIGPIPE, SIG_IGN);
+
+    d->take = calloc(cfg->max_batch ? cfg->max_batch : 1, sizeof(*d->take));
+    if (d->take == NULL) {
+        rc = dmn_fail(why, why_len, CONVD_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (uv_loop_init(&d->loop) != 0) {
+        rc = dmn_fail(why, why_len, CONVD_EINTERNAL, "cannot create the event loop");
+        goto fail;
+    }
+    d->loop_open = true;
+    rc = dmn_open_backend(d, why, why_len);
+    if (rc != 0)
+        goto fail;
+    log_notice("backend %s: %s (requested %s), %u worker(s)", d->backend.info.name,
+               d->backend.info.device, config_backend_name(cfg->backend),
+               d->backend.info.max_workers);
+    rc = listener_open(&d->listener, cfg, why, why_len);
+    if (rc != 0)
+        goto fail;
+    d->listener_open = true;
+    rc = dmn_init_handles(d, why, why_len);
+    if (rc != 0)
+        goto fail;
+    rc = pool_start(&d->pool, &d->loop, &d->backend, d->backend.info.max_workers, dmn_on_batch_done,
+                    d);
+    if (rc != 0) {
+        dmn_fail(why, why_len, rc, "cannot start %u worker thread(s)", d->backend.info.max_workers);
+        goto fail;
+    }
+    d->pool_started = true;
+    rc = listener_start(&d->listener, &d->loop, dmn_on_accept, d);
+    if (rc != 0) {
+        dmn_fail(why, why_len, rc, "cannot watch the listening socket");
+        goto fail;
+    }
+    *ret = d;
+    return 0;
+fail:
+    daemon_destroy(d);
+    return rc;
+}
+
+int daemon_run(struct convd_daemon *d)
+{
+    sdn_notifyf("READY=1\nSTATUS=%s backend (%s) on %s", d->backend.info.name,
+                d->backend.info.device, d->listener.path);
+    log_notice("convd %s ready on %s%s", CONVD_VERSION_STRING, d->listener.path,
+               d->listener.activated ? " (socket-activated)" : "");
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    log_notice("convd stopped");
+    return d->exit_code;
+}
+
+void daemon_destroy(struct convd_daemon *d)
+{
+    if (d == NULL)
+        return;
+    if (d->loop_open) {
+        /* Whatever daemon_run() did not close (it never ran, or failed half-way) is closed
+         * here, and the loop runs once more to deliver the close callbacks. */
+        if (!d->finishing) {
+            /* finishing first: no dispatch while the connections go */
+            d->draining = true;
+            d->finishing = true;
+            struct list_node *pos, *tmp;
+            list_for_each_safe(pos, tmp, &d->conns)
+            {
+                struct conn *c = list_entry(pos, struct conn, link);
+                conn_shutdown(c, false, "the daemon is shutting down");
+            }
+        }
+        if (d->listener_open) {
+            listener_close(&d->listener, NULL);
+            d->listener_open = false;
+        }
+        if (d->pool_started) {
+            pool_stop(&d->pool);
+            d->pool_started = false;
+        }
+        dmn_close_handles(d);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        if (uv_loop_close(&d->loop) != 0)
+            log_warn("event loop still had open handles at exit");
+        d->loop_open = false;
+    } else if (d->listener_open) {
+        listener_close(&d->listener, NULL);
+    }
+    if (d->delay_fd >= 0)
+        close(d->delay_fd);
+    if (d->backend_open)
+        d->backend.ops->destroy(d->backend.ctx);
+    free(d->take);
+    free(d);
+}

@@ -1,0 +1,107 @@
+/*
+ * The daemon object: one libuv loop, the backend, the listener, the connections, the queue and the
+ * workers. main() creates it, runs it and destroys it; tests do the same on a thread of their own
+ * and stop it with daemon_request_stop().
+ *
+ * Threads: everything here runs on the loop thread except the workers (workers.h), which only
+ * call the backend, and daemon_request_stop(), which may be called from any thread.
+ */
+#ifndef CONVD_DAEMON_DAEMON_H
+#define CONVD_DAEMON_DAEMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "config.h"
+#include "list.h"
+#include "listener.h"
+#include "metrics.h"
+#include "regions.h"
+#include "scheduler.h"
+#include "wire.h"
+#include "workers.h"
+
+struct convd_daemon {
+    struct convd_config cfg;
+    uv_loop_t loop;
+    bool loop_open;
+    struct convd_backend backend;
+    bool backend_open;
+    struct listener listener;
+    bool listener_open;
+    struct sched sched;
+    struct worker_pool pool;
+    bool pool_started;
+    struct metrics metrics;
+    struct region_stats region_stats;
+    struct region_limits region_limits;
+
+    struct list_node conns; /* every struct conn not yet freed */
+    uint32_t n_clients;     /* connections counted against max_clients */
+    uint32_t n_refused;     /* refused connections waiting to be told why */
+    uint64_t next_conn_serial;
+    uint32_t running; /* requests handed to workers */
+
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t watchdog_timer; /* WATCHDOG=1 at half of WATCHDOG_USEC */
+    uv_timer_t status_timer;   /* STATUS= for systemctl status */
+    uv_timer_t drain_timer;    /* drain_timeout_ms after SIGTERM */
+    uv_timer_t deadline_timer; /* the earliest queued deadline */
+    int delay_fd;              /* timerfd for max_queue_delay_us: uv timers have 1 ms steps */
+    uv_poll_t delay_poll;
+    bool delay_poll_open;
+    struct sched_item **take; /* scratch for sched_take, max_batch entries */
+    uv_async_t stop_async;    /* daemon_request_stop() */
+    bool handles_open;
+    uint64_t deadline_armed_ns; /* 0: deadline_timer idle */
+    bool delay_armed;
+    uint64_t watchdog_usec;
+    char last_status[256];
+
+    bool draining;
+    bool drain_expired;
+    bool finishing;
+    bool dispatching;
+
+    uint64_t start_ns;
+    int exit_code;
+
+    /* Scratch buffers of the loop thread: one datagram in, one out. */
+    uint8_t rx[CONVD_MAX_MESSAGE_BYTES];
+    uint8_t tx[CONVD_MAX_MESSAGE_BYTES];
+};
+
+/* Opens the backend, the listener and the workers for cfg (copied) and prepares the loop. Returns
+ * 0 with the daemon in *ret, or a CONVD_E* code with the reason in why (and nothing left open). */
+int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, char *why,
+                  size_t why_len);
+
+/* Tells systemd READY=1 and runs the loop until the daemon has drained after SIGTERM/SIGINT or
+ * daemon_request_stop(). Returns the exit status for main(): 0 after a clean drain. */
+int daemon_run(struct convd_daemon *d);
+
+/* Starts the drain, as SIGTERM does. Safe from any thread, and before or during daemon_run(). */
+void daemon_request_stop(struct convd_daemon *d);
+
+/* Closes everything daemon_create() opened and frees d. Accepts NULL. */
+void daemon_destroy(struct convd_daemon *d);
+
+/* Loop-thread entry points used by the connections. */
+
+/* Runs queued work on idle workers (and fails expired requests). */
+void daemon_dispatch(struct convd_daemon *d);
+
+/* Arms the deadline timer for a request queued with this deadline (ns, monotonic). */
+void daemon_note_deadline(struct convd_daemon *d, uint64_t deadline_ns);
+
+/* Called when a connection was freed or stopped counting, so a drain can finish. */
+void daemon_check_drained(struct convd_daemon *d);
+
+/* Fills a StatusReply and renders the metrics text (into buf, NUL-terminated; returns its length
+ * or -1). */
+void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st);
+int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,160 @@
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "convd/status.h"
+#include "log.h"
+#include "workers.h"
+
+struct batch *batch_new(size_t n)
+{
+    struct batch *b = calloc(1, sizeof(*b) + n * sizeof(b->jobs[0]));
+    if (b == NULL)
+        return NULL;
+    list_init(&b->link);
+    b->n = n;
+    return b;
+}
+
+static void *pool_thread(void *arg)
+{
+    struct worker *w = arg;
+    struct worker_pool *p = w->pool;
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (w->todo == NULL && !p->stop)
+            pthread_cond_wait(&w->wake, &p->mu);
+        if (w->todo == NULL)
+            break;
+        struct batch *b = w->todo;
+        w->todo = NULL;
+        pthread_mutex_unlock(&p->mu);
+
+        b->start_ns = convd_now_ns();
+        b->rc = be_run_batch(p->backend, w->index, b->jobs, b->n);
+        b->end_ns = convd_now_ns();
+
+        pthread_mutex_lock(&p->mu);
+        list_add_tail(&p->done, &b->link);
+        /* uv_async_send is the one libuv call that is safe from another thread; calls coalesce */
+        uv_async_send(&p->async);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void pool_on_async(uv_async_t *h)
+{
+    struct worker_pool *p = h->data;
+    struct list_node done;
+    list_init(&done);
+    pthread_mutex_lock(&p->mu);
+    list_splice_tail(&done, &p->done);
+    pthread_mutex_unlock(&p->mu);
+    while (!list_empty(&done)) {
+        struct batch *b = list_entry(done.next, struct batch, link);
+        list_del(&b->link);
+        p->workers[b->worker].busy = false;
+        p->busy--;
+        p->on_done(p, b);
+    }
+}
+
+int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
+               pool_done_cb on_done, void *data)
+{
+    memset(p, 0, sizeof(*p));
+    if (n == 0 || on_done == NULL)
+        return CONVD_EINVAL;
+    p->backend = backend;
+    p->on_done = on_done;
+    p->data = data;
+    list_init(&p->done);
+    p->workers = calloc(n, sizeof(*p->workers));
+    if (p->workers == NULL)
+        return CONVD_ENOMEM;
+    pthread_mutex_init(&p->mu, NULL);
+    if (uv_async_init(loop, &p->async, pool_on_async) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        free(p->workers);
+        p->workers = NULL;
+        return CONVD_EINTERNAL;
+    }
+    p->async.data = p;
+    p->async_open = true;
+    p->n = n;
+
+    /* Threads inherit the mask: block every signal so that SIGTERM and friends always reach the
+     * loop's handlers, never a worker in the middle of a kernel. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = 0;
+    for (unsigned i = 0; i < n; i++) {
+        struct worker *w = &p->workers[i];
+        w->pool = p;
+        w->index = i;
+        pthread_cond_init(&w->wake, NULL);
+        if (pthread_create(&w->thread, NULL, pool_thread, w) != 0) {
+            pthread_cond_destroy(&w->wake);
+            log_err("cannot start worker thread %u", i);
+            rc = CONVD_EINTERNAL;
+            break;
+        }
+        w->started = true;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        pool_stop(p);
+    return rc;
+}
+
+int pool_idle_worker(const struct worker_pool *p)
+{
+    if (p->busy >= p->n)
+        return -1;
+    for (unsigned i = 0; i < p->n; i++)
+        if (!p->workers[i].busy)
+            return (int)i;
+    return -1;
+}
+
+void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
+{
+    b->worker = w;
+    p->workers[w].busy = true;
+    p->busy++;
+    pthread_mutex_lock(&p->mu);
+    p->workers[w].todo = b;
+    pthread_cond_signal(&p->workers[w].wake);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void pool_stop(struct worker_pool *p)
+{
+    if (p->workers == NULL)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    for (unsigned i = 0; i < p->n; i++)
+        if (p->workers[i].started)
+            pthread_cond_signal(&p->workers[i].wake);
+    pthread_mutex_unlock(&p->mu);
+    for (unsigned i = 0; i < p->n; i++)
+        if (p->workers[i].started) {
+            pthread_join(p->workers[i].thread, NULL);
+            pthread_cond_destroy(&p->workers[i].wake);
+        }
+    /* batches finished after the last async callback: hand them over before closing */
+    if (p->async_open) {
+        pool_on_async(&p->async);
+        uv_close((uv_handle_t *)&p->async, NULL);
+        p->async_open = false;
+    }
+    pthread_mutex_destroy(&p->mu);
+    free(p->workers);
+    p->workers = NULL;
+    p->n = 0;
+}
