@@ -1,0 +1,367 @@
+/* Parsing helpers of convctl; see cliargs.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cliargs.h"
+
+static int cli_fail(char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cli_fail(char *why, size_t why_len, const char *fmt, ...)
+{
+    if (why != NULL && why_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_len, fmt, ap);
+        va_end(ap);
+    }
+    return CONVD_EINVAL;
+}
+
+int cli_parse_int(const char *s, long long lo, long long hi, long long *ret, char *why,
+                  size_t why_len)
+{
+    if (s == NULL || *s == '\0')
+        return cli_fail(why, why_len, "expected a number, got nothing");
+    /* strtoll skips leading blanks and accepts "+"; be strict about what a user typed. */
+    if (!(*s >= '0' && *s <= '9') && !(*s == '-' && s[1] >= '0' && s[1] <= '9'))
+        return cli_fail(why, why_len, "'%s' is not a whole number", s);
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (*end != '\0')
+        return cli_fail(why, why_len, "'%s' is not a whole number", s);
+    if (errno == ERANGE || v < lo || v > hi)
+        return cli_fail(why, why_len, "%s is out of range (%lld to %lld)", s, lo, hi);
+    *ret = v;
+    return 0;
+}
+
+int cli_parse_double(const char *s, double lo, double hi, double *ret, char *why,
+                     size_t why_len)
+{
+    if (s == NULL || *s == '\0')
+        return cli_fail(why, why_len, "expected a number, got nothing");
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (*end != '\0' || end == s || *s == ' ' || !isfinite(v))
+        return cli_fail(why, why_len, "'%s' is not a number", s);
+    if (v < lo || v > hi)
+        return cli_fail(why, why_len, "%s is out of range (%g to %g)", s, lo, hi);
+    *ret = v;
+    return 0;
+}
+
+/* Splits s at commas into at most max integers in [lo, hi]. Returns the count or -1. */
+static int cli_split_ints(const char *s, int max, int32_t lo, int32_t hi, int32_t *out, char *why,
+                          size_t why_len)
+{
+    char buf[128];
+    if (s == NULL || strlen(s) >= sizeof(buf)) {
+        cli_fail(why, why_len, "'%s' is not a list of numbers", s != NULL ? s : "");
+        return -1;
+    }
+    strcpy(buf, s);
+    int n = 0;
+    /* strtok would merge empty fields ("1,,2"); walk the commas by hand. */
+    char *p = buf;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma != NULL)
+            *comma = '\0';
+        long long v;
+        if (n == max) {
+            cli_fail(why, why_len, "'%s' has more than %d values", s, max);
+            return -1;
+        }
+        if (cli_parse_int(p, lo, hi, &v, why, why_len) != 0)
+            return -1;
+        out[n++] = (int32_t)v;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    return n;
+}
+
+int cli_parse_pair(const char *s, int32_t lo, int32_t hi, int32_t ret[2], char *why,
+                   size_t why_len)
+{
+    int32_t v[2];
+    int n = cli_split_ints(s, 2, lo, hi, v, why, why_len);
+    if (n < 0)
+        return CONVD_EINVAL;
+    ret[0] = v[0];
+    ret[1] = n == 2 ? v[1] : v[0];
+    return 0;
+}
+
+int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len)
+{
+    int32_t v[4];
+    int n = cli_split_ints(s, 4, 0, CONVD_MAX_PAD, v, why, why_len);
+    if (n < 0)
+        return CONVD_EINVAL;
+    switch (n) {
+    case 1:
+        ret[0] = ret[1] = ret[2] = ret[3] = v[0];
+        return 0;
+    case 2:
+        ret[0] = ret[1] = v[0];
+        ret[2] = ret[3] = v[1];
+        return 0;
+    case 4:
+        memcpy(ret, v, sizeof(v));
+        return 0;
+    }
+    return cli_fail(why, why_len, "padding '%s' must be P, PH,PW or PT,PB,PL,PR", s);
+}
+
+int cli_problem_option(struct convd_problem *p, const char *name, const char *value, char *why,
+                       size_t why_len)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } dims[] = {
+        {"n", offsetof(struct convd_problem, n)},
+        {"c", offsetof(struct convd_problem, c)},
+        {"h", offsetof(struct convd_problem, h)},
+        {"w", offsetof(struct convd_problem, w)},
+        {"k", offsetof(struct convd_problem, k)},
+        {"r", offsetof(struct convd_problem, r)},
+        {"s", offsetof(struct convd_problem, s)},
+        {"groups", offsetof(struct convd_problem, groups)},
+    };
+    if (strcmp(name, "bias") == 0) {
+        p->has_bias = true;
+        return 0;
+    }
+    if (strcmp(name, "relu") == 0) {
+        p->relu = true;
+        return 0;
+    }
+    if (value == NULL)
+        return cli_fail(why, why_len, "--%s needs a value", name);
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (strcmp(name, dims[i].name) != 0)
+            continue;
+        long long v;
+        if (cli_parse_int(value, 1, CONVD_MAX_DIM, &v, why, why_len) != 0)
+            return CONVD_EINVAL;
+        int32_t *field = (int32_t *)((char *)p + dims[i].off);
+        *field = (int32_t)v;
+        return 0;
+    }
+    int32_t v[4];
+    if (strcmp(name, "stride") == 0 || strcmp(name, "dilation") == 0) {
+        if (cli_parse_pair(value, 1, CONVD_MAX_STRIDE, v, why, why_len) != 0)
+            return CONVD_EINVAL;
+        if (name[0] == 's') {
+            p->stride_h = v[0];
+            p->stride_w = v[1];
+        } else {
+            p->dil_h = v[0];
+            p->dil_w = v[1];
+        }
+        return 0;
+    }
+    if (strcmp(name, "pad") == 0) {
+        if (cli_parse_pad(value, v, why, why_len) != 0)
+            return CONVD_EINVAL;
+        p->pad_top = v[0];
+        p->pad_bottom = v[1];
+        p->pad_left = v[2];
+        p->pad_right = v[3];
+        return 0;
+    }
+    if (strcmp(name, "dtype") == 0) {
+        if (convd_dtype_parse(value, &p->dtype) != 0)
+            return cli_fail(why, why_len, "unknown dtype '%s' (fp32, fp16 or bf16)", value);
+        return 0;
+    }
+    if (strcmp(name, "layout") == 0) {
+        if (convd_layout_parse(value, &p->layout) != 0)
+            return cli_fail(why, why_len, "unknown layout '%s' (nchw or nhwc)", value);
+        return 0;
+    }
+    return cli_fail(why, why_len, "unknown problem option --%s", name);
+}
+
+/*
+ * Shapes CSV.
+ */
+
+enum { CLI_COL_NAME, CLI_COL_N, CLI_COL_H, CLI_COL_W, CLI_COL_C, CLI_COL_K, CLI_COL_R,
+       CLI_COL_S, CLI_COL_STRIDE, CLI_COL_PAD, CLI_COL_DIL, CLI_COL_GROUPS, CLI_NCOLS };
+
+static const char *const cli_col_names[CLI_NCOLS] = {
+    "name", "n", "h", "w", "c", "k", "r", "s", "stride", "pad", "dil", "groups",
+};
+
+/* Splits one line (NUL-terminated, no newline) at commas in place, trimming blanks. */
+static size_t cli_csv_fields(char *line, char **fields, size_t max)
+{
+    size_t n = 0;
+    char *p = line;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma != NULL)
+            *comma = '\0';
+        while (*p == ' ' || *p == '\t')
+            p++;
+        char *e = p + strlen(p);
+        while (e > p && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
+            *--e = '\0';
+        if (n < max)
+            fields[n] = p;
+        n++;
+        if (comma == NULL)
+            return n;
+        p = comma + 1;
+    }
+}
+
+int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, size_t *ret_count,
+                     char *why, size_t why_len)
+{
+    enum { MAX_FIELDS = 64 };
+    int rc = CONVD_EINVAL;
+    char *copy = malloc(len + 1);
+    struct cli_shape *rows = NULL;
+    size_t count = 0, cap = 0;
+    int col[CLI_NCOLS];
+    bool have_header = false;
+    if (copy == NULL)
+        return cli_fail(why, why_len, "out of memory");
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    if (memchr(copy, '\0', len) != NULL) {
+        cli_fail(why, why_len, "the CSV contains a NUL byte");
+        goto finish;
+    }
+
+    size_t lineno = 0;
+    for (char *line = copy; line != NULL;) {
+        char *nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = '\0';
+        char *cur = line;
+        line = nl != NULL ? nl + 1 : NULL;
+        lineno++;
+        while (*cur == ' ' || *cur == '\t' || *cur == '\r')
+            cur++;
+        if (*cur == '\0' || *cur == '#')
+            continue;
+        char *f[MAX_FIELDS];
+        size_t nf = cli_csv_fields(cur, f, MAX_FIELDS);
+        if (nf > MAX_FIELDS) {
+            cli_fail(why, why_len, "line %zu has more than %d columns", lineno, MAX_FIELDS);
+            goto finish;
+        }
+        if (!have_header) {
+            for (int c = 0; c < CLI_NCOLS; c++) {
+                col[c] = -1;
+                for (size_t i = 0; i < nf; i++)
+                    if (strcmp(f[i], cli_col_names[c]) == 0)
+                        col[c] = (int)i;
+                if (col[c] < 0) {
+                    cli_fail(why, why_len, "the header line lacks the column '%s'",
+                             cli_col_names[c]);
+                    goto finish;
+                }
+            }
+            have_header = true;
+            continue;
+        }
+        struct cli_shape row;
+        memset(&row, 0, sizeof(row));
+        int32_t *vals[CLI_NCOLS] = {NULL,     &row.n,      &row.h,   &row.w,
+                                    &row.c,   &row.k,      &row.r,   &row.s,
+                                    &row.stride, &row.pad, &row.dil, &row.groups};
+        for (int c = 0; c < CLI_NCOLS; c++) {
+            if ((size_t)col[c] >= nf) {
+                cli_fail(why, why_len, "line %zu has no value for column '%s'", lineno,
+                         cli_col_names[c]);
+                goto finish;
+            }
+            const char *v = f[col[c]];
+            if (c == CLI_COL_NAME) {
+                if (*v == '\0' || strlen(v) >= sizeof(row.name)) {
+                    cli_fail(why, why_len, "line %zu: the name is empty or too long", lineno);
+                    goto finish;
+                }
+                strcpy(row.name, v);
+                continue;
+            }
+            long long x;
+            char sub[128];
+            long long lo = c == CLI_COL_PAD ? 0 : 1;
+            long long hi = c == CLI_COL_PAD      ? CONVD_MAX_PAD
+                           : c == CLI_COL_STRIDE || c == CLI_COL_DIL ? CONVD_MAX_STRIDE
+                                                                    : CONVD_MAX_DIM;
+            if (cli_parse_int(v, lo, hi, &x, sub, sizeof(sub)) != 0) {
+                cli_fail(why, why_len, "line %zu, column '%s': %s", lineno, cli_col_names[c],
+                         sub);
+                goto finish;
+            }
+            *vals[c] = (int32_t)x;
+        }
+        if (cli_shapes_find(rows, count, row.name) != NULL) {
+            cli_fail(why, why_len, "line %zu: shape '%s' appears twice", lineno, row.name);
+            goto finish;
+        }
+        if (count == cap) {
+            size_t ncap = cap > 0 ? cap * 2 : 16;
+            struct cli_shape *nrows = realloc(rows, ncap * sizeof(*nrows));
+            if (nrows == NULL) {
+                cli_fail(why, why_len, "out of memory");
+                goto finish;
+            }
+            rows = nrows;
+            cap = ncap;
+        }
+        rows[count++] = row;
+    }
+    if (!have_header) {
+        cli_fail(why, why_len, "the CSV has no header line");
+        goto finish;
+    }
+    *ret_rows = rows;
+    *ret_count = count;
+    rows = NULL;
+    rc = 0;
+finish:
+    free(rows);
+    free(copy);
+    return rc;
+}
+
+const struct cli_shape *cli_shapes_find(const struct cli_shape *rows, size_t count,
+                                        const char *name)
+{
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return &rows[i];
+    return NULL;
+}
+
+void cli_shape_apply(const struct cli_shape *row, struct convd_problem *p)
+{
+    p->n = row->n;
+    p->h = row->h;
+    p->w = row->w;
+    p->c = row->c;
+    p->k = row->k;
+    p->r = row->r;
+    p->s = row->s;
+    p->groups = row->groups;
+    p->stride_h = p->stride_w = row->stride;
+    p->pad_top = p->pad_bottom = p->pad_left = p->pad_right = row->pad;
+    p->dil_h = p->dil_w = row->dil;
+}

@@ -1,0 +1,654 @@
+/*
+ * convctl bench: the daemon's load benchmark. N client processes, each with its own connection and
+ * regions, keep D requests in flight for a duration or a number of requests; the parent reports
+ * throughput, the latency distribution and the batch sizes the daemon reported.
+ *
+ * Children write their results into shared anonymous memory (latencies as a log-linear histogram,
+ * so that a long run costs no more memory than a short one). They start together: each signals
+ * readiness on one pipe, then blocks on another that the parent closes.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util.h"
+
+static const char bench_usage[] =
+    "Usage: convctl bench [--clients N] [--depth D] [--duration S | --requests R]\n"
+    "                     [shape options | --shape NAME --csv FILE | --all --csv FILE]\n"
+    "                     [--socket PATH] [--timeout MS]\n"
+    "\n"
+    "Load benchmark of the daemon: N client processes (each with its own connection and\n"
+    "regions) each keep D requests in flight, for S seconds or R requests in total. Reports\n"
+    "requests/s, images/s, TFLOP/s, the p50/p99/p99.9 round-trip latency, and the batch sizes\n"
+    "and queue/execution times the daemon reported in its completions.\n"
+    "\n"
+    "  --clients N     client processes (default 4)\n"
+    "  --depth D       requests each keeps in flight (default 2)\n"
+    "  --duration S    seconds to run (default 5)\n"
+    "  --requests R    run R requests in total instead of a duration\n"
+    "  --shape NAME --csv FILE   a row of a shapes CSV (bench/shapes.csv)\n"
+    "  --all --csv FILE          every row of the CSV in turn, one table line each\n"
+    "Shape options (default: n2 c32 h16 w16 k32 r3 s3 groups 4 pad 1; they override a CSV row):\n"
+    "  --n --c --h --w --k --r --s --groups --stride --pad --dilation\n"
+    "  --dtype fp32|fp16|bf16  --layout nchw|nhwc  --bias  --relu\n";
+
+#define BENCH_LAT_BUCKETS 3776 /* see bench_lat_bucket */
+#define BENCH_BATCH_MAX   1024
+
+/* One child's results, in memory shared with the parent. */
+struct bench_result {
+    int fatal;        /* 0, or the CONVD_E* code that stopped the child */
+    char error[256];  /* its sentence, or the first failed request's */
+    uint64_t completed, failed;
+    int first_fail;
+    uint64_t t_begin, t_end;
+    uint64_t queue_ns, exec_ns;
+    uint64_t lat[BENCH_LAT_BUCKETS];
+    uint64_t batch[BENCH_BATCH_MAX + 1]; /* [b]: completions from batches of b; last: larger */
+};
+
+struct bench_params {
+    struct convd_problem p;
+    struct convd_problem_sizes z;
+    int clients, depth;
+    double duration_s;
+    uint64_t requests; /* 0: run for duration_s */
+    int wait_ms;
+};
+
+/* Log-linear buckets: exact below 64 ns, then 64 per power of two (1.6% resolution). */
+static size_t bench_lat_bucket(uint64_t v)
+{
+    if (v < 64)
+        return (size_t)v;
+    int e = 63 - __builtin_clzll(v);
+    uint64_t sub = (v >> (e - 6)) & 63;
+    return (size_t)(e - 5) * 64 + (size_t)sub;
+}
+
+static double bench_lat_value(size_t b)
+{
+    if (b < 64)
+        return (double)b;
+    int e = (int)(b / 64) + 5;
+    double lo = (double)((64 + b % 64) << (e - 6));
+    return lo + (double)(1ull << (e - 6)) / 2;
+}
+
+static double bench_percentile(const uint64_t *hist, uint64_t total, double q)
+{
+    if (total == 0)
+        return 0;
+    uint64_t want = (uint64_t)ceil(q * (double)total);
+    if (want == 0)
+        want = 1;
+    uint64_t acc = 0;
+    for (size_t b = 0; b < BENCH_LAT_BUCKETS; b++) {
+        acc += hist[b];
+        if (acc >= want)
+            return bench_lat_value(b);
+    }
+    return bench_lat_value(BENCH_LAT_BUCKETS - 1);
+}
+
+static void bench_note(struct bench_result *res, int fatal, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void bench_note(struct bench_result *res, int fatal, const char *fmt, ...)
+{
+    va_list ap;
+    res->fatal = fatal;
+    va_start(ap, fmt);
+    vsnprintf(res->error, sizeof(res->error), fmt, ap);
+    va_end(ap);
+}
+
+/* The body of one client process. Returns its exit code. */
+static int bench_child(const struct ctl_global *g, const struct bench_params *bp, uint64_t quota,
+                       uint64_t seed, struct bench_result *res, int ready_fd, int go_fd)
+{
+    const struct convd_problem_sizes *z = &bp->z;
+    const int depth = bp->depth;
+    const uint64_t align = 256;
+    const uint64_t in_sz = (z->input_bytes + align - 1) / align * align;
+    const uint64_t out_sz = (z->output_bytes + align - 1) / align * align;
+    const uint64_t w_sz = (z->weight_bytes + align - 1) / align * align;
+    const uint64_t b_sz = (z->bias_bytes + align - 1) / align * align;
+    const uint64_t total = w_sz + b_sz + (uint64_t)depth * (in_sz + out_sz);
+    convd_client *c = NULL;
+    convd_region *r = NULL;
+    uint64_t *ids = calloc((size_t)depth, sizeof(*ids));
+    uint64_t *sent = calloc((size_t)depth, sizeof(*sent));
+    struct convd_conv_args *args = calloc((size_t)depth, sizeof(*args));
+    struct convd_completion done;
+    char ready = 'e';
+    int rc;
+
+    if (ids == NULL || sent == NULL || args == NULL) {
+        bench_note(res, CONVD_ENOMEM, "out of memory");
+        goto signal;
+    }
+    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+    o.socket_path = g->socket;
+    o.client_name = "convctl-bench";
+    o.timeout_ms = g->timeout_ms;
+    if ((rc = convd_connect(&o, &c)) != 0) {
+        bench_note(res, rc, "cannot connect: %s", convd_last_connect_error());
+        goto signal;
+    }
+    if ((rc = convd_region_create(c, total, &r)) != 0) {
+        bench_note(res, rc, "cannot create a region: %s", convd_errstr(c));
+        goto signal;
+    }
+    uint8_t *base = convd_region_data(r);
+    struct ctl_rng rng;
+    ctl_rng_seed(&rng, seed);
+    ctl_fill_random(&rng, bp->p.dtype, base, z->weight_elems);
+    if (bp->p.has_bias)
+        ctl_fill_random(&rng, bp->p.dtype, base + w_sz, z->bias_elems);
+    for (int i = 0; i < depth; i++) {
+        uint64_t off = w_sz + b_sz + (uint64_t)i * (in_sz + out_sz);
+        ctl_fill_random(&rng, bp->p.dtype, base + off, z->input_elems);
+        struct convd_conv_args *a = &args[i];
+        *a = (struct convd_conv_args)CONVD_CONV_ARGS_INIT;
+        a->problem = bp->p;
+        a->weight = (struct convd_tensor){r, 0, z->weight_bytes};
+        if (bp->p.has_bias)
+            a->bias = (struct convd_tensor){r, w_sz, z->bias_bytes};
+        a->input = (struct convd_tensor){r, off, z->input_bytes};
+        a->output = (struct convd_tensor){r, off + in_sz, z->output_bytes};
+    }
+    /* One request before the start, so that connection set-up and first-touch page faults are
+     * not measured. */
+    uint64_t id;
+    if ((rc = convd_conv_submit(c, &args[0], &id)) != 0 ||
+        (rc = convd_wait(c, id, bp->wait_ms, &done)) != 0) {
+        bench_note(res, rc, "warm-up request: %s", convd_errstr(c));
+        goto signal;
+    }
+    if (done.status != 0) {
+        bench_note(res, done.status, "warm-up request failed: %s", done.error);
+        goto signal;
+    }
+    ready = 'r';
+signal:
+    if (write(ready_fd, &ready, 1) != 1 || ready != 'r')
+        goto finish;
+    char ch;
+    while (read(go_fd, &ch, 1) < 0 && errno == EINTR)
+        ;
+
+    res->t_begin = ctl_now_ns();
+    const uint64_t deadline =
+        bp->requests != 0 ? UINT64_MAX : res->t_begin + (uint64_t)(bp->duration_s * 1e9);
+    uint64_t submitted = 0;
+    size_t inflight = 0;
+    for (int i = 0; i < depth && submitted < quota; i++) {
+        sent[i] = ctl_now_ns();
+        if ((rc = convd_conv_submit(c, &args[i], &ids[i])) != 0) {
+            bench_note(res, rc, "submit: %s", convd_errstr(c));
+            goto finish;
+        }
+        submitted++;
+        inflight++;
+    }
+    while (inflight > 0) {
+        rc = convd_wait_any(c, bp->wait_ms, &done);
+        if (rc != 0) {
+            bench_note(res, rc, "waiting for completions: %s", convd_errstr(c));
+            goto finish;
+        }
+        uint64_t now = ctl_now_ns();
+        inflight--;
+        int slot = 0;
+        while (slot < depth && ids[slot] != done.id)
+            slot++;
+        if (slot == depth) {
+            bench_note(res, CONVD_EINTERNAL, "completion for unknown request");
+            goto finish;
+        }
+        if (done.status == 0) {
+            res->completed++;
+            res->lat[bench_lat_bucket(now - sent[slot])]++;
+            res->batch[done.batch_size < BENCH_BATCH_MAX ? done.batch_size : BENCH_BATCH_MAX]++;
+            res->queue_ns += done.queue_us * 1000;
+            res->exec_ns += done.exec_us * 1000;
+        } else {
+            if (res->failed++ == 0) {
+                res->first_fail = done.status;
+                snprintf(res->error, sizeof(res->error), "%s", done.error);
+            }
+        }
+        res->t_end = now;
+        if (now < deadline && submitted < quota) {
+            sent[slot] = ctl_now_ns();
+            if ((rc = convd_conv_submit(c, &args[slot], &ids[slot])) != 0) {
+                bench_note(res, rc, "submit: %s", convd_errstr(c));
+                goto finish;
+            }
+            submitted++;
+            inflight++;
+        }
+    }
+finish:
+    convd_region_free(r);
+    convd_close(c);
+    free(ids);
+    free(sent);
+    free(args);
+    return res->fatal != 0 ? CTL_EXIT_FAIL : 0;
+}
+
+/* Totals over the children. */
+struct bench_sum {
+    uint64_t completed, failed;
+    double seconds;
+    uint64_t queue_ns, exec_ns;
+    uint64_t lat[BENCH_LAT_BUCKETS];
+    uint64_t batch[BENCH_BATCH_MAX + 1];
+    int fatal;
+    char error[300];
+};
+
+static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
+                     struct bench_sum *sum)
+{
+    const int n = bp->clients;
+    size_t shared_len = (size_t)n * sizeof(struct bench_result);
+    struct bench_result *res =
+        mmap(NULL, shared_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (res == MAP_FAILED) {
+        ctl_err("cannot map %zu bytes for the results: %s", shared_len, strerror(errno));
+        return -1;
+    }
+    int ready[2] = {-1, -1}, go[2] = {-1, -1};
+    pid_t *pids = calloc((size_t)n, sizeof(*pids));
+    int started = 0, rc = -1;
+    if (pids == NULL || pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
+        ctl_err("cannot set up the clients: %s", strerror(errno));
+        goto finish;
+    }
+    uint64_t seed = ctl_fresh_seed();
+    fflush(stdout);
+    fflush(stderr);
+    for (int i = 0; i < n; i++) {
+        uint64_t quota = UINT64_MAX;
+        if (bp->requests != 0)
+            quota = bp->requests / (uint64_t)n + ((uint64_t)i < bp->requests % (uint64_t)n);
+        pid_t pid = fork();
+        if (pid < 0) {
+            ctl_err("fork: %s", strerror(errno));
+            break;
+        }
+        if (pid == 0) {
+            close(ready[0]);
+            close(go[1]);
+            _exit(bench_child(g, bp, quota, seed + (uint64_t)i * 0x9e3779b97f4a7c15ull, &res[i],
+                              ready[1], go[0]));
+        }
+        pids[started++] = pid;
+    }
+    close(ready[1]);
+    ready[1] = -1;
+    /* Wait until every client is connected and warm (or has given up), then start them all. */
+    for (int got = 0; got < started;) {
+        char ch;
+        ssize_t k = read(ready[0], &ch, 1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got++;
+    }
+    close(go[1]);
+    go[1] = -1;
+    for (int i = 0; i < started; i++) {
+        int st;
+        while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR)
+            ;
+        if (!WIFEXITED(st) && res[i].fatal == 0) {
+            res[i].fatal = CONVD_EINTERNAL;
+            snprintf(res[i].error, sizeof(res[i].error), "client process died (signal %d)",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        }
+    }
+
+    memset(sum, 0, sizeof(*sum));
+    uint64_t t_begin = UINT64_MAX, t_end = 0;
+    for (int i = 0; i < started; i++) {
+        const struct bench_result *r = &res[i];
+        if (r->fatal != 0 && sum->fatal == 0) {
+            sum->fatal = r->fatal;
+            snprintf(sum->error, sizeof(sum->error), "client %d: %s (%s)", i, r->error,
+                     convd_status_name(r->fatal));
+        }
+        if (r->failed > 0 && sum->failed == 0 && sum->fatal == 0)
+            snprintf(sum->error, sizeof(sum->error), "first failed request: %s (%s)", r->error,
+                     convd_status_name(r->first_fail));
+        sum->completed += r->completed;
+        sum->failed += r->failed;
+        sum->queue_ns += r->queue_ns;
+        sum->exec_ns += r->exec_ns;
+        for (size_t b = 0; b < BENCH_LAT_BUCKETS; b++)
+            sum->lat[b] += r->lat[b];
+        for (size_t b = 0; b <= BENCH_BATCH_MAX; b++)
+            sum->batch[b] += r->batch[b];
+        if (r->completed + r->failed > 0) {
+            if (r->t_begin < t_begin)
+                t_begin = r->t_begin;
+            if (r->t_end > t_end)
+                t_end = r->t_end;
+        }
+    }
+    if (started < n && sum->fatal == 0) {
+        sum->fatal = CONVD_EINTERNAL;
+        snprintf(sum->error, sizeof(sum->error), "only %d of %d clients started", started, n);
+    }
+    sum->seconds = t_end > t_begin ? (double)(t_end - t_begin) / 1e9 : 0;
+    rc = 0;
+finish:
+    for (int i = 0; i < 2; i++) {
+        if (ready[i] >= 0)
+            close(ready[i]);
+        if (go[i] >= 0)
+            close(go[i]);
+    }
+    free(pids);
+    munmap(res, shared_len);
+    return rc;
+}
+
+/* The daemon's counters, for the batches it ran during a measurement. */
+static int bench_status(const struct ctl_global *g, struct convd_status *st,
+                        struct convd_server_info *info)
+{
+    convd_client *c;
+    if (ctl_connect(g, &c) != 0)
+        return -1;
+    int rc = convd_status_get(c, st);
+    if (rc != 0)
+        ctl_err("status: %s (%s)", convd_errstr(c), convd_status_name(rc));
+    if (info != NULL)
+        convd_server_info(c, info);
+    convd_close(c);
+    return rc != 0 ? -1 : 0;
+}
+
+/* "1: 40%, 2: 35%, 4: 25%" for the most frequent batch sizes, and their mean. */
+static void bench_batches(const struct bench_sum *s, char *buf, size_t len, double *ret_mean)
+{
+    uint64_t total = 0;
+    double acc = 0;
+    for (size_t b = 0; b <= BENCH_BATCH_MAX; b++) {
+        total += s->batch[b];
+        acc += (double)b * (double)s->batch[b];
+    }
+    *ret_mean = total > 0 ? acc / (double)total : 0;
+    size_t n = 0;
+    buf[0] = '\0';
+    int shown = 0;
+    for (size_t b = 0; b <= BENCH_BATCH_MAX && total > 0; b++) {
+        double pct = 100.0 * (double)s->batch[b] / (double)total;
+        if (s->batch[b] == 0 || (pct < 1.0 && shown >= 4))
+            continue;
+        if (shown == 8) {
+            n += (size_t)snprintf(buf + n, n < len ? len - n : 0, ", ...");
+            break;
+        }
+        n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s%zu: %.0f%%",
+                              shown > 0 ? ", " : "", b == BENCH_BATCH_MAX ? ">=" : "", b, pct);
+        shown++;
+    }
+}
+
+static void bench_report(const char *name, const struct bench_params *bp,
+                         const struct bench_sum *s, const struct convd_server_info *info,
+                         uint64_t batches)
+{
+    char desc[192], b1[32], b2[32], b3[32], hist[256];
+    double rps = s->seconds > 0 ? (double)s->completed / s->seconds : 0;
+    double mean_batch;
+    bench_batches(s, hist, sizeof(hist), &mean_batch);
+    printf("bench %s: %s\n", name, convd_problem_str(&bp->p, desc, sizeof(desc)));
+    printf("  clients    %d x depth %d, %s backend (%s)\n", bp->clients, bp->depth,
+           info->backend, info->device);
+    printf("  requests   %llu completed, %llu failed, in %.2f s\n",
+           (unsigned long long)s->completed, (unsigned long long)s->failed, s->seconds);
+    printf("  throughput %.1f requests/s, %.1f images/s, %.3f TFLOP/s\n", rps,
+           rps * bp->p.n, rps * (double)bp->z.flops / 1e12);
+    printf("  latency    p50 %s, p99 %s, p99.9 %s (submit to completion, per request)\n",
+           ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.50), b1, sizeof(b1)),
+           ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.99), b2, sizeof(b2)),
+           ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.999), b3, sizeof(b3)));
+    if (s->completed > 0)
+        printf("  daemon     queue %s, exec %s (means); batch sizes %s (mean %.2f)\n",
+               ctl_fmt_ns((double)s->queue_ns / (double)s->completed, b1, sizeof(b1)),
+               ctl_fmt_ns((double)s->exec_ns / (double)s->completed, b2, sizeof(b2)), hist,
+               mean_batch);
+    if (batches > 0)
+        printf("  counters   %llu batches run by the daemon meanwhile\n",
+               (unsigned long long)batches);
+    if (s->error[0] != '\0')
+        printf("  error      %s\n", s->error);
+}
+
+int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
+{
+    enum { B_CLIENTS = 1, B_DEPTH, B_DURATION, B_REQUESTS, B_SHAPE, B_CSV, B_ALL };
+    static const struct option opts[] = {
+        CTL_COMMON_LONG_OPTIONS,
+        CTL_PROBLEM_LONG_OPTIONS,
+        {"clients", required_argument, NULL, B_CLIENTS},
+        {"depth", required_argument, NULL, B_DEPTH},
+        {"duration", required_argument, NULL, B_DURATION},
+        {"requests", required_argument, NULL, B_REQUESTS},
+        {"shape", required_argument, NULL, B_SHAPE},
+        {"csv", required_argument, NULL, B_CSV},
+        {"all", no_argument, NULL, B_ALL},
+        {NULL, 0, NULL, 0},
+    };
+    struct ctl_global g = *g0;
+    struct bench_params bp;
+    memset(&bp, 0, sizeof(bp));
+    bp.clients = 4;
+    bp.depth = 2;
+    bp.duration_s = 5;
+    const char *shape_name = NULL, *csv = NULL;
+    bool all = false, duration_given = false;
+    struct {
+        int opt;
+        const char *arg;
+    } popts[64];
+    size_t npopts = 0;
+    int opt, code = 0;
+    long long v;
+    char why[160];
+
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (ctl_common_option(&g, opt, optarg, &code)) {
+            if (code != 0)
+                return code;
+            continue;
+        }
+        if (opt >= CTL_OPT_PROBLEM_FIRST && opt < CTL_OPT_PROBLEM_FIRST + CTL_PROBLEM_OPTION_COUNT) {
+            if (npopts == sizeof(popts) / sizeof(popts[0])) {
+                ctl_err("too many shape options");
+                return CTL_EXIT_USAGE;
+            }
+            popts[npopts].opt = opt;
+            popts[npopts++].arg = optarg;
+            continue;
+        }
+        switch (opt) {
+        case 'h':
+            fputs(bench_usage, stdout);
+            return 0;
+        case B_CLIENTS:
+        case B_DEPTH:
+            if (cli_parse_int(optarg, 1, opt == B_CLIENTS ? 1024 : 65536, &v, why,
+                              sizeof(why)) != 0) {
+                ctl_err("--%s: %s", opt == B_CLIENTS ? "clients" : "depth", why);
+                return CTL_EXIT_USAGE;
+            }
+            *(opt == B_CLIENTS ? &bp.clients : &bp.depth) = (int)v;
+            break;
+        case B_DURATION:
+            if (cli_parse_double(optarg, 0.01, 86400, &bp.duration_s, why, sizeof(why)) != 0) {
+                ctl_err("--duration: %s", why);
+                return CTL_EXIT_USAGE;
+            }
+            duration_given = true;
+            break;
+        case B_REQUESTS:
+            if (cli_parse_int(optarg, 1, INT64_MAX, &v, why, sizeof(why)) != 0) {
+                ctl_err("--requests: %s", why);
+                return CTL_EXIT_USAGE;
+            }
+            bp.requests = (uint64_t)v;
+            break;
+        case B_SHAPE:
+            shape_name = optarg;
+            break;
+        case B_CSV:
+            csv = optarg;
+            break;
+        case B_ALL:
+            all = true;
+            break;
+        default:
+            fputs(bench_usage, stderr);
+            return CTL_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        ctl_err("unexpected argument '%s'", argv[optind]);
+        return CTL_EXIT_USAGE;
+    }
+    if (duration_given && bp.requests != 0) {
+        ctl_err("--duration and --requests exclude each other");
+        return CTL_EXIT_USAGE;
+    }
+    if ((shape_name != NULL || all) && csv == NULL) {
+        ctl_err("--%s needs --csv FILE", all ? "all" : "shape");
+        return CTL_EXIT_USAGE;
+    }
+    if (shape_name != NULL && all) {
+        ctl_err("--shape and --all exclude each other");
+        return CTL_EXIT_USAGE;
+    }
+    if (csv != NULL && shape_name == NULL && !all) {
+        ctl_err("--csv needs --shape NAME or --all");
+        return CTL_EXIT_USAGE;
+    }
+    if (bp.requests != 0 && bp.requests < (uint64_t)bp.clients) {
+        ctl_err("--requests %llu is fewer than --clients %d", (unsigned long long)bp.requests,
+                bp.clients);
+        return CTL_EXIT_USAGE;
+    }
+
+    /* The rows to run: one CSV row, every row, or the problem from options alone. */
+    struct cli_shape *rows = NULL;
+    size_t nrows = 0;
+    if (csv != NULL && ctl_load_shapes(csv, &rows, &nrows) != 0)
+        return CTL_EXIT_FAIL;
+    size_t first = 0, last = all ? nrows : 1;
+    if (shape_name != NULL) {
+        const struct cli_shape *row = cli_shapes_find(rows, nrows, shape_name);
+        if (row == NULL) {
+            ctl_err("%s has no shape called '%s'", csv, shape_name);
+            free(rows);
+            return CTL_EXIT_USAGE;
+        }
+        first = (size_t)(row - rows);
+        last = first + 1;
+    }
+
+    struct convd_status st0, st1;
+    struct convd_server_info info;
+    code = CTL_EXIT_FAIL;
+    if (bench_status(&g, &st0, &info) != 0)
+        goto finish;
+    if (info.max_inflight != 0 && (uint32_t)bp.depth > info.max_inflight) {
+        ctl_err("--depth %d is more than the %u requests the daemon allows in flight per client",
+                bp.depth, info.max_inflight);
+        code = CTL_EXIT_USAGE;
+        goto finish;
+    }
+    bp.wait_ms = g.timeout_ms > 60000 ? g.timeout_ms : 60000;
+    /* A child that dies must not take the parent with it through a closed pipe. */
+    signal(SIGPIPE, SIG_IGN);
+    struct bench_sum *sum = malloc(sizeof(*sum));
+    if (sum == NULL) {
+        ctl_err("out of memory");
+        goto finish;
+    }
+    if (all)
+        printf("%-22s %10s %11s %8s %10s %10s %10s %6s\n", "shape", "req/s", "images/s",
+               "TFLOP/s", "p50", "p99", "p99.9", "batch");
+    code = 0;
+    for (size_t i = first; i < last; i++) {
+        const char *name = "options";
+        ctl_default_problem(&bp.p);
+        if (rows != NULL) {
+            cli_shape_apply(&rows[i], &bp.p);
+            name = rows[i].name;
+        }
+        unsigned given = 0;
+        int ecode = 0;
+        for (size_t j = 0; j < npopts; j++) {
+            ctl_problem_option(&bp.p, &given, popts[j].opt, popts[j].arg, &ecode);
+            if (ecode != 0) {
+                code = ecode;
+                goto done;
+            }
+        }
+        if (convd_problem_sizes(&bp.p, &bp.z, why, sizeof(why)) != 0) {
+            ctl_err("%s: invalid problem: %s", name, why);
+            code = CTL_EXIT_FAIL;
+            continue;
+        }
+        if (i != first && bench_status(&g, &st0, NULL) != 0) {
+            code = CTL_EXIT_FAIL;
+            goto done;
+        }
+        if (bench_run(&g, &bp, sum) != 0) {
+            code = CTL_EXIT_FAIL;
+            goto done;
+        }
+        uint64_t batches = 0;
+        if (bench_status(&g, &st1, NULL) == 0 && st1.batches >= st0.batches)
+            batches = st1.batches - st0.batches;
+        if (all) {
+            char b1[32], b2[32], b3[32];
+            double rps = sum->seconds > 0 ? (double)sum->completed / sum->seconds : 0, mb;
+            char hist[256];
+            bench_batches(sum, hist, sizeof(hist), &mb);
+            printf("%-22s %10.1f %11.1f %8.3f %10s %10s %10s %6.2f%s%s\n", name, rps,
+                   rps * bp.p.n, rps * (double)bp.z.flops / 1e12,
+                   ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.50), b1, sizeof(b1)),
+                   ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.99), b2, sizeof(b2)),
+                   ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.999), b3, sizeof(b3)),
+                   mb, sum->error[0] != '\0' ? "  " : "", sum->error);
+            fflush(stdout);
+        } else {
+            bench_report(name, &bp, sum, &info, batches);
+        }
+        if (sum->fatal != 0 || sum->failed != 0)
+            code = CTL_EXIT_FAIL;
+    }
+done:
+    free(sum);
+finish:
+    free(rows);
+    return code;
+}

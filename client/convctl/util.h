@@ -1,0 +1,122 @@
+/*
+ * What the subcommands of convctl share: the global options, connecting, messages, random data,
+ * comparison, files and time.
+ */
+#ifndef CONVD_CONVCTL_UTIL_H
+#define CONVD_CONVCTL_UTIL_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cliargs.h"
+#include "convd/convd.h"
+
+/* Exit codes: 0 success, 1 the operation failed (or a check FAILed), 2 bad usage. */
+#define CTL_EXIT_FAIL  1
+#define CTL_EXIT_USAGE 2
+
+/* Global options (before the command). */
+struct ctl_global {
+    const char *socket; /* NULL: $CONVD_SOCKET, else the default */
+    int timeout_ms;     /* 0: the library's default */
+};
+
+/* A subcommand: argv[0] is its name. Returns the exit code. */
+typedef int (*ctl_cmd_fn)(const struct ctl_global *g, int argc, char **argv);
+
+int cmd_status(const struct ctl_global *g, int argc, char **argv);
+int cmd_ping(const struct ctl_global *g, int argc, char **argv);
+int cmd_metrics(const struct ctl_global *g, int argc, char **argv);
+int cmd_conv(const struct ctl_global *g, int argc, char **argv);
+int cmd_verify(const struct ctl_global *g, int argc, char **argv);
+int cmd_bench(const struct ctl_global *g, int argc, char **argv);
+
+/* "convctl: <message>\n" on stderr. */
+void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Connects with the global options; prints the reason and returns non-zero on failure. */
+int ctl_connect(const struct ctl_global *g, convd_client **ret_client);
+
+/* Handles an option every subcommand takes (--socket, --timeout). Returns true if it was one. */
+bool ctl_common_option(struct ctl_global *g, int opt, const char *arg, int *ret_exit);
+
+/* Option codes of the common and the problem options, for getopt_long tables. */
+enum {
+    CTL_OPT_SOCKET = 1000,
+    CTL_OPT_TIMEOUT,
+    CTL_OPT_PROBLEM_FIRST = 1100, /* + index into ctl_problem_option_names */
+};
+#define CTL_COMMON_LONG_OPTIONS                                                                    \
+    {"socket", required_argument, NULL, CTL_OPT_SOCKET},                                           \
+        {"timeout", required_argument, NULL, CTL_OPT_TIMEOUT},                                     \
+        {"help", no_argument, NULL, 'h'}
+/* The shape options of verify and bench, in cli_problem_option()'s names. */
+#define CTL_PROBLEM_LONG_OPTIONS                                                                   \
+    {"n", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 0},                                     \
+        {"c", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 1},                                 \
+        {"h", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 2},                                 \
+        {"w", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 3},                                 \
+        {"k", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 4},                                 \
+        {"r", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 5},                                 \
+        {"s", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 6},                                 \
+        {"groups", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 7},                            \
+        {"stride", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 8},                            \
+        {"pad", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 9},                               \
+        {"dilation", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 10},                         \
+        {"dtype", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 11},                            \
+        {"layout", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 12},                           \
+        {"bias", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 13},                                   \
+        {"relu", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 14}
+#define CTL_PROBLEM_OPTION_COUNT 15
+
+/* Applies a problem option (code from CTL_PROBLEM_LONG_OPTIONS) to p and records which were
+ * given in *given (bit per option). Returns true if opt was one; on a bad value prints the
+ * reason and sets *ret_exit. */
+bool ctl_problem_option(struct convd_problem *p, unsigned *given, int opt, const char *arg,
+                        int *ret_exit);
+#define CTL_GIVEN(name_index) (1u << (name_index))
+#define CTL_GIVEN_GEOMETRY    0x7ffu /* n .. dilation */
+#define CTL_GIVEN_DTYPE       CTL_GIVEN(11)
+#define CTL_GIVEN_LAYOUT      CTL_GIVEN(12)
+
+/* The problem verify and bench use when no shape is given: a small grouped 3x3 convolution. */
+void ctl_default_problem(struct convd_problem *p);
+
+/* Loads a shapes CSV; prints the reason on failure. */
+int ctl_load_shapes(const char *path, struct cli_shape **ret_rows, size_t *ret_count);
+
+/* Reads a whole file; prints the reason on failure. */
+int ctl_read_file(const char *path, uint8_t **ret_data, size_t *ret_len);
+
+/* xorshift64* random numbers. */
+struct ctl_rng {
+    uint64_t s;
+};
+void ctl_rng_seed(struct ctl_rng *g, uint64_t seed);
+uint64_t ctl_rng_next(struct ctl_rng *g);
+/* A seed from the clock and the pid. */
+uint64_t ctl_fresh_seed(void);
+/* count elements of dtype, uniform in [-1, 1). */
+void ctl_fill_random(struct ctl_rng *g, enum convd_dtype dtype, void *data, size_t count);
+
+/* Element i of a tensor of dtype, as float. */
+float ctl_load(enum convd_dtype dtype, const void *data, size_t i);
+
+/* Compares out with ref (both count elements of dtype): relative L2 error
+ * ||out - ref|| / ||ref|| (INFINITY if out has a NaN or infinity where ref is finite) and the
+ * largest absolute difference. */
+double ctl_rel_error(enum convd_dtype dtype, const void *out, const void *ref, size_t count,
+                     double *ret_max_abs);
+
+/* Relative L2 tolerance per dtype: 1e-5 fp32, 1e-2 fp16 and bf16. */
+double ctl_tolerance(enum convd_dtype dtype);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t ctl_now_ns(void);
+
+/* Formats a duration in ns as "12.3 us", "4.56 ms", "1.23 s" into buf. Returns buf. */
+char *ctl_fmt_ns(double ns, char *buf, size_t len);
+
+#endif
