@@ -1,0 +1,301 @@
+/*
+ * The CPU backend: convd_cpu_backend_ops, what the daemon runs when it has no GPU.
+ *
+ * It owns one thread pool (cfg->threads threads, the calling worker thread included) and runs
+ * every job of a batch on host memory. Parallelism lives inside run_batch, so the daemon gets
+ * max_workers = 1: a large job is split into tasks over the whole pool; several small jobs run
+ * side by side, one per thread, which keeps batch-1 requests from paying the pool's
+ * synchronisation once per job.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "cpu_internal.h"
+
+/* Jobs below this many FLOPs run one per thread when a batch has several of them. */
+#define CPUB_SMALL_JOB_FLOPS (8u * 1000u * 1000u)
+
+struct cpub_ctx {
+    struct cpu_pool *pool;
+    int threads;
+};
+
+static int cpub_why(char *why, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Writes the reason for a failure into why (which may be NULL) and returns code. */
+static int cpub_why(char *why, size_t len, int code, const char *fmt, ...)
+{
+    if (why != NULL && len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static void cpub_cpu_model(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (f == NULL)
+        return;
+    char line[256];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        const char *v = strchr(line, ':');
+        if (v == NULL)
+            continue;
+        v++;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        size_t n = strcspn(v, "\n");
+        if (n > 0)
+            snprintf(buf, len, "%.*s", (int)n, v);
+        break;
+    }
+    fclose(f);
+}
+
+static int cpub_init(const struct convd_backend_config *cfg, void **ret_ctx,
+                     struct convd_backend_info *ret_info, char *why, size_t why_len)
+{
+    if (cfg == NULL || ret_ctx == NULL || ret_info == NULL) {
+        return cpub_why(why, why_len, CONVD_EINVAL,
+                        "cpu backend: init called with a NULL argument");
+    }
+    if (cfg->threads < 0) {
+        return cpub_why(why, why_len, CONVD_EINVAL,
+                        "cpu backend: threads is %d, must be 0 (one per CPU) or more",
+                        cfg->threads);
+    }
+    int threads = cfg->threads == 0 ? cpu_online_cpus() : cfg->threads;
+
+    struct cpub_ctx *be = calloc(1, sizeof(*be));
+    if (be == NULL) {
+        return cpub_why(why, why_len, CONVD_ENOMEM, "cpu backend: out of memory");
+    }
+    int rc = cpu_pool_create(threads, &be->pool);
+    if (rc != 0) {
+        free(be);
+        return cpub_why(why, why_len, rc, "cpu backend: cannot start %d threads: %s", threads,
+                        convd_strerror(rc));
+    }
+    be->threads = threads;
+
+    struct convd_backend_info info;
+    memset(&info, 0, sizeof(info));
+    snprintf(info.name, sizeof(info.name), "cpu");
+    char model[96];
+    cpub_cpu_model(model, sizeof(model));
+    snprintf(info.device, sizeof(info.device), "cpu: %d thread%s (%s, %s kernels)", threads,
+             threads == 1 ? "" : "s", model, cpu_isa_best()->name);
+    info.max_workers = 1;
+
+    *ret_ctx = be;
+    *ret_info = info;
+    return 0;
+}
+
+static void cpub_destroy(void *ctx)
+{
+    struct cpub_ctx *be = ctx;
+    if (be == NULL)
+        return;
+    cpu_pool_destroy(be->pool);
+    free(be);
+}
+
+static int cpub_supports(void *ctx, const struct convd_problem *p, char *why, size_t why_len)
+{
+    (void)ctx;
+    return convd_problem_check(p, why, why_len);
+}
+
+static int cpub_mem_import(void *ctx, struct convd_mem *m, char *why, size_t why_len)
+{
+    (void)ctx;
+    if (m == NULL) {
+        return cpub_why(why, why_len, CONVD_EINVAL, "cpu backend: memory is NULL");
+    }
+    switch (m->kind) {
+    case CONVD_MEM_HOST:
+        if (m->host == NULL && m->size > 0) {
+            return cpub_why(why, why_len, CONVD_EINVAL,
+                            "cpu backend: host memory of %llu bytes has no mapping",
+                            (unsigned long long)m->size);
+        }
+        return 0;
+    case CONVD_MEM_DEVICE:
+        return cpub_why(why, why_len, CONVD_EUNSUPPORTED,
+                        "the cpu backend cannot access GPU memory");
+    }
+    return cpub_why(why, why_len, CONVD_EINVAL, "cpu backend: unknown memory kind %d",
+                    (int)m->kind);
+}
+
+static void cpub_mem_release(void *ctx, struct convd_mem *m)
+{
+    /* Host memory needs no pinning or handle, so there is nothing to undo. */
+    (void)ctx;
+    (void)m;
+}
+
+static uint64_t cpub_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cpub_job_fail(struct convd_job *job, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cpub_job_fail(struct convd_job *job, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(job->error, sizeof(job->error), fmt, ap);
+    va_end(ap);
+    job->status = status;
+    return status;
+}
+
+/* The host address of a view, after checking that it is host memory, lies inside its region,
+ * holds `need` bytes and is aligned to the element size. */
+static int cpub_view(struct convd_job *job, const char *name, const struct convd_tensor_view *v,
+                     uint64_t need, size_t esz, void **ret_ptr)
+{
+    if (v->mem == NULL)
+        return cpub_job_fail(job, CONVD_EINVAL, "%s tensor has no memory", name);
+    if (v->mem->kind != CONVD_MEM_HOST)
+        return cpub_job_fail(job, CONVD_EUNSUPPORTED,
+                             "%s tensor is in GPU memory; the cpu backend cannot access GPU memory",
+                             name);
+    uint64_t end;
+    if (__builtin_add_overflow(v->offset, v->bytes, &end) || end > v->mem->size)
+        return cpub_job_fail(job, CONVD_EBOUNDS,
+                             "%s tensor [%llu, +%llu) lies outside its region of %llu bytes", name,
+                             (unsigned long long)v->offset, (unsigned long long)v->bytes,
+                             (unsigned long long)v->mem->size);
+    if (v->bytes < need)
+        return cpub_job_fail(job, CONVD_ESIZE, "%s tensor has %llu bytes, the problem needs %llu",
+                             name, (unsigned long long)v->bytes, (unsigned long long)need);
+    if (v->mem->host == NULL)
+        return cpub_job_fail(job, CONVD_EINVAL, "%s tensor's memory has no host mapping", name);
+    uintptr_t addr = (uintptr_t)v->mem->host + (uintptr_t)v->offset;
+    if (addr % esz != 0)
+        return cpub_job_fail(job, CONVD_EINVAL,
+                             "%s tensor at offset %llu is not aligned to its %zu-byte elements",
+                             name, (unsigned long long)v->offset, esz);
+    *ret_ptr = (void *)addr;
+    return 0;
+}
+
+/* Checks a job and resolves its tensors. On failure the job's status and error are set. */
+static int cpub_job_prepare(struct convd_job *job, struct convd_tensors *ret_t,
+                            struct convd_problem_sizes *ret_z)
+{
+    char why[sizeof(job->error)];
+    struct convd_problem_sizes z;
+    int rc = convd_problem_sizes(&job->problem, &z, why, sizeof(why));
+    if (rc != 0)
+        return cpub_job_fail(job, rc, "%s", why);
+    size_t esz = convd_dtype_size(job->problem.dtype);
+    struct convd_tensors t = {0};
+    void *in, *w, *out, *b = NULL;
+    if ((rc = cpub_view(job, "input", &job->input, z.input_bytes, esz, &in)) != 0 ||
+        (rc = cpub_view(job, "weight", &job->weight, z.weight_bytes, esz, &w)) != 0 ||
+        (rc = cpub_view(job, "output", &job->output, z.output_bytes, esz, &out)) != 0)
+        return rc;
+    if (job->problem.has_bias &&
+        (rc = cpub_view(job, "bias", &job->bias, z.bias_bytes, esz, &b)) != 0)
+        return rc;
+    t.input = in;
+    t.weight = w;
+    t.bias = b;
+    t.output = out;
+    *ret_t = t;
+    *ret_z = z;
+    return 0;
+}
+
+static void cpub_job_run(struct convd_job *job, const struct convd_tensors *t,
+                         struct cpu_pool *pool, struct cpu_scratch *scratch)
+{
+    uint64_t t0 = cpub_now_ns();
+    struct cpu_plan plan;
+    int rc = cpu_plan_init(&job->problem, NULL, &plan);
+    if (rc == 0)
+        rc = cpu_conv_execute(&plan, t, pool, scratch);
+    job->exec_ns = cpub_now_ns() - t0;
+    if (rc != 0) {
+        cpub_job_fail(job, rc, "cpu backend: %s", convd_strerror(rc));
+        return;
+    }
+    job->status = 0;
+    job->error[0] = '\0';
+}
+
+struct cpub_small {
+    struct convd_job *job;
+    struct convd_tensors t;
+};
+
+static void cpub_small_task(void *arg, size_t i, struct cpu_scratch *scratch)
+{
+    struct cpub_small *s = &((struct cpub_small *)arg)[i];
+    cpub_job_run(s->job, &s->t, NULL, scratch);
+}
+
+static int cpub_run_batch(void *ctx, unsigned worker, struct convd_job *const *jobs, size_t n)
+{
+    struct cpub_ctx *be = ctx;
+    (void)worker;
+    if (be == NULL || (jobs == NULL && n > 0))
+        return CONVD_EINVAL;
+
+    /* Small jobs are collected and spread over the pool one per thread; big ones use the whole
+     * pool each, one after another. */
+    struct cpub_small *small = n > 1 ? calloc(n, sizeof(*small)) : NULL;
+    size_t nsmall = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct convd_job *job = jobs[i];
+        struct convd_tensors t = {0};
+        struct convd_problem_sizes z = {0};
+        job->exec_ns = 0;
+        if (cpub_job_prepare(job, &t, &z) != 0)
+            continue;
+        if (small != NULL && z.flops < CPUB_SMALL_JOB_FLOPS && be->threads > 1) {
+            small[nsmall].job = job;
+            small[nsmall].t = t;
+            nsmall++;
+            continue;
+        }
+        cpub_job_run(job, &t, be->pool, NULL);
+    }
+    if (nsmall == 1) {
+        cpub_job_run(small[0].job, &small[0].t, be->pool, NULL);
+    } else if (nsmall > 1) {
+        /* Each thread's scratch is grown by the task that needs it (cpu_conv_execute). */
+        cpu_pool_run(be->pool, cpub_small_task, small, nsmall);
+    }
+    free(small);
+    return 0;
+}
+
+const struct convd_backend_ops convd_cpu_backend_ops = {
+    .name = "cpu",
+    .init = cpub_init,
+    .destroy = cpub_destroy,
+    .supports = cpub_supports,
+    .mem_import = cpub_mem_import,
+    .mem_release = cpub_mem_release,
+    .run_batch = cpub_run_batch,
+};
