@@ -168,7 +168,7 @@ static void gpu_set_broken(struct gpu_ctx *ctx, const char *sentence)
 {
     pthread_mutex_lock(&ctx->broken_lock);
     if (!ctx->broken) {
-        snprintf(ctx->broken_why, sizeof ctx->broken_why, "GPU unusable after %s", sentence);
+        snprintf(ctx->broken_why, sizeof ctx->broken_why, "GPU unusable after %.140s", sentence);
         __atomic_store_n(&ctx->broken, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ctx->broken_lock);
@@ -770,6 +770,9 @@ static int gpu_supports(void *vctx, const struct convd_problem *p, char *why, si
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
     if (ctx && gpu_is_broken(ctx, why, why_len))
         return CONVD_EDEVICE;
+    /* The check reads the limits of the calling thread's current device. */
+    if (ctx)
+        (void)hipSetDevice(ctx->device);
     return convd_gpu_check(p, why, why_len);
 }
 

@@ -3,13 +3,14 @@
 add_executable(test_gpu_backend ${CMAKE_CURRENT_LIST_DIR}/test_gpu_backend.c)
 target_link_libraries(test_gpu_backend PRIVATE convd_gpu convd_testutil PkgConfig::CMOCKA
                                                Threads::Threads)
-# The test calls a few runtime functions itself (device count; the IPC peer's allocation) in C.
+# The test calls a few runtime functions itself (device count; the IPC peer's allocation and
+# handle) in C: the CUDA runtime's C header, or HIP's with CONVD_TEST_AMD. convd_gpu brings the
+# runtime library and, on AMD, __HIP_PLATFORM_AMD__.
 if(CONVD_GPU_KIND STREQUAL "nvidia")
   target_link_libraries(test_gpu_backend PRIVATE CUDA::cudart_static)
 else()
-  target_compile_definitions(test_gpu_backend PRIVATE CONVD_TEST_AMD=1 __HIP_PLATFORM_AMD__=1)
+  target_compile_definitions(test_gpu_backend PRIVATE CONVD_TEST_AMD=1)
 endif()
-target_compile_definitions(test_gpu_backend PRIVATE CONVD_HAVE_GPU=1)
 add_test(NAME test_gpu_backend COMMAND test_gpu_backend)
 set_tests_properties(test_gpu_backend PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
 if(CONVD_SANITIZE)
