@@ -255,7 +255,8 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
                             "%s: path of %zu bytes is longer than the %d a Unix "
                             "socket address holds",
                             key, len, CONFIG_PATH_BYTES - 1);
-        memcpy(field, value, len + 1);
+        memset(field, 0, CONFIG_PATH_BYTES);
+        memcpy(field, value, len);
         return 0;
     }
     case CFG_BACKEND: {
@@ -637,8 +638,6 @@ void config_print(const struct convd_config *c, FILE *out)
 bool config_peer_allowed(const struct convd_config *c, uid_t uid, const gid_t *gids, size_t n_gids)
 {
     if (c->n_allow_uids == 0 && c->n_allow_gids == 0)
-        return true;
-    if (uid == 0 || uid == geteuid())
         return true;
     for (size_t i = 0; i < c->n_allow_uids; i++)
         if (c->allow_uids[i] == uid)

@@ -96,8 +96,9 @@ void config_usage(FILE *out, const char *prog);
 /* Prints the configuration as `key = value` lines that config_parse_text() reads back. */
 void config_print(const struct convd_config *c, FILE *out);
 
-/* True when the peer may use the daemon: both allow-lists empty, uid 0, the daemon's own uid, a
- * uid in allow_uids, or one of the peer's gids (primary and supplementary) in allow_gids. */
+/* True when the peer may use the daemon: both allow-lists are empty (the socket's mode and group
+ * are then the only gate), its uid is in allow_uids, or one of its gids (primary and
+ * supplementary) is in allow_gids. Nobody is allowed implicitly, root included. */
 bool config_peer_allowed(const struct convd_config *c, uid_t uid, const gid_t *gids, size_t n_gids);
 
 const char *config_backend_name(enum config_backend b);

@@ -1,0 +1,317 @@
+/* Config parsing: the file format (good and bad lines), every value type, the command line and its
+ * precedence over the file, --check-config's output read back, and the allow-list rule. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "convd/convd.h"
+#include "convd/status.h"
+#include "log.h"
+
+static int parse(struct convd_config *c, const char *text, char *why, size_t len)
+{
+    return config_parse_text(c, text, strlen(text), "test.conf", why, len);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    struct convd_config c;
+    unsetenv("CONVD_SOCKET");
+    config_defaults(&c);
+    assert_string_equal(c.socket_path, CONVD_DEFAULT_SOCKET);
+    assert_int_equal(c.backend, CONFIG_BACKEND_AUTO);
+    assert_int_equal(c.socket_mode, 0660);
+    assert_int_equal(c.device, -1);
+    assert_true(c.max_batch >= 1);
+    assert_true(c.max_inflight >= 1);
+    assert_int_equal(c.n_allow_uids, 0);
+    assert_false(c.socket_group_set);
+
+    setenv("CONVD_SOCKET", "/tmp/from-env.sock", 1);
+    config_defaults(&c);
+    assert_string_equal(c.socket_path, "/tmp/from-env.sock");
+    unsetenv("CONVD_SOCKET");
+}
+
+static void test_good_file(void **state)
+{
+    (void)state;
+    struct convd_config c;
+    char why[256] = "";
+    config_defaults(&c);
+    const char *text = "# convd configuration\n"
+                       "\n"
+                       "   # indented comment\n"
+                       "socket = /tmp/a.sock\n"
+                       "backend=cpu\n"
+                       "log_level = debug   # trailing comment\n"
+                       "threads = 3\r\n"
+                       "device = -1\n"
+                       "max-clients = 7\n" /* dashes work like underscores */
+                       "max_inflight = 9\n"
+                       "max_regions = 11\n"
+                       "max_mapped_bytes = 2G\n"
+                       "max_batch = 16\n"
+                       "max_queue_delay_us = 250\n"
+                       "queue_limit = 100\n"
+                       "drain_timeout_ms = 0\n"
+                       "socket_mode = 0600\n"
+                       "socket_group = 0\n"
+                       "allow_uids = 0, 1000,1001\n"
+                       "allow_gids = root\n"
+                       "max_protocol_errors = 3\n"
+                       "max_send_queue_bytes = 64KiB\n"
+                       "hello_timeout_ms = 500\n"
+                       "\t\n"
+                       "socket = \"/tmp/b # not a comment.sock\"  # a comment\n"
+                       "max_batch = 8"; /* last line without newline, and a later value wins */
+    assert_int_equal(parse(&c, text, why, sizeof(why)), 0);
+    assert_string_equal(c.socket_path, "/tmp/b # not a comment.sock");
+    assert_int_equal(c.backend, CONFIG_BACKEND_CPU);
+    assert_int_equal(c.log_level, LOG_LVL_DEBUG);
+    assert_int_equal(c.threads, 3);
+    assert_int_equal(c.max_clients, 7);
+    assert_int_equal(c.max_inflight, 9);
+    assert_int_equal(c.max_regions, 11);
+    assert_true(c.max_mapped_bytes == (uint64_t)2 << 30);
+    assert_int_equal(c.max_batch, 8);
+    assert_int_equal(c.max_queue_delay_us, 250);
+    assert_int_equal(c.queue_limit, 100);
+    assert_int_equal(c.drain_timeout_ms, 0);
+    assert_int_equal(c.socket_mode, 0600);
+    assert_true(c.socket_group_set);
+    assert_int_equal(c.socket_group, 0);
+    assert_int_equal(c.n_allow_uids, 3);
+    assert_int_equal(c.allow_uids[0], 0);
+    assert_int_equal(c.allow_uids[1], 1000);
+    assert_int_equal(c.allow_uids[2], 1001);
+    assert_int_equal(c.n_allow_gids, 1);
+    assert_int_equal(c.allow_gids[0], 0);
+    assert_int_equal(c.max_protocol_errors, 3);
+    assert_int_equal(c.max_send_queue_bytes, 65536);
+    assert_int_equal(c.hello_timeout_ms, 500);
+
+    /* empty values clear lists and the group */
+    assert_int_equal(parse(&c, "allow_uids =\nsocket_group =\n", why, sizeof(why)), 0);
+    assert_int_equal(c.n_allow_uids, 0);
+    assert_false(c.socket_group_set);
+}
+
+/* Each bad line fails with CONVD_EINVAL, names the source and line, says what is wrong, and
+ * leaves the earlier lines applied. */
+static void test_bad_lines(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *words[2];
+    } cases[] = {
+        {"max_batch = 4\nthis is not an assignment\n", {"test.conf:2", "key = value"}},
+        {"max_batchh = 4\n", {"test.conf:1", "unknown option 'max_batchh'"}},
+        {"= 4\n", {"test.conf:1", "missing key"}},
+        {"max batch = 4\n", {"test.conf:1", "character"}},
+        {"max_batch = four\n", {"max_batch", "'four'"}},
+        {"max_batch = -1\n", {"max_batch", "'-1'"}},
+        {"max_batch = 0\n", {"max_batch", "out of range"}},
+        {"max_batch = 100000\n", {"max_batch", "out of range"}},
+        {"max_batch = 4x\n", {"max_batch", "'4x'"}},
+        {"max_batch =\n", {"max_batch", "not a non-negative number"}},
+        {"threads = 99999999999\n", {"threads", "not a number"}},
+        {"device = -2\n", {"device", "out of range"}},
+        {"backend = tpu\n", {"backend", "auto, cpu or gpu"}},
+        {"log_level = loud\n", {"log_level", "'loud'"}},
+        {"socket_mode = 0999\n", {"socket_mode", "octal"}},
+        {"socket_mode = 01777\n", {"socket_mode", "out of range"}},
+        {"max_mapped_bytes = 12Q\n", {"max_mapped_bytes", "byte count"}},
+        {"max_mapped_bytes = 99999999999T\n", {"max_mapped_bytes", "byte count"}},
+        {"max_send_queue_bytes = 10\n", {"max_send_queue_bytes", "out of range"}},
+        {"socket = \"/tmp/x.sock\n", {"test.conf:1", "unterminated quote"}},
+        {"socket = \"/tmp/x.sock\" extra\n", {"test.conf:1", "after the closing quote"}},
+        {"socket = \n", {"socket", "empty path"}},
+        {"socket = /tmp/"
+         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\n",
+         {"socket", "longer than"}},
+        {"allow_uids = 0, no-such-user-convd-test\n", {"allow_uids", "no-such-user-convd-test"}},
+        {"allow_gids = 4294967295\n", {"allow_gids", "4294967295"}},
+        {"socket_group = no-such-group-convd-test\n", {"socket_group", "no-such-group"}},
+        {"config = /etc/other.conf\n", {"test.conf:1", "command-line option only"}},
+        {"max_batch = 4\n\x01\n", {"test.conf:2", "control character"}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct convd_config c;
+        char why[512] = "";
+        config_defaults(&c);
+        int rc = parse(&c, cases[i].text, why, sizeof(why));
+        if (rc != CONVD_EINVAL)
+            fail_msg("case %zu (%s): rc %d, want EINVAL", i, cases[i].text, rc);
+        for (int k = 0; k < 2; k++)
+            if (strstr(why, cases[i].words[k]) == NULL)
+                fail_msg("case %zu: \"%s\" does not mention \"%s\"", i, why, cases[i].words[k]);
+    }
+    /* lines before the bad one stay applied */
+    struct convd_config c;
+    char why[256];
+    config_defaults(&c);
+    assert_int_equal(parse(&c, "max_batch = 5\nnope\n", why, sizeof(why)), CONVD_EINVAL);
+    assert_int_equal(c.max_batch, 5);
+    /* a failed config_set leaves the value as it was */
+    assert_int_equal(config_set(&c, "max_batch", "0", why, sizeof(why)), CONVD_EINVAL);
+    assert_int_equal(c.max_batch, 5);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_command_line(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/convd-cfg-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_file(path, "max_batch = 8\nqueue_limit = 50\nsocket = /tmp/file.sock\n");
+
+    struct convd_config c;
+    enum config_action act;
+    char why[512] = "";
+    {
+        /* the command line wins over the file, whatever the order of --config */
+        char *argv[] = {"convd",       "--max-batch", "16",
+                        "--config",    path,          "--socket=/tmp/cli.sock",
+                        "--log-level", "err",         NULL};
+        assert_int_equal(config_from_args(8, argv, &c, &act, why, sizeof(why)), 0);
+        assert_int_equal(act, CONFIG_RUN);
+        assert_int_equal(c.max_batch, 16);
+        assert_int_equal(c.queue_limit, 50);
+        assert_string_equal(c.socket_path, "/tmp/cli.sock");
+        assert_int_equal(c.log_level, LOG_LVL_ERR);
+    }
+    {
+        char *argv[] = {"convd", "--check-config", "--config", path, NULL};
+        assert_int_equal(config_from_args(4, argv, &c, &act, why, sizeof(why)), 0);
+        assert_int_equal(act, CONFIG_CHECK);
+        assert_int_equal(c.max_batch, 8);
+    }
+    {
+        char *argv[] = {"convd", "--version", NULL};
+        assert_int_equal(config_from_args(2, argv, &c, &act, why, sizeof(why)), 0);
+        assert_int_equal(act, CONFIG_VERSION);
+        char *argv3[] = {"convd", "--help", NULL};
+        assert_int_equal(config_from_args(2, argv3, &c, &act, why, sizeof(why)), 0);
+        assert_int_equal(act, CONFIG_HELP);
+    }
+    static const struct {
+        char *argv[4];
+        int argc;
+        int rc;
+        const char *word;
+    } bad[] = {
+        {{"convd", "--max-batchh", "3"}, 3, CONVD_EINVAL, "--max-batchh"},
+        {{"convd", "--max-batch"}, 2, CONVD_EINVAL, "needs a value"},
+        {{"convd", "--max-batch", "0"}, 3, CONVD_EINVAL, "out of range"},
+        {{"convd", "stray"}, 2, CONVD_EINVAL, "unexpected argument 'stray'"},
+        {{"convd", "--config", "/nonexistent/convd.conf"}, 3, CONVD_EIO, "/nonexistent"},
+        {{"convd", "--backend", "quantum"}, 3, CONVD_EINVAL, "--backend"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why[0] = '\0';
+        int rc = config_from_args(bad[i].argc, bad[i].argv, &c, &act, why, sizeof(why));
+        if (rc != bad[i].rc || strstr(why, bad[i].word) == NULL)
+            fail_msg("bad case %zu: rc %d \"%s\", want %d mentioning \"%s\"", i, rc, why, bad[i].rc,
+                     bad[i].word);
+    }
+    /* an error in the file names the file and the line */
+    write_file(path, "max_batch = 8\nmax_batch = 0\n");
+    char *argv[] = {"convd", "--config", path, NULL};
+    assert_int_equal(config_from_args(3, argv, &c, &act, why, sizeof(why)), CONVD_EINVAL);
+    char where[128];
+    snprintf(where, sizeof(where), "%s:2", path);
+    assert_non_null(strstr(why, where));
+    unlink(path);
+}
+
+/* config_print writes what config_parse_text reads back to the same configuration. */
+static void test_print_round_trip(void **state)
+{
+    (void)state;
+    struct convd_config a, b;
+    char why[256];
+    config_defaults(&a);
+    assert_int_equal(parse(&a,
+                           "socket = /tmp/rt.sock\nbackend = gpu\nthreads = 5\ndevice = 2\n"
+                           "max_mapped_bytes = 3M\nsocket_mode = 0640\nsocket_group = 0\n"
+                           "allow_uids = 1,2,3\nallow_gids = 4\nlog_level = notice\n"
+                           "max_queue_delay_us = 77\n",
+                           why, sizeof(why)),
+                     0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    config_print(&a, f);
+    fclose(f);
+    config_defaults(&b);
+    if (config_parse_text(&b, text, len, "printed", why, sizeof(why)) != 0)
+        fail_msg("printed configuration does not parse: %s\n%s", why, text);
+    assert_memory_equal(&a, &b, sizeof(a));
+    free(text);
+
+    /* --help names every key with dashes */
+    f = open_memstream(&text, &len);
+    config_usage(f, "convd");
+    fclose(f);
+    const char *flags[] = {
+        "--socket",      "--backend",          "--config",      "--log-level",
+        "--threads",     "--device",           "--max-clients", "--max-inflight",
+        "--max-regions", "--max-mapped-bytes", "--max-batch",   "--max-queue-delay-us",
+        "--queue-limit", "--drain-timeout-ms", "--socket-mode", "--socket-group",
+        "--allow-uids",  "--allow-gids",       "--help",        "--version"};
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+        if (strstr(text, flags[i]) == NULL)
+            fail_msg("--help does not mention %s", flags[i]);
+    free(text);
+}
+
+static void test_allow_list(void **state)
+{
+    (void)state;
+    struct convd_config c;
+    char why[256];
+    config_defaults(&c);
+    gid_t gids[] = {100, 27, 1000};
+    /* empty lists: the socket's permissions are the only gate */
+    assert_true(config_peer_allowed(&c, 1234, gids, 3));
+    assert_int_equal(parse(&c, "allow_uids = 1000\n", why, sizeof(why)), 0);
+    assert_true(config_peer_allowed(&c, 1000, gids, 1));
+    assert_false(config_peer_allowed(&c, 1234, gids, 3));
+    assert_false(config_peer_allowed(&c, 0, gids, 1)); /* root is not implied */
+    /* a supplementary group is enough */
+    assert_int_equal(parse(&c, "allow_gids = 27\n", why, sizeof(why)), 0);
+    assert_true(config_peer_allowed(&c, 1234, gids, 3));
+    assert_false(config_peer_allowed(&c, 1234, gids, 1));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),         cmocka_unit_test(test_good_file),
+        cmocka_unit_test(test_bad_lines),        cmocka_unit_test(test_command_line),
+        cmocka_unit_test(test_print_round_trip), cmocka_unit_test(test_allow_list),
+    };
+    return cmocka_run_group_tests_name("daemon config", tests, NULL, NULL);
+}

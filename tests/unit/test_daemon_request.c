@@ -1,0 +1,379 @@
+/* Request validation: every rejection path of a ConvRequest with its code and sentence, and what
+ * a valid request turns into. Regions are real sealed memfds registered with the CPU backend. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "idmap.h"
+#include "regions.h"
+#include "request.h"
+#include "wire.h"
+
+#define BIG (1u << 20)
+
+struct fixture {
+    struct convd_backend be;
+    struct convd_backend refusing; /* the CPU backend, except that it refuses NHWC */
+    struct region_limits limits;
+    struct region_table t;
+    struct idmap inflight;
+};
+
+/* supports() of a backend that runs everything the CPU backend runs except NHWC: the one path
+ * (CONVD_EUNSUPPORTED) the real CPU backend never takes. */
+static void *cpu_ctx_for_refusing;
+static int refusing_supports(void *ctx, const struct convd_problem *p, char *why, size_t len)
+{
+    (void)ctx;
+    if (p->layout == CONVD_LAYOUT_NHWC) {
+        snprintf(why, len, "nhwc is not implemented here");
+        return CONVD_EUNSUPPORTED;
+    }
+    return convd_cpu_backend_ops.supports(cpu_ctx_for_refusing, p, why, len);
+}
+static struct convd_backend_ops refusing_ops;
+
+static int make_memfd(size_t size, unsigned seals)
+{
+    int fd = memfd_create("convd-unit", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, (int)seals), 0);
+    return fd;
+}
+
+static void add_region(struct fixture *fx, uint64_t id, size_t size, unsigned extra_seals)
+{
+    char why[256];
+    int fd = make_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals);
+    if (region_register_memfd(&fx->t, id, size, &fd, 1, why, sizeof(why)) != 0)
+        fail_msg("region %llu: %s", (unsigned long long)id, why);
+    close(fd);
+}
+
+static int setup(void **state)
+{
+    struct fixture *fx = calloc(1, sizeof(*fx));
+    assert_non_null(fx);
+    struct convd_backend_config cfg = {.threads = 1, .device = -1, .max_batch = 8};
+    char why[256];
+    fx->be.ops = &convd_cpu_backend_ops;
+    assert_int_equal(convd_cpu_backend_ops.init(&cfg, &fx->be.ctx, &fx->be.info, why, sizeof(why)),
+                     0);
+    refusing_ops = convd_cpu_backend_ops;
+    refusing_ops.supports = refusing_supports;
+    cpu_ctx_for_refusing = fx->be.ctx;
+    fx->refusing = fx->be;
+    fx->refusing.ops = &refusing_ops;
+    fx->limits.max_regions = 16;
+    fx->limits.max_mapped_bytes = 64u << 20;
+    region_table_init(&fx->t, &fx->be, &fx->limits, NULL);
+    add_region(fx, 1, BIG, 0);
+    add_region(fx, 2, 4096, 0);
+    add_region(fx, 3, BIG, F_SEAL_WRITE);
+    idmap_init(&fx->inflight);
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *fx = *state;
+    region_table_release_all(&fx->t);
+    assert_true(region_table_empty(&fx->t));
+    region_table_destroy(&fx->t);
+    idmap_free(&fx->inflight);
+    fx->be.ops->destroy(fx->be.ctx);
+    free(fx);
+    return 0;
+}
+
+/* A request of problem p with every tensor in region 1 at 64 KiB steps, in a form tests edit. */
+struct req {
+    Convd__ConvRequest pb;
+    Convd__Problem prob;
+    Convd__TensorRef in, w, b, out;
+    struct convd_problem_sizes sz;
+};
+
+static void req_init(struct req *r, uint64_t id, const struct convd_problem *p)
+{
+    convd__conv_request__init(&r->pb);
+    convd__problem__init(&r->prob);
+    wire_problem_to_pb(p, &r->prob);
+    assert_int_equal(convd_problem_sizes(p, &r->sz, NULL, 0), 0);
+    Convd__TensorRef *t[4] = {&r->in, &r->w, &r->b, &r->out};
+    const uint64_t bytes[4] = {r->sz.input_bytes, r->sz.weight_bytes, r->sz.bias_bytes,
+                               r->sz.output_bytes};
+    for (int i = 0; i < 4; i++) {
+        convd__tensor_ref__init(t[i]);
+        t[i]->region_id = 1;
+        t[i]->offset = (uint64_t)i * 65536;
+        t[i]->bytes = bytes[i];
+    }
+    r->pb.id = id;
+    r->pb.problem = &r->prob;
+    r->pb.input = &r->in;
+    r->pb.weight = &r->w;
+    r->pb.bias = p->has_bias ? &r->b : NULL;
+    r->pb.output = &r->out;
+}
+
+static void small(struct convd_problem *p)
+{
+    convd_problem_init(p, 2, 6, 6, 4, 8, 3, 3, 2);
+    p->pad_top = p->pad_bottom = p->pad_left = p->pad_right = 1;
+    p->has_bias = true;
+}
+
+static int validate(struct fixture *fx, struct convd_backend *be, const struct req *r,
+                    uint32_t max_inflight, struct dreq *out, char *why, size_t len)
+{
+    const struct req_context ctx = {&fx->t, be, &fx->inflight, max_inflight};
+    return req_validate(&r->pb, &ctx, out, why, len);
+}
+
+static void expect_reject(struct fixture *fx, const struct req *r, int want, const char *w1,
+                          const char *w2)
+{
+    struct dreq d;
+    char why[320] = "";
+    int rc = validate(fx, &fx->be, r, 64, &d, why, sizeof(why));
+    if (rc != want)
+        fail_msg("got %s (%s), want %s", convd_status_name(rc), why, convd_status_name(want));
+    if (w1 != NULL && strstr(why, w1) == NULL)
+        fail_msg("\"%s\" does not mention \"%s\"", why, w1);
+    if (w2 != NULL && strstr(why, w2) == NULL)
+        fail_msg("\"%s\" does not mention \"%s\"", why, w2);
+}
+
+static void test_valid_request(void **state)
+{
+    struct fixture *fx = *state;
+    struct convd_problem p;
+    small(&p);
+    struct req r;
+    req_init(&r, 42, &p);
+    r.pb.priority = 2;
+    r.pb.timeout_us = 500;
+    struct dreq d;
+    memset(&d, 0xab, sizeof(d));
+    char why[256] = "";
+    assert_int_equal(validate(fx, &fx->be, &r, 64, &d, why, sizeof(why)), 0);
+    struct region *reg = region_find(&fx->t, 1);
+    assert_int_equal(d.id, 42);
+    assert_true(convd_problem_same(&d.job.problem, &p));
+    assert_ptr_equal(d.job.input.mem, &reg->mem);
+    assert_ptr_equal(d.job.weight.mem, &reg->mem);
+    assert_ptr_equal(d.job.bias.mem, &reg->mem);
+    assert_ptr_equal(d.job.output.mem, &reg->mem);
+    assert_int_equal(d.job.weight.offset, 65536);
+    assert_int_equal(d.job.output.offset, 3 * 65536);
+    assert_int_equal(d.job.output.bytes, r.sz.output_bytes);
+    assert_ptr_equal(d.job.owner, &d);
+    assert_ptr_equal(d.sched.problem, &d.job.problem);
+    assert_int_equal(d.sched.priority, 2);
+    assert_int_equal(d.timeout_us, 500);
+    for (int i = 0; i < REQ_TENSORS; i++)
+        assert_ptr_equal(d.regions[i], reg);
+    /* references are taken only on request */
+    assert_int_equal(reg->refs, 0);
+    req_ref_regions(&d);
+    assert_int_equal(reg->refs, 4);
+    req_unref_regions(&d);
+    assert_int_equal(reg->refs, 0);
+
+    /* without bias: no bias view, no bias region */
+    p.has_bias = false;
+    req_init(&r, 43, &p);
+    assert_int_equal(validate(fx, &fx->be, &r, 64, &d, why, sizeof(why)), 0);
+    assert_null(d.job.bias.mem);
+    assert_null(d.regions[REQ_BIAS]);
+    /* inputs may live in a write-sealed region; tensors may share a region with no overlap */
+    req_init(&r, 44, &p);
+    r.in.region_id = 3;
+    r.w.region_id = 3;
+    r.w.offset = 0; /* input and weight may overlap: both are only read */
+    assert_int_equal(validate(fx, &fx->be, &r, 64, &d, why, sizeof(why)), 0);
+}
+
+static void test_problem_rejections(void **state)
+{
+    struct fixture *fx = *state;
+    struct convd_problem p;
+    small(&p);
+    struct req r;
+
+    req_init(&r, 1, &p);
+    r.pb.priority = 4;
+    expect_reject(fx, &r, CONVD_EINVAL, "field priority is 4", "0 (highest) to 3");
+    req_init(&r, 1, &p);
+    r.pb.problem = NULL;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "no problem", NULL);
+    req_init(&r, 1, &p);
+    r.prob.n = 0;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "field n is 0", NULL);
+    req_init(&r, 1, &p);
+    r.prob.h = 0x80000000u;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "field h", NULL);
+    req_init(&r, 1, &p);
+    r.prob.dtype = 7;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "dtype", NULL);
+    req_init(&r, 1, &p);
+    r.prob.layout = 0;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "layout", NULL);
+    req_init(&r, 1, &p);
+    r.prob.c = 5;
+    expect_reject(fx, &r, CONVD_EGROUPS, "groups", NULL);
+    req_init(&r, 1, &p);
+    r.prob.r = 20;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "filter height", NULL);
+
+    /* a problem the backend does not run */
+    struct convd_problem nhwc = p;
+    nhwc.layout = CONVD_LAYOUT_NHWC;
+    req_init(&r, 1, &nhwc);
+    struct dreq d;
+    char why[320];
+    assert_int_equal(validate(fx, &fx->refusing, &r, 64, &d, why, sizeof(why)), CONVD_EUNSUPPORTED);
+    assert_non_null(strstr(why, "the cpu backend cannot run this problem: nhwc"));
+    /* ... which the real CPU backend does */
+    assert_int_equal(validate(fx, &fx->be, &r, 64, &d, why, sizeof(why)), 0);
+}
+
+static void test_tensor_rejections(void **state)
+{
+    struct fixture *fx = *state;
+    struct convd_problem p;
+    small(&p);
+    struct req r;
+    char buf[128];
+
+    /* presence */
+    req_init(&r, 1, &p);
+    r.pb.input = NULL;
+    expect_reject(fx, &r, CONVD_EINVAL, "request has no input tensor", NULL);
+    req_init(&r, 1, &p);
+    r.pb.weight = NULL;
+    expect_reject(fx, &r, CONVD_EINVAL, "no weight tensor", NULL);
+    req_init(&r, 1, &p);
+    r.pb.output = NULL;
+    expect_reject(fx, &r, CONVD_EINVAL, "no output tensor", NULL);
+    req_init(&r, 1, &p);
+    r.pb.bias = NULL;
+    expect_reject(fx, &r, CONVD_EINVAL, "has_bias is set but the request has no bias", NULL);
+    struct convd_problem nb = p;
+    nb.has_bias = false;
+    req_init(&r, 1, &nb);
+    r.pb.bias = &r.b;
+    expect_reject(fx, &r, CONVD_EINVAL, "bias tensor but problem has_bias is not set", NULL);
+
+    /* unknown regions, naming the tensor */
+    req_init(&r, 1, &p);
+    r.w.region_id = 99;
+    expect_reject(fx, &r, CONVD_ENOREGION, "weight tensor names region 99", "not registered");
+    req_init(&r, 1, &p);
+    r.b.region_id = 0;
+    expect_reject(fx, &r, CONVD_ENOREGION, "bias tensor names region 0", NULL);
+
+    /* bounds: past the end, straddling it, and sums that overflow 64 bits */
+    req_init(&r, 1, &p);
+    r.out.offset = BIG;
+    snprintf(buf, sizeof(buf), "output tensor at offset %u with %llu bytes", BIG,
+             (unsigned long long)r.sz.output_bytes);
+    expect_reject(fx, &r, CONVD_EBOUNDS, buf, "region 1 (1048576 bytes)");
+    req_init(&r, 1, &p);
+    r.in.offset = BIG - r.sz.input_bytes + 1;
+    expect_reject(fx, &r, CONVD_EBOUNDS, "input tensor at offset", "ends past the end");
+    req_init(&r, 1, &p);
+    r.in.region_id = 2;
+    r.in.offset = 4096 - 4;
+    expect_reject(fx, &r, CONVD_EBOUNDS, "input tensor at offset 4092", "region 2 (4096 bytes)");
+    req_init(&r, 1, &p);
+    r.out.offset = UINT64_MAX - 3;
+    expect_reject(fx, &r, CONVD_EBOUNDS, "output tensor at offset 18446744073709551612", NULL);
+    req_init(&r, 1, &p);
+    r.b.offset = UINT64_MAX;
+    expect_reject(fx, &r, CONVD_EBOUNDS, "bias tensor", NULL);
+    req_init(&r, 1, &p);
+    r.w.bytes = UINT64_MAX;
+    expect_reject(fx, &r, CONVD_EBOUNDS, "weight tensor", NULL);
+
+    /* byte counts, naming expected and got */
+    req_init(&r, 1, &p);
+    r.in.bytes -= 4;
+    snprintf(buf, sizeof(buf), "input tensor has %llu bytes, the problem needs %llu",
+             (unsigned long long)r.sz.input_bytes - 4, (unsigned long long)r.sz.input_bytes);
+    expect_reject(fx, &r, CONVD_ESIZE, buf, NULL);
+    req_init(&r, 1, &p);
+    r.b.bytes = 2;
+    expect_reject(fx, &r, CONVD_ESIZE, "bias tensor has 2 bytes", NULL);
+    req_init(&r, 1, &p);
+    r.out.bytes = 0;
+    expect_reject(fx, &r, CONVD_ESIZE, "output tensor has 0 bytes", NULL);
+
+    /* output in a region sealed against writing */
+    req_init(&r, 1, &p);
+    r.out.region_id = 3;
+    expect_reject(fx, &r, CONVD_ESEAL, "output tensor is in region 3", "sealed against writing");
+
+    /* output overlapping an input */
+    req_init(&r, 1, &p);
+    r.out.offset = 10;
+    expect_reject(fx, &r, CONVD_EINVAL, "overlaps the input tensor", NULL);
+    req_init(&r, 1, &p);
+    r.out.offset = r.w.offset + r.sz.weight_bytes - 4;
+    expect_reject(fx, &r, CONVD_EINVAL, "overlaps the weight tensor", NULL);
+    req_init(&r, 1, &p);
+    r.out.offset = r.b.offset;
+    expect_reject(fx, &r, CONVD_EINVAL, "overlaps the bias tensor", NULL);
+    /* adjacent is fine */
+    req_init(&r, 1, &p);
+    r.out.offset = r.b.offset + r.sz.bias_bytes;
+    expect_reject(fx, &r, 0, NULL, NULL);
+}
+
+static void test_inflight_rejections(void **state)
+{
+    struct fixture *fx = *state;
+    struct convd_problem p;
+    small(&p);
+    struct req r;
+    struct dreq d;
+    char why[320];
+    static int token[3];
+    assert_int_equal(idmap_put(&fx->inflight, 5, &token[0]), 0);
+    assert_int_equal(idmap_put(&fx->inflight, 6, &token[1]), 0);
+    req_init(&r, 5, &p);
+    expect_reject(fx, &r, CONVD_EEXIST, "request id 5 is already in flight", NULL);
+    req_init(&r, 7, &p);
+    assert_int_equal(validate(fx, &fx->be, &r, 3, &d, why, sizeof(why)), 0);
+    assert_int_equal(idmap_put(&fx->inflight, 7, &token[2]), 0);
+    req_init(&r, 8, &p);
+    assert_int_equal(validate(fx, &fx->be, &r, 3, &d, why, sizeof(why)), CONVD_ELIMIT);
+    assert_non_null(strstr(why, "3 requests in flight, the limit (max_inflight)"));
+    /* checks about the request itself come first: a bad request is named for what is wrong */
+    r.in.region_id = 50;
+    assert_int_equal(validate(fx, &fx->be, &r, 3, &d, why, sizeof(why)), CONVD_ENOREGION);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_valid_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_problem_rejections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_rejections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inflight_rejections, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("daemon request validation", tests, NULL, NULL);
+}
