@@ -990,8 +990,10 @@ static void notify_expect(int fd, const char *want)
     char buf[1024];
     for (;;) {
         ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
-        if (n < 0)
+        if (n < 0) {
             fail_msg("no notification \"%s\": %s", want, strerror(errno));
+            return;
+        }
         buf[n] = '\0';
         if (strstr(buf, want) != NULL)
             return;
