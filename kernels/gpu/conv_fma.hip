@@ -1,0 +1,459 @@
+/*
+ * Register-tiled direct convolution on the FMA units: the fp32 path, and the fp16/bf16 path for
+ * channel counts the tensor-core kernel does not take (odd cpg/kpg, depthwise with wide
+ * multipliers, AMD).
+ *
+ * A block owns a tile of th x (sx * FMA_TM) output pixels of one image and bn output channels: a
+ * run of whole groups (gpb of them) or a part of one group. The input halo the tile needs, for
+ * the block's channels, sits in shared memory as fp32 ([pixel][channel], odd pixel stride), and
+ * the weights as [tap][c][n] so that a thread's tn outputs are one vector read. Each thread
+ * computes FMA_TM adjacent pixels of one row times tn output channels of one group; with unit
+ * stride and dilation along W the input columns of a filter row are read once into a register
+ * window and reused by every tap. Large cpg is processed in channel chunks.
+ *
+ * Each output's accumulation order is (chunk, r, c, s), fixed by cpg, R and S alone, so a grouped
+ * problem and its groups run one by one give identical bits.
+ */
+#include "gpu_internal.h"
+
+#define FMA_TM   8
+#define FMA_SMAX 7
+
+template <int TN> struct fma_wvec {
+    static GPU_D void load(const float *p, float *v)
+    {
+#pragma unroll
+        for (int i = 0; i < TN; i += 4) {
+            float4 q = *(const float4 *)(p + i);
+            v[i] = q.x;
+            v[i + 1] = q.y;
+            v[i + 2] = q.z;
+            v[i + 3] = q.w;
+        }
+    }
+};
+template <> struct fma_wvec<2> {
+    static GPU_D void load(const float *p, float *v)
+    {
+        float2 q = *(const float2 *)p;
+        v[0] = q.x;
+        v[1] = q.y;
+    }
+};
+template <> struct fma_wvec<1> {
+    static GPU_D void load(const float *p, float *v)
+    {
+        v[0] = *p;
+    }
+};
+
+/* Stores TN adjacent channels of one NHWC pixel (aligned: K and the offset are multiples of TN). */
+template <class DT, int TN> struct fma_out {
+    static GPU_D void store(typename DT::T *p, const float *v)
+    {
+#pragma unroll
+        for (int i = 0; i < TN; i++)
+            p[i] = DT::store(v[i]);
+    }
+};
+template <int TN> struct fma_out_f32 {
+    static GPU_D void store(float *p, const float *v)
+    {
+#pragma unroll
+        for (int i = 0; i < TN; i += 4)
+            *(float4 *)(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+    }
+};
+template <> struct fma_out<dt_f32, 4> : fma_out_f32<4> {
+};
+template <> struct fma_out<dt_f32, 8> : fma_out_f32<8> {
+};
+template <class DT, int TN> struct fma_out16 {
+    static GPU_D void store(uint16_t *p, const float *v)
+    {
+        uint32_t u[TN / 2];
+#pragma unroll
+        for (int i = 0; i < TN / 2; i++)
+            u[i] = (uint32_t)DT::store(v[2 * i]) | ((uint32_t)DT::store(v[2 * i + 1]) << 16);
+        if (TN == 8)
+            *(uint4 *)p = make_uint4(u[0], u[TN > 2 ? 1 : 0], u[TN > 4 ? 2 : 0], u[TN > 4 ? 3 : 0]);
+        else if (TN == 4)
+            *(uint2 *)p = make_uint2(u[0], u[TN > 2 ? 1 : 0]);
+        else
+            *(uint32_t *)p = u[0];
+    }
+};
+template <> struct fma_out<dt_f16, 2> : fma_out16<dt_f16, 2> {
+};
+template <> struct fma_out<dt_f16, 4> : fma_out16<dt_f16, 4> {
+};
+template <> struct fma_out<dt_f16, 8> : fma_out16<dt_f16, 8> {
+};
+template <> struct fma_out<dt_bf16, 2> : fma_out16<dt_bf16, 2> {
+};
+template <> struct fma_out<dt_bf16, 4> : fma_out16<dt_bf16, 4> {
+};
+template <> struct fma_out<dt_bf16, 8> : fma_out16<dt_bf16, 8> {
+};
+
+struct fma_args {
+    struct gpu_geom g;
+    int nch, bn, gpb, nsplit, nblk;
+    int sx, th, tiles_w, tiles_h;
+    int ih, iw, kc, cbc, ps, bnp;
+};
+
+template <class DT, int NHWC, int TN, int UNIT>
+__global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const struct gpu_batch b)
+{
+    typedef typename DT::T T;
+    extern __shared__ float fma_smem[];
+    const struct gpu_geom &g = a.g;
+    const int prob = blockIdx.z;
+    const T *x = (const T *)b.x[prob];
+    const T *w = (const T *)b.w[prob];
+    const T *bias = (const T *)b.b[prob];
+    T *y = (T *)b.y[prob];
+
+    const int nb = blockIdx.x % a.nblk;
+    int tile = blockIdx.x / a.nblk;
+    const int tw_i = tile % a.tiles_w;
+    tile /= a.tiles_w;
+    const int th_i = tile % a.tiles_h;
+    const int n = tile / a.tiles_h;
+    const int tw = a.sx * FMA_TM;
+    const int oh0 = th_i * a.th, ow0 = tw_i * tw;
+    const int ih0 = oh0 * g.sh - g.pt, iw0 = ow0 * g.sw - g.pl;
+
+    /* The block's output channels [k0, k0 + bn) and their groups. */
+    int k0, grp0, ngrp;
+    if (a.gpb > 0) {
+        grp0 = nb * a.gpb;
+        ngrp = min(a.gpb, g.g - grp0);
+        k0 = grp0 * g.kpg;
+    } else {
+        grp0 = nb / a.nsplit;
+        ngrp = 1;
+        k0 = grp0 * g.kpg + (nb % a.nsplit) * a.bn;
+    }
+    const int kend = a.gpb > 0 ? k0 + ngrp * g.kpg : k0 + a.bn;
+    const int rs = g.r * g.s;
+    const int hpix = a.ih * a.iw;
+
+    float *halo = fma_smem;
+    float *wts = fma_smem + hpix * a.ps;
+
+    const int t = threadIdx.x;
+    const int nc = t % a.nch;
+    const int strip = t / a.nch;
+    const int tr = strip / a.sx, sxi = strip - tr * a.sx;
+    const int kt = k0 + nc * TN; /* first output channel of the thread */
+    const int gl = (kt / g.kpg) - grp0;
+    const bool active = strip < a.th * a.sx && kt < kend;
+
+    float acc[FMA_TM][TN];
+#pragma unroll
+    for (int o = 0; o < FMA_TM; o++)
+#pragma unroll
+        for (int i = 0; i < TN; i++)
+            acc[o][i] = 0.0f;
+
+    for (int c0 = 0; c0 < g.cpg; c0 += a.kc) {
+        const int kcn = min(a.kc, g.cpg - c0);
+        /* Halo of the chunk: [pixel][group-local * kc + c]. */
+        const int nel = hpix * a.cbc;
+        for (int e = t; e < nel; e += blockDim.x) {
+            int pix, cb;
+            if (NHWC) {
+                pix = e / a.cbc;
+                cb = e - pix * a.cbc;
+            } else {
+                cb = e / hpix;
+                pix = e - cb * hpix;
+            }
+            const int gi = cb / a.kc, c = cb - gi * a.kc;
+            const int ihl = pix / a.iw, iwl = pix - ihl * a.iw;
+            const int ih = ih0 + ihl, iw = iw0 + iwl;
+            float v = 0.0f;
+            if (gi < ngrp && c < kcn && n < g.n && convd_math_inside(ih, g.h) &&
+                convd_math_inside(iw, g.w)) {
+                const int ci = (grp0 + gi) * g.cpg + c0 + c;
+                const size_t xi = NHWC ? ((size_t)(n * g.h + ih) * g.w + iw) * g.c + ci
+                                       : ((size_t)(n * g.c + ci) * g.h + ih) * g.w + iw;
+                v = DT::load(x[xi]);
+            }
+            halo[pix * a.ps + cb] = v;
+        }
+        /* Weights of the chunk: [tap][c][n]. */
+        const int nw = a.bn * rs * a.kc;
+        for (int e = t; e < nw; e += blockDim.x) {
+            int nl, tap, c;
+            if (NHWC) {
+                c = e % a.kc;
+                const int q = e / a.kc;
+                tap = q % rs;
+                nl = q / rs;
+            } else {
+                tap = e % rs;
+                const int q = e / rs;
+                c = q % a.kc;
+                nl = q / a.kc;
+            }
+            const int k = k0 + nl;
+            float v = 0.0f;
+            if (k < kend && c < kcn) {
+                const size_t wi = NHWC ? ((size_t)k * rs + tap) * g.cpg + c0 + c
+                                       : ((size_t)k * g.cpg + c0 + c) * rs + tap;
+                v = DT::load(w[wi]);
+            }
+            wts[(tap * a.kc + c) * a.bnp + nl] = v;
+        }
+        __syncthreads();
+
+        if (active) {
+            const float *hb = halo + gl * a.kc;
+            const float *wb = wts + nc * TN;
+            for (int r = 0; r < g.r; r++) {
+                const int ihl = tr * g.sh + r * g.dh;
+                const float *hrow = hb + ihl * a.iw * a.ps;
+                for (int c = 0; c < kcn; c++) {
+                    if (UNIT) {
+                        float win[FMA_TM + FMA_SMAX - 1];
+                        const float *hp = hrow + sxi * FMA_TM * a.ps + c;
+#pragma unroll
+                        for (int j = 0; j < FMA_TM + FMA_SMAX - 1; j++)
+                            win[j] = j < FMA_TM + g.s - 1 ? hp[j * a.ps] : 0.0f;
+#pragma unroll
+                        for (int s = 0; s < FMA_SMAX; s++) {
+                            if (s < g.s) {
+                                float wv[TN];
+                                fma_wvec<TN>::load(wb + ((r * g.s + s) * a.kc + c) * a.bnp, wv);
+#pragma unroll
+                                for (int o = 0; o < FMA_TM; o++)
+#pragma unroll
+                                    for (int i = 0; i < TN; i++)
+                                        acc[o][i] = fmaf(win[o + s], wv[i], acc[o][i]);
+                            }
+                        }
+                    } else {
+                        for (int s = 0; s < g.s; s++) {
+                            float wv[TN];
+                            fma_wvec<TN>::load(wb + ((r * g.s + s) * a.kc + c) * a.bnp, wv);
+#pragma unroll
+                            for (int o = 0; o < FMA_TM; o++) {
+                                const int iwl = (sxi * FMA_TM + o) * g.sw + s * g.dw;
+                                const float xv = hrow[iwl * a.ps + c];
+#pragma unroll
+                                for (int i = 0; i < TN; i++)
+                                    acc[o][i] = fmaf(xv, wv[i], acc[o][i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const int oh = oh0 + tr;
+    if (!active || oh >= g.ho || n >= g.n)
+        return;
+    float bv[TN];
+#pragma unroll
+    for (int i = 0; i < TN; i++)
+        bv[i] = g.bias ? DT::load(bias[kt + i]) : 0.0f;
+#pragma unroll
+    for (int o = 0; o < FMA_TM; o++) {
+        const int ow = ow0 + sxi * FMA_TM + o;
+        if (ow >= g.wo)
+            break;
+        float ov[TN];
+#pragma unroll
+        for (int i = 0; i < TN; i++)
+            ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+        if (NHWC) {
+            fma_out<DT, TN>::store(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + kt, ov);
+        } else {
+#pragma unroll
+            for (int i = 0; i < TN; i++)
+                y[((size_t)(n * g.k + kt + i) * g.ho + oh) * g.wo + ow] = DT::store(ov[i]);
+        }
+    }
+}
+
+#define FMA_SMEM_MAX (64 * 1024)
+
+int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, char *why,
+                      size_t why_len)
+{
+    struct gpu_fma_plan pl;
+    memset(&pl, 0, sizeof(pl));
+    gpu_geom_from_problem(p, &pl.g);
+    pl.dtype = p->dtype;
+    pl.layout = p->layout;
+    const struct gpu_geom *g = &pl.g;
+
+    pl.tn = g->kpg % 8 == 0 ? 8 : g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
+    pl.unit = g->sw == 1 && g->dw == 1 && g->s <= FMA_SMAX;
+    const int per_group = g->kpg / pl.tn;
+    if (per_group >= 4) {
+        int nch = per_group;
+        while (nch > 16) {
+            int d = 0;
+            for (int f = 2; f <= nch; f++)
+                if (nch % f == 0) {
+                    d = f;
+                    break;
+                }
+            nch /= d;
+        }
+        pl.nch = nch;
+        pl.nsplit = per_group / nch;
+        pl.gpb = pl.nsplit == 1 ? 1 : 0;
+        pl.bn = nch * pl.tn;
+    } else {
+        int gpb = 8 / per_group;
+        if (gpb > g->g)
+            gpb = g->g;
+        pl.gpb = gpb;
+        pl.nsplit = 1;
+        pl.nch = gpb * per_group;
+        pl.bn = gpb * g->kpg;
+    }
+    pl.nblk = pl.gpb > 0 ? (g->g + pl.gpb - 1) / pl.gpb : g->g * pl.nsplit;
+    pl.bnp = (pl.bn + 3) & ~3;
+
+    int sx = (g->wo + FMA_TM - 1) / FMA_TM;
+    if (sx > 8)
+        sx = 8;
+    int th = 256 / (pl.nch * sx);
+    if (th < 1)
+        th = 1;
+    if (th > g->ho)
+        th = g->ho;
+    const int rs = g->r * g->s;
+    const int groups_in_block = pl.gpb > 0 ? pl.gpb : 1;
+    for (;;) {
+        const int ih = (th - 1) * g->sh + (g->r - 1) * g->dh + 1;
+        const int iw = (sx * FMA_TM - 1) * g->sw + (g->s - 1) * g->dw + 1;
+        int kc = g->cpg;
+        for (;;) {
+            const int cbc = groups_in_block * kc;
+            const int ps = cbc | 1;
+            const long bytes = ((long)ih * iw * ps + (long)rs * kc * pl.bnp) * (long)sizeof(float);
+            if (bytes <= FMA_SMEM_MAX) {
+                pl.ih = ih;
+                pl.iw = iw;
+                pl.kc = kc;
+                pl.cbc = cbc;
+                pl.ps = ps;
+                pl.smem = (int)bytes;
+                break;
+            }
+            if (kc == 1)
+                break;
+            kc = (kc + 1) / 2;
+        }
+        if (pl.smem > 0)
+            break;
+        if (th == 1 && sx == 1) {
+            snprintf(why, why_len, "fma: halo tile does not fit in shared memory");
+            return CONVD_EUNSUPPORTED;
+        }
+        if (th > 1)
+            th = (th + 1) / 2;
+        else
+            sx = (sx + 1) / 2;
+    }
+    pl.sx = sx;
+    pl.th = th;
+    pl.nchunks = (g->cpg + pl.kc - 1) / pl.kc;
+    pl.threads = pl.nch * sx * th;
+    pl.tiles_w = (g->wo + sx * FMA_TM - 1) / (sx * FMA_TM);
+    pl.tiles_h = (g->ho + th - 1) / th;
+    const int64_t blocks = (int64_t)g->n * pl.tiles_h * pl.tiles_w * pl.nblk;
+    if (blocks > 0x7fffffff) {
+        snprintf(why, why_len, "fma: grid too large");
+        return CONVD_EUNSUPPORTED;
+    }
+    pl.tiles = (int)((int64_t)g->n * pl.tiles_h * pl.tiles_w);
+    *ret = pl;
+    return 0;
+}
+
+template <class DT, int NHWC, int TN>
+static int fma_launch_tn(const struct gpu_fma_plan *pl, const struct fma_args *a,
+                         const struct gpu_batch *b, int count, hipStream_t stream)
+{
+    dim3 grid((unsigned)(pl->tiles * pl->nblk), 1, (unsigned)count);
+    dim3 block((unsigned)pl->threads);
+    if (pl->unit) {
+        int rc = gpu_allow_smem((const void *)fma_kernel<DT, NHWC, TN, 1>, pl->smem);
+        if (rc != 0)
+            return rc;
+        hipLaunchKernelGGL((fma_kernel<DT, NHWC, TN, 1>), grid, block, pl->smem, stream, *a, *b);
+    } else {
+        int rc = gpu_allow_smem((const void *)fma_kernel<DT, NHWC, TN, 0>, pl->smem);
+        if (rc != 0)
+            return rc;
+        hipLaunchKernelGGL((fma_kernel<DT, NHWC, TN, 0>), grid, block, pl->smem, stream, *a, *b);
+    }
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
+template <class DT, int NHWC>
+static int fma_launch_layout(const struct gpu_fma_plan *pl, const struct fma_args *a,
+                             const struct gpu_batch *b, int count, hipStream_t stream)
+{
+    switch (pl->tn) {
+    case 8:
+        return fma_launch_tn<DT, NHWC, 8>(pl, a, b, count, stream);
+    case 4:
+        return fma_launch_tn<DT, NHWC, 4>(pl, a, b, count, stream);
+    case 2:
+        return fma_launch_tn<DT, NHWC, 2>(pl, a, b, count, stream);
+    default:
+        return fma_launch_tn<DT, NHWC, 1>(pl, a, b, count, stream);
+    }
+}
+
+template <class DT>
+static int fma_launch_dt(const struct gpu_fma_plan *pl, const struct fma_args *a,
+                         const struct gpu_batch *b, int count, hipStream_t stream)
+{
+    if (pl->layout == CONVD_LAYOUT_NHWC)
+        return fma_launch_layout<DT, 1>(pl, a, b, count, stream);
+    return fma_launch_layout<DT, 0>(pl, a, b, count, stream);
+}
+
+int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
+                   hipStream_t stream)
+{
+    struct fma_args a;
+    a.g = pl->g;
+    a.nch = pl->nch;
+    a.bn = pl->bn;
+    a.gpb = pl->gpb;
+    a.nsplit = pl->nsplit;
+    a.nblk = pl->nblk;
+    a.sx = pl->sx;
+    a.th = pl->th;
+    a.tiles_w = pl->tiles_w;
+    a.tiles_h = pl->tiles_h;
+    a.ih = pl->ih;
+    a.iw = pl->iw;
+    a.kc = pl->kc;
+    a.cbc = pl->cbc;
+    a.ps = pl->ps;
+    a.bnp = pl->bnp;
+    switch (pl->dtype) {
+    case CONVD_DTYPE_FP32:
+        return fma_launch_dt<dt_f32>(pl, &a, b, count, stream);
+    case CONVD_DTYPE_FP16:
+        return fma_launch_dt<dt_f16>(pl, &a, b, count, stream);
+    case CONVD_DTYPE_BF16:
+        return fma_launch_dt<dt_bf16>(pl, &a, b, count, stream);
+    }
+    return CONVD_EINVAL;
+}

@@ -1,0 +1,816 @@
+/*
+ * Tensor-core implicit GEMM for fp16/bf16 (NVIDIA mma.sync m16n8k16, fp32 accumulation).
+ *
+ * Per group the convolution is a GEMM: M = output pixels, N = kpg, K = R*S*cpg. Groups whose cpg
+ * or kpg is not a multiple of 8 are merged gm at a time (gm = 2 or 4) into a super-group with a
+ * block-diagonal weight matrix, so cpg 2 and 4 also reach the tensor cores (wasting part of each
+ * tile costs less than the FMA units would).
+ *
+ * A block owns a spatial tile of output pixels (imgs images x th rows x tw columns, bm slots) and
+ * bn output channels (whole super-groups, or a slice of one). Shared memory holds:
+ *  - A: the input halo of the tile for the block's channels, [pixel][channel], copied from NHWC
+ *    with 16-byte cp.async (zero-filled outside the image): every filter tap then reads the same
+ *    halo at a shifted address, so the input crosses L2 about once instead of R*S times;
+ *  - B: the weights of the block's outputs, [n][tap*kc + c], which is the NHWC weight layout
+ *    itself (rows padded to an odd number of 16-byte units so ldmatrix is conflict-free).
+ * The K dimension is walked in 8-channel octets (tap, c8); a k16 step is two octets, whose A
+ * rows ldmatrix gathers with per-lane addresses from a small table of tap offsets, so octets of
+ * different taps mix freely and every cpg that is a multiple of 8 runs full k16 steps.
+ *
+ * The grid is persistent: each block walks a contiguous range of work items (problem, n-block,
+ * tile), prefetching the next item's halo with cp.async while the current one computes; weights
+ * stay resident while the n-block does not change. Large cpg is split in chunks of kc channels,
+ * then halo and weights are double-buffered per chunk. The epilogue (bias, ReLU, rounding) goes
+ * through shared memory so global stores are 16-byte and coalesced (NHWC) or pixel-contiguous
+ * (NCHW). NCHW input is gathered with ordinary loads (it has to be transposed on the way in).
+ */
+#include <pthread.h>
+
+#include "gpu_internal.h"
+
+struct mma_args {
+    struct gpu_geom g;
+    int gm, cpgm, kpgm, bn, sgb, nsplit, nblk, gms;
+    int imgs, th, tw, tiles_h, tiles_w, tiles;
+    int ih, iw, kc, nchunks, noct, nk16, cbc, ps, brs;
+    int off_a0, off_a1, off_b0, off_b1, off_oct, off_stage, stage_sep;
+    int fast_w;
+    int64_t items;
+};
+
+struct mma_cfg {
+    int mt, nt, wm, wn;
+};
+static const struct mma_cfg mma_cfgs[] = {
+    {7, 1, 1, 8}, {7, 1, 1, 4}, {7, 2, 1, 4}, {7, 3, 1, 2}, {4, 4, 2, 2}, {2, 4, 2, 2}, {4, 5, 2, 2},
+};
+#define MMA_NCFG ((int)(sizeof(mma_cfgs) / sizeof(mma_cfgs[0])))
+
+static int mma_forced_cfg = -1;
+
+#if defined(CONVD_GPU_NVIDIA)
+
+GPU_D uint32_t mma_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+GPU_D void mma_cp16(uint32_t dst, const void *src, bool valid)
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+#endif
+}
+
+GPU_D void mma_commit()
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N> GPU_D void mma_wait()
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+GPU_D void mma_ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+#endif
+}
+
+GPU_D void mma_ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1)
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1)
+                 : "r"(addr));
+#endif
+}
+
+template <class DT> struct mma_op;
+template <> struct mma_op<dt_f16> {
+    static GPU_D void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+#if defined(CONVD_DEVICE_SM80)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+    }
+};
+template <> struct mma_op<dt_bf16> {
+    static GPU_D void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+#if defined(CONVD_DEVICE_SM80)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+    }
+};
+
+/* Where a work item sits: problem, image/tile origin, output channels and input channels. */
+struct mma_item {
+    int prob, n0, oh0, ow0;
+    int k0, kend, ch0, nsg;
+};
+
+GPU_D struct mma_item mma_decode(const struct mma_args &a, int64_t item)
+{
+    struct mma_item it;
+    int tile = (int)(item % a.tiles);
+    const int64_t q = item / a.tiles;
+    const int nb = (int)(q % a.nblk);
+    it.prob = (int)(q / a.nblk);
+    const int tw_i = tile % a.tiles_w;
+    tile /= a.tiles_w;
+    const int th_i = tile % a.tiles_h;
+    it.n0 = (tile / a.tiles_h) * a.imgs;
+    it.oh0 = th_i * a.th;
+    it.ow0 = tw_i * a.tw;
+    if (a.sgb > 0) {
+        const int sg0 = nb * a.sgb;
+        it.nsg = min(a.sgb, a.gms - sg0);
+        it.k0 = sg0 * a.kpgm;
+        it.kend = it.k0 + it.nsg * a.kpgm;
+        it.ch0 = sg0 * a.cpgm;
+    } else {
+        const int sg = nb / a.nsplit;
+        it.nsg = 1;
+        it.k0 = sg * a.kpgm + (nb % a.nsplit) * a.bn;
+        it.kend = it.k0 + a.bn;
+        it.ch0 = sg * a.cpgm;
+    }
+    return it;
+}
+
+/* Copies the halo of one item and chunk into A. */
+template <class DT, int NHWC>
+GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
+                      const struct mma_item &it, int c0, uint8_t *abuf, int tid, int nthr)
+{
+    typedef typename DT::T T;
+    const struct gpu_geom &g = a.g;
+    const T *x = (const T *)b.x[it.prob];
+    const int ihw = a.ih * a.iw;
+    const int hpix = a.imgs * ihw;
+    const int ih0 = it.oh0 * g.sh - g.pt, iw0 = it.ow0 * g.sw - g.pl;
+    const int kc8 = a.kc >> 3;
+    if (NHWC) {
+        const int vpp = a.cbc >> 3;
+        const uint32_t abase = mma_smem_addr(abuf);
+        for (int v = tid; v < hpix * vpp; v += nthr) {
+            const int pix = v / vpp, cv = v - pix * vpp;
+            const int sgl = cv / kc8, c = c0 + (cv - sgl * kc8) * 8;
+            const int img = pix / ihw, rem = pix - img * ihw;
+            const int ihl = rem / a.iw, iwl = rem - ihl * a.iw;
+            const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
+            const bool valid = n < g.n && convd_math_inside(ih, g.h) &&
+                               convd_math_inside(iw, g.w) && sgl < it.nsg && c < a.cpgm;
+            const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + it.ch0 +
+                                       sgl * a.cpgm + c
+                                 : x;
+            mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
+        }
+    } else {
+        for (int e = tid; e < hpix * a.cbc; e += nthr) {
+            const int cb = e / hpix, pix = e - cb * hpix;
+            const int sgl = cb / a.kc, c = c0 + cb - sgl * a.kc;
+            const int img = pix / ihw, rem = pix - img * ihw;
+            const int ihl = rem / a.iw, iwl = rem - ihl * a.iw;
+            const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
+            T v = 0;
+            if (n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w) &&
+                sgl < it.nsg && c < a.cpgm)
+                v = x[((size_t)(n * g.c + it.ch0 + sgl * a.cpgm + c) * g.h + ih) * g.w + iw];
+            *(T *)(abuf + pix * a.ps + cb * 2) = v;
+        }
+    }
+}
+
+/* Copies the weights of one item's outputs and chunk into B: [n][tap * kc + c], zero padded,
+ * block-diagonal when groups are merged. */
+template <class DT, int NHWC>
+GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
+                      const struct mma_item &it, int c0, uint8_t *bbuf, int tid, int nthr)
+{
+    typedef typename DT::T T;
+    const struct gpu_geom &g = a.g;
+    const T *w = (const T *)b.w[it.prob];
+    const int rs = g.r * g.s;
+    const int kt = a.nk16 * 16;
+    const int kflat = rs * a.kc;
+    if (a.fast_w) {
+        const int vpr = kt >> 3;
+        const uint32_t bbase = mma_smem_addr(bbuf);
+        for (int v = tid; v < a.bn * vpr; v += nthr) {
+            const int nl = v / vpr, q = (v - nl * vpr) * 8;
+            const int tap = q / a.kc, c = c0 + q - tap * a.kc;
+            const int k = it.k0 + nl;
+            const bool valid = k < it.kend && q < kflat && c < a.cpgm;
+            const T *src = valid ? w + ((size_t)k * rs + tap) * g.cpg + c : w;
+            mma_cp16(bbase + nl * a.brs + (q >> 3) * 16, src, valid);
+        }
+    } else {
+        for (int e = tid; e < a.bn * kt; e += nthr) {
+            const int nl = e / kt, q = e - nl * kt;
+            const int tap = q / a.kc, cc = c0 + q - tap * a.kc;
+            const int k = it.k0 + nl;
+            T v = 0;
+            if (k < it.kend && q < kflat && cc < a.cpgm) {
+                const int sub = cc / g.cpg;
+                if (sub == (k % a.kpgm) / g.kpg) {
+                    const int c = cc - sub * g.cpg;
+                    v = NHWC ? w[((size_t)k * rs + tap) * g.cpg + c]
+                             : w[((size_t)k * g.cpg + c) * rs + tap];
+                }
+            }
+            *(T *)(bbuf + nl * a.brs + q * 2) = v;
+        }
+    }
+}
+
+/* 256-thread configurations are held to 128 registers (2 blocks per SM), 128-thread ones to 168
+ * (3 blocks): the persistent grid relies on a second resident block to overlap one block's
+ * epilogue and barriers with another's tensor-core work. */
+template <class DT, int NHWC, int MT, int NT, int WM, int WN>
+__global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
+    mma_kernel(const struct mma_args a, const struct gpu_batch b)
+{
+#if defined(CONVD_DEVICE_SM80)
+    typedef typename DT::T T;
+    extern __shared__ __align__(128) uint8_t mma_smem[];
+    const struct gpu_geom &g = a.g;
+    const int nthr = WM * WN * 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int bm = MT * WM * 16;
+
+    const int64_t it_begin = (int64_t)blockIdx.x * a.items / gridDim.x;
+    const int64_t it_end = (int64_t)(blockIdx.x + 1) * a.items / gridDim.x;
+    if (it_begin >= it_end)
+        return;
+
+    int *oct = (int *)(mma_smem + a.off_oct);
+    for (int o = tid; o < a.nk16 * 2; o += nthr) {
+        int off = 0;
+        if (o < a.noct) {
+            const int q = o * 8, tap = q / a.kc, c8 = (q - tap * a.kc) >> 3;
+            const int r = tap / g.s, s = tap - r * g.s;
+            off = (r * g.dh * a.iw + s * g.dw) * a.ps + c8 * 16;
+        }
+        oct[o] = off;
+    }
+
+    /* Per-lane A row bases: ldmatrix.x4 lane -> row (lane & 15), k half (lane >> 4). */
+    const int sgl_w = a.sgb > 0 ? (wn * NT * 8) / a.kpgm : 0;
+    int abase[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        int p = wm * MT * 16 + mt * 16 + (lane & 15);
+        if (p >= a.imgs * a.th * a.tw)
+            p = 0;
+        const int img = p / (a.th * a.tw), rem = p - img * a.th * a.tw;
+        const int tr = rem / a.tw, tc = rem - tr * a.tw;
+        abase[mt] = ((img * a.ih + tr * g.sh) * a.iw + tc * g.sw) * a.ps + sgl_w * a.kc * 2;
+    }
+    const int khalf = lane >> 4;
+    /* B rows of the warp for ldmatrix: tile (lane >> 4) of a pair, row lane & 7, octet bit 3. */
+    const int brow = wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3);
+    const int bko = (lane >> 3) & 1;
+
+    const bool resident = a.nchunks == 1;
+    const int64_t nstages = (it_end - it_begin) * a.nchunks;
+    /* Buffer selection by arithmetic, not by a pointer array (which would live in local memory). */
+#define MMA_ABUF(i) (mma_smem + ((i) ? a.off_a1 : a.off_a0))
+#define MMA_BBUF(i) (mma_smem + ((i) ? a.off_b1 : a.off_b0))
+    int ab = 0, bb = 0;
+
+    {
+        const struct mma_item it = mma_decode(a, it_begin);
+        mma_load_a<DT, NHWC>(a, b, it, 0, MMA_ABUF(0), tid, nthr);
+        mma_load_b<DT, NHWC>(a, b, it, 0, MMA_BBUF(0), tid, nthr);
+        mma_commit();
+    }
+
+    float acc[MT][NT][4];
+    for (int64_t st = 0; st < nstages; st++) {
+        const int64_t item = it_begin + st / a.nchunks;
+        const int chunk = (int)(st % a.nchunks);
+        const bool has_next = st + 1 < nstages;
+        const int64_t nitem = it_begin + (st + 1) / a.nchunks;
+        const int nchunk = (int)((st + 1) % a.nchunks);
+        const bool key_change = has_next && (nitem / a.tiles) != (item / a.tiles);
+        const bool prefetch = has_next && (!resident || !key_change);
+        if (prefetch) {
+            const struct mma_item nit = mma_decode(a, nitem);
+            mma_load_a<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_ABUF(ab ^ 1), tid, nthr);
+            if (!resident)
+                mma_load_b<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_BBUF(bb ^ 1), tid, nthr);
+            mma_commit();
+            mma_wait<1>();
+        } else {
+            mma_wait<0>();
+        }
+        __syncthreads();
+
+        if (chunk == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        acc[mt][nt][i] = 0.0f;
+        }
+
+        const uint32_t sa = mma_smem_addr(MMA_ABUF(ab));
+        const uint32_t sb = mma_smem_addr(MMA_BBUF(resident ? 0 : bb)) + brow * a.brs + bko * 16;
+        for (int ks = 0; ks < a.nk16; ks++) {
+            const int off = oct[2 * ks + khalf];
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                mma_ldsm_x4(sa + abase[mt] + off, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+            const uint32_t sbk = sb + ks * 32;
+#pragma unroll
+            for (int nt = 0; nt + 1 < NT; nt += 2) {
+                uint32_t b0, b1, b2, b3;
+                mma_ldsm_x4(sbk + nt * 8 * a.brs, b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_op<DT>::run(acc[mt][nt], af[mt], b0, b1);
+                    mma_op<DT>::run(acc[mt][nt + 1], af[mt], b2, b3);
+                }
+            }
+            if (NT & 1) {
+                uint32_t b0, b1;
+                mma_ldsm_x2(sbk + (NT - 1) * 8 * a.brs, b0, b1);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    mma_op<DT>::run(acc[mt][NT - 1], af[mt], b0, b1);
+            }
+        }
+
+        if (chunk == a.nchunks - 1) {
+            const struct mma_item it = mma_decode(a, item);
+            const T *bias = (const T *)b.b[it.prob];
+            T *y = (T *)b.y[it.prob];
+            uint8_t *stage = a.stage_sep ? mma_smem + a.off_stage : MMA_ABUF(ab);
+            const int pitch = (a.bn + 8) * 2;
+            __syncthreads();
+            /* Accumulators -> bias, ReLU, rounding -> staging [m][n]. */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
+                const int k = it.k0 + n;
+                float b0 = 0.0f, b1 = 0.0f;
+                if (g.bias && k < it.kend) {
+                    b0 = DT::load(bias[k]);
+                    b1 = DT::load(bias[k + 1]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t lo = DT::store(gpu_epilogue(acc[mt][nt][2 * h], b0, g.relu));
+                        const uint32_t hi =
+                            DT::store(gpu_epilogue(acc[mt][nt][2 * h + 1], b1, g.relu));
+                        *(uint32_t *)(stage + (m + 8 * h) * pitch + n * 2) = lo | (hi << 16);
+                    }
+                }
+            }
+            __syncthreads();
+            const int tslots = a.th * a.tw;
+            if (NHWC) {
+                const int vpr = a.bn >> 3;
+                for (int v = tid; v < bm * vpr; v += nthr) {
+                    const int m = v / vpr, c8 = v - m * vpr;
+                    const int img = m / tslots, rem = m - img * tslots;
+                    const int tr = rem / a.tw, tc = rem - tr * a.tw;
+                    const int n = it.n0 + img, oh = it.oh0 + tr, ow = it.ow0 + tc;
+                    const int k = it.k0 + c8 * 8;
+                    if (img < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
+                        *(uint4 *)(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + k) =
+                            *(const uint4 *)(stage + m * pitch + c8 * 16);
+                }
+            } else {
+                for (int e = tid; e < bm * a.bn; e += nthr) {
+                    const int nl = e / bm, m = e - nl * bm;
+                    const int img = m / tslots, rem = m - img * tslots;
+                    const int tr = rem / a.tw, tc = rem - tr * a.tw;
+                    const int n = it.n0 + img, oh = it.oh0 + tr, ow = it.ow0 + tc;
+                    const int k = it.k0 + nl;
+                    if (img < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
+                        y[((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow] =
+                            *(const T *)(stage + m * pitch + nl * 2);
+                }
+            }
+        }
+        __syncthreads();
+        if (has_next && !prefetch) {
+            const struct mma_item nit = mma_decode(a, nitem);
+            mma_load_a<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_ABUF(ab ^ 1), tid, nthr);
+            mma_load_b<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_BBUF(0), tid, nthr);
+            mma_commit();
+        }
+        ab ^= 1;
+        if (!resident)
+            bb ^= 1;
+    }
+#undef MMA_ABUF
+#undef MMA_BBUF
+#endif
+}
+
+/* Occupancy per (kernel, shared memory), computed once. */
+struct mma_occ_entry {
+    const void *fn;
+    int smem, blocks;
+};
+static struct mma_occ_entry mma_occ[128];
+static int mma_occ_n;
+static pthread_mutex_t mma_occ_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int mma_blocks_per_sm(const void *fn, int threads, int smem, int *ret)
+{
+    pthread_mutex_lock(&mma_occ_lock);
+    for (int i = 0; i < mma_occ_n; i++)
+        if (mma_occ[i].fn == fn && mma_occ[i].smem == smem) {
+            *ret = mma_occ[i].blocks;
+            pthread_mutex_unlock(&mma_occ_lock);
+            return 0;
+        }
+    pthread_mutex_unlock(&mma_occ_lock);
+    int blocks = 0;
+    CONVD_GPU_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem));
+    if (blocks < 1)
+        blocks = 1;
+    pthread_mutex_lock(&mma_occ_lock);
+    if (mma_occ_n < (int)(sizeof(mma_occ) / sizeof(mma_occ[0]))) {
+        mma_occ[mma_occ_n].fn = fn;
+        mma_occ[mma_occ_n].smem = smem;
+        mma_occ[mma_occ_n].blocks = blocks;
+        mma_occ_n++;
+    }
+    pthread_mutex_unlock(&mma_occ_lock);
+    *ret = blocks;
+    return 0;
+}
+
+template <class DT, int NHWC, int MT, int NT, int WM, int WN>
+static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
+                  int count, hipStream_t stream)
+{
+    const void *fn = (const void *)mma_kernel<DT, NHWC, MT, NT, WM, WN>;
+    int rc = gpu_allow_smem(fn, pl->smem);
+    if (rc != 0)
+        return rc;
+    int per_sm = 1;
+    rc = mma_blocks_per_sm(fn, pl->threads, pl->smem, &per_sm);
+    if (rc != 0)
+        return rc;
+    struct gpu_device_info dev;
+    rc = gpu_device_info_get(&dev);
+    if (rc != 0)
+        return rc;
+    a->items = (int64_t)count * pl->nblk * pl->tiles;
+    int64_t grid = (int64_t)dev.sm_count * per_sm;
+    if (grid > a->items)
+        grid = a->items;
+    hipLaunchKernelGGL((mma_kernel<DT, NHWC, MT, NT, WM, WN>), dim3((unsigned)grid),
+                       dim3((unsigned)pl->threads), pl->smem, stream, *a, *b);
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
+template <class DT, int NHWC>
+static int mma_launch_cfg(const struct gpu_mma_plan *pl, struct mma_args *a,
+                          const struct gpu_batch *b, int count, hipStream_t stream)
+{
+    switch (pl->cfg) {
+    case 0:
+        return mma_go<DT, NHWC, 7, 1, 1, 8>(pl, a, b, count, stream);
+    case 1:
+        return mma_go<DT, NHWC, 7, 1, 1, 4>(pl, a, b, count, stream);
+    case 2:
+        return mma_go<DT, NHWC, 7, 2, 1, 4>(pl, a, b, count, stream);
+    case 3:
+        return mma_go<DT, NHWC, 7, 3, 1, 2>(pl, a, b, count, stream);
+    case 4:
+        return mma_go<DT, NHWC, 4, 4, 2, 2>(pl, a, b, count, stream);
+    case 5:
+        return mma_go<DT, NHWC, 2, 4, 2, 2>(pl, a, b, count, stream);
+    case 6:
+        return mma_go<DT, NHWC, 4, 5, 2, 2>(pl, a, b, count, stream);
+    }
+    return CONVD_EINVAL;
+}
+
+int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
+                   hipStream_t stream)
+{
+    struct mma_args a;
+    memset(&a, 0, sizeof(a));
+    a.g = pl->g;
+    a.gm = pl->gm;
+    a.cpgm = pl->cpgm;
+    a.kpgm = pl->kpgm;
+    a.bn = pl->bn;
+    a.sgb = pl->sgb;
+    a.nsplit = pl->nsplit;
+    a.nblk = pl->nblk;
+    a.gms = pl->g.g / pl->gm;
+    a.imgs = pl->imgs;
+    a.th = pl->th;
+    a.tw = pl->tw;
+    a.tiles_h = pl->tiles_h;
+    a.tiles_w = pl->tiles_w;
+    a.tiles = pl->tiles;
+    a.ih = pl->ih;
+    a.iw = pl->iw;
+    a.kc = pl->kc;
+    a.nchunks = pl->nchunks;
+    a.noct = pl->noct;
+    a.nk16 = pl->nk16;
+    a.cbc = pl->cbc;
+    a.ps = pl->ps;
+    a.brs = pl->brs;
+    a.off_a0 = pl->off_a0;
+    a.off_a1 = pl->off_a1;
+    a.off_b0 = pl->off_b0;
+    a.off_b1 = pl->off_b1;
+    a.off_oct = pl->off_oct;
+    a.off_stage = pl->off_stage;
+    a.stage_sep = pl->off_stage != pl->off_a0;
+    a.fast_w = pl->fast_w;
+    const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
+    if (pl->dtype == CONVD_DTYPE_FP16)
+        return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
+                    : mma_launch_cfg<dt_f16, 0>(pl, &a, b, count, stream);
+    if (pl->dtype == CONVD_DTYPE_BF16)
+        return nhwc ? mma_launch_cfg<dt_bf16, 1>(pl, &a, b, count, stream)
+                    : mma_launch_cfg<dt_bf16, 0>(pl, &a, b, count, stream);
+    return CONVD_EINVAL;
+}
+
+#else /* AMD: no MFMA kernel yet; the router sends these shapes to the FMA family. */
+
+int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
+                   hipStream_t stream)
+{
+    (void)pl;
+    (void)b;
+    (void)count;
+    (void)stream;
+    return CONVD_EUNSUPPORTED;
+}
+
+#endif
+
+/* ---- planning (host) ---- */
+
+/* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
+ * 1152 elements. Depends on cpgm and R*S only, so the accumulation order of an output does not
+ * depend on how many groups the problem has. */
+static int mma_pick_kc(int cpgm, int rs)
+{
+    int kc = cpgm;
+    if (rs * kc > 1152) {
+        kc = (1152 / rs) & ~7;
+        if (kc < 8)
+            kc = 8;
+    }
+    return kc;
+}
+
+struct mma_tile {
+    int imgs, th, tw, tiles_h, tiles_w;
+    int64_t tiles;
+};
+
+/* Candidate spatial tiles for bm slots; returns how many were written. */
+static int mma_tiles(const struct gpu_geom *g, int bm, struct mma_tile *out, int max)
+{
+    int n = 0;
+    const int plane = g->ho * g->wo;
+    if (plane <= bm) {
+        struct mma_tile t;
+        t.imgs = bm / plane;
+        t.th = g->ho;
+        t.tw = g->wo;
+        t.tiles_h = 1;
+        t.tiles_w = 1;
+        t.tiles = (g->n + t.imgs - 1) / t.imgs;
+        out[n++] = t;
+        return n;
+    }
+    const int tws[] = {0, 8, 16, 28, 32, 56, 64, bm};
+    for (size_t i = 0; i < sizeof(tws) / sizeof(tws[0]) && n < max; i++) {
+        int tw = tws[i] == 0 ? g->wo : tws[i];
+        if (tw > g->wo || tw > bm)
+            continue;
+        if (i > 0 && tw == g->wo)
+            continue;
+        struct mma_tile t;
+        t.imgs = 1;
+        t.tw = tw;
+        t.th = bm / tw;
+        if (t.th > g->ho)
+            t.th = g->ho;
+        t.tiles_h = (g->ho + t.th - 1) / t.th;
+        t.tiles_w = (g->wo + tw - 1) / tw;
+        t.tiles = (int64_t)g->n * t.tiles_h * t.tiles_w;
+        out[n++] = t;
+    }
+    return n;
+}
+
+int gpu_mma_plan_make(const struct convd_problem *p, struct gpu_mma_plan *ret, char *why,
+                      size_t why_len)
+{
+#if !defined(CONVD_GPU_NVIDIA)
+    (void)p;
+    (void)ret;
+    snprintf(why, why_len, "mma: no tensor-core kernel for AMD yet (MFMA); FMA family used");
+    return CONVD_EUNSUPPORTED;
+#else
+    if (p->dtype != CONVD_DTYPE_FP16 && p->dtype != CONVD_DTYPE_BF16) {
+        snprintf(why, why_len, "mma: fp16 and bf16 only");
+        return CONVD_EUNSUPPORTED;
+    }
+    struct gpu_geom g;
+    gpu_geom_from_problem(p, &g);
+    int gm = 0;
+    for (int f = 1; f <= 4; f *= 2)
+        if ((f * g.cpg) % 8 == 0 && (f * g.kpg) % 8 == 0 && g.g % f == 0) {
+            gm = f;
+            break;
+        }
+    if (gm == 0) {
+        snprintf(why, why_len,
+                 "mma: cpg=%d, kpg=%d do not reach multiples of 8 by merging 1, 2 or 4 groups",
+                 g.cpg, g.kpg);
+        return CONVD_EUNSUPPORTED;
+    }
+    /* A 1x1, stride-1, unpadded NHWC problem is one long row of pixels: no halo, no tile waste. */
+    if (p->layout == CONVD_LAYOUT_NHWC && g.r == 1 && g.s == 1 && g.sh == 1 && g.sw == 1 &&
+        g.pt == 0 && g.pl == 0 && g.ho == g.h && g.wo == g.w) {
+        g.w = g.wo = g.n * g.h * g.w;
+        g.h = g.ho = 1;
+        g.n = 1;
+    }
+    const int cpgm = gm * g.cpg, kpgm = gm * g.kpg, gms = g.g / gm;
+    const int rs = g.r * g.s;
+    const int kc = mma_pick_kc(cpgm, rs);
+    const int nchunks = (cpgm + kc - 1) / kc;
+    const int noct = rs * kc / 8;
+    const int nk16 = (noct + 1) / 2;
+    const int brs = nk16 * 32 + 16;
+
+    struct gpu_device_info dev;
+    if (gpu_device_info_get(&dev) != 0) {
+        snprintf(why, why_len, "mma: no device");
+        return CONVD_EDEVICE;
+    }
+
+    double best = 0.0;
+    struct gpu_mma_plan bp;
+    memset(&bp, 0, sizeof(bp));
+    bp.cfg = -1;
+    for (int ci = 0; ci < MMA_NCFG; ci++) {
+        if (mma_forced_cfg >= 0 && ci != mma_forced_cfg)
+            continue;
+        const struct mma_cfg *c = &mma_cfgs[ci];
+        const int wnw = c->nt * 8, bn = c->wn * wnw, bm = 16 * c->mt * c->wm;
+        if (kpgm % wnw != 0)
+            continue;
+        int sgb = 0, nsplit = 1;
+        if (bn % kpgm == 0)
+            sgb = bn / kpgm;
+        else if (kpgm % bn == 0)
+            nsplit = kpgm / bn;
+        else
+            continue;
+        const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
+        const int cbc = (sgb > 0 ? sgb : 1) * kc;
+        int ps = cbc * 2;
+        if ((ps / 16) % 2 == 0)
+            ps += 16;
+        struct mma_tile tiles[8];
+        const int nt = mma_tiles(&g, bm, tiles, 8);
+        for (int ti = 0; ti < nt; ti++) {
+            const struct mma_tile *t = &tiles[ti];
+            const int ih = (t->th - 1) * g.sh + (g.r - 1) * g.dh + 1;
+            const int iw = (t->tw - 1) * g.sw + (g.s - 1) * g.dw + 1;
+            const int a_bytes = t->imgs * ih * iw * ps;
+            const int b_bytes = bn * brs;
+            const int stage_bytes = bm * (bn + 8) * 2;
+            const int oct_bytes = nk16 * 2 * 4;
+            int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
+            if (stage_bytes > a_bytes)
+                smem += stage_bytes;
+            if (smem > dev.smem_optin)
+                continue;
+            const int64_t items = t->tiles * nblk;
+            const double mmas = (double)items * nchunks * nk16 * (bm / 16) * (bn / 8);
+            const double l2_bytes =
+                (double)items * nchunks * (double)(a_bytes + (nchunks > 1 ? b_bytes : 0));
+            double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12;
+            int per_sm = dev.smem_per_sm / (smem + 1024);
+            const int threads = c->wm * c->wn * 32;
+            if (per_sm * threads > 2048)
+                per_sm = 2048 / threads;
+            if (per_sm < 2)
+                cost *= 1.3;
+            const double slots = (double)dev.sm_count * (per_sm > 0 ? per_sm : 1);
+            if ((double)items < slots)
+                cost *= slots / (double)items > 4.0 ? 4.0 : slots / (double)items;
+            if (bp.cfg < 0 || cost < best) {
+                best = cost;
+                bp.cfg = ci;
+                bp.bm = bm;
+                bp.bn = bn;
+                bp.sgb = sgb;
+                bp.nsplit = nsplit;
+                bp.nblk = nblk;
+                bp.imgs = t->imgs;
+                bp.th = t->th;
+                bp.tw = t->tw;
+                bp.tiles_h = t->tiles_h;
+                bp.tiles_w = t->tiles_w;
+                bp.tiles = (int)t->tiles;
+                bp.ih = ih;
+                bp.iw = iw;
+                bp.cbc = cbc;
+                bp.ps = ps;
+                bp.a_bytes = a_bytes;
+                bp.b_bytes = b_bytes;
+                bp.stage_bytes = stage_bytes;
+                bp.smem = smem;
+                bp.threads = threads;
+            }
+        }
+    }
+    if (bp.cfg < 0) {
+        snprintf(why, why_len, "mma: no tile configuration fits in shared memory");
+        return CONVD_EUNSUPPORTED;
+    }
+    bp.g = g;
+    bp.dtype = p->dtype;
+    bp.layout = p->layout;
+    bp.gm = gm;
+    bp.cpgm = cpgm;
+    bp.kpgm = kpgm;
+    bp.kc = kc;
+    bp.nchunks = nchunks;
+    bp.noct = noct;
+    bp.nk16 = nk16;
+    bp.brs = brs;
+    bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
+    /* Shared-memory layout: A0 A1 B0 [B1] oct [stage]. */
+    int off = 0;
+    bp.off_a0 = off;
+    off += bp.a_bytes;
+    bp.off_a1 = off;
+    off += bp.a_bytes;
+    bp.off_b0 = off;
+    off += bp.b_bytes;
+    bp.off_b1 = bp.off_b0;
+    if (nchunks > 1) {
+        bp.off_b1 = off;
+        off += bp.b_bytes;
+    }
+    bp.off_oct = off;
+    off += nk16 * 2 * 4;
+    off = (off + 15) & ~15;
+    if (bp.stage_bytes > bp.a_bytes) {
+        bp.off_stage = off;
+        off += bp.stage_bytes;
+    } else {
+        bp.off_stage = bp.off_a0;
+    }
+    bp.smem = off;
+    *ret = bp;
+    return 0;
+#endif
+}
+
+extern "C" int convd_gpu_tune_mma_cfg(int cfg)
+{
+    if (cfg < -1 || cfg >= MMA_NCFG)
+        return CONVD_EINVAL;
+    mma_forced_cfg = cfg;
+    return 0;
+}

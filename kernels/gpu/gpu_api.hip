@@ -1,0 +1,459 @@
+/*
+ * The GPU kernel API of include/convd/conv.h: validation, routing by shape, batching of problems
+ * of one geometry into as few launches as possible, and the device helpers of gpu_kernels.h.
+ *
+ * Routing (convd_gpu_kernel_name() says where a problem goes):
+ *   cpg = 1, kpg <= 2                       -> depthwise (NHWC vectorised / NCHW plane tiles)
+ *   fp16/bf16, cpg and kpg multiples of 8,
+ *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
+ *   anything whose halo tile fits           -> fma (fp32 always lands here: no TF32 path)
+ *   the rest, and unaligned tensors         -> generic
+ */
+#include <pthread.h>
+
+#include "gpu_internal.h"
+
+/* ---- device limits ---- */
+
+#define GPU_MAX_DEVICES 16
+static struct gpu_device_info gpu_devs[GPU_MAX_DEVICES];
+static int gpu_devs_ok[GPU_MAX_DEVICES];
+static pthread_mutex_t gpu_devs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int gpu_device_info_get(struct gpu_device_info *ret)
+{
+    int dev = 0;
+    CONVD_GPU_CHECK(hipGetDevice(&dev));
+    if (dev < 0 || dev >= GPU_MAX_DEVICES)
+        return CONVD_EDEVICE;
+    pthread_mutex_lock(&gpu_devs_lock);
+    if (gpu_devs_ok[dev]) {
+        *ret = gpu_devs[dev];
+        pthread_mutex_unlock(&gpu_devs_lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&gpu_devs_lock);
+    struct gpu_device_info info;
+    CONVD_GPU_CHECK(hipDeviceGetAttribute(&info.sm_count, hipDeviceAttributeMultiprocessorCount, dev));
+    CONVD_GPU_CHECK(
+        hipDeviceGetAttribute(&info.smem_optin, hipDeviceAttributeSharedMemPerBlockOptin, dev));
+    CONVD_GPU_CHECK(hipDeviceGetAttribute(&info.smem_per_sm,
+                                          hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, dev));
+    pthread_mutex_lock(&gpu_devs_lock);
+    gpu_devs[dev] = info;
+    gpu_devs_ok[dev] = 1;
+    pthread_mutex_unlock(&gpu_devs_lock);
+    *ret = info;
+    return 0;
+}
+
+/* Kernels whose dynamic shared-memory limit was raised, and to what. */
+struct gpu_smem_entry {
+    const void *fn;
+    int bytes;
+};
+static struct gpu_smem_entry gpu_smem_set[256];
+static int gpu_smem_n;
+static pthread_mutex_t gpu_smem_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int gpu_allow_smem(const void *kernel, int bytes)
+{
+    if (bytes <= 48 * 1024)
+        return 0;
+    pthread_mutex_lock(&gpu_smem_lock);
+    for (int i = 0; i < gpu_smem_n; i++)
+        if (gpu_smem_set[i].fn == kernel && gpu_smem_set[i].bytes >= bytes) {
+            pthread_mutex_unlock(&gpu_smem_lock);
+            return 0;
+        }
+    hipError_t e = hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == hipSuccess) {
+        int i;
+        for (i = 0; i < gpu_smem_n; i++)
+            if (gpu_smem_set[i].fn == kernel)
+                break;
+        if (i < (int)(sizeof(gpu_smem_set) / sizeof(gpu_smem_set[0]))) {
+            gpu_smem_set[i].fn = kernel;
+            gpu_smem_set[i].bytes = bytes;
+            if (i == gpu_smem_n)
+                gpu_smem_n++;
+        }
+    }
+    pthread_mutex_unlock(&gpu_smem_lock);
+    return e == hipSuccess ? 0 : CONVD_EDEVICE;
+}
+
+void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g)
+{
+    memset(g, 0, sizeof(*g));
+    g->n = p->n;
+    g->h = p->h;
+    g->w = p->w;
+    g->c = p->c;
+    g->k = p->k;
+    g->r = p->r;
+    g->s = p->s;
+    g->g = p->groups;
+    g->cpg = p->c / p->groups;
+    g->kpg = p->k / p->groups;
+    g->ho = (int)convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h, p->dil_h);
+    g->wo = (int)convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w, p->dil_w);
+    g->sh = p->stride_h;
+    g->sw = p->stride_w;
+    g->pt = p->pad_top;
+    g->pl = p->pad_left;
+    g->dh = p->dil_h;
+    g->dw = p->dil_w;
+    g->bias = p->has_bias ? 1 : 0;
+    g->relu = p->relu ? 1 : 0;
+}
+
+/* ---- plans ---- */
+
+struct gpu_plan {
+    enum convd_gpu_family family;
+    union {
+        struct gpu_dw_plan dw;
+        struct gpu_fma_plan fma;
+        struct gpu_mma_plan mma;
+        struct gpu_generic_plan gen;
+    } u;
+};
+
+static int plan_family(const struct convd_problem *p, enum convd_gpu_family family,
+                       struct gpu_plan *ret, char *why, size_t why_len)
+{
+    ret->family = family;
+    switch (family) {
+    case CONVD_GPU_FAMILY_DEPTHWISE:
+        return gpu_dw_plan_make(p, &ret->u.dw, why, why_len);
+    case CONVD_GPU_FAMILY_FMA:
+        return gpu_fma_plan_make(p, &ret->u.fma, why, why_len);
+    case CONVD_GPU_FAMILY_MMA:
+        return gpu_mma_plan_make(p, &ret->u.mma, why, why_len);
+    case CONVD_GPU_FAMILY_GENERIC:
+        return gpu_generic_plan_make(p, &ret->u.gen);
+    case CONVD_GPU_FAMILY_AUTO:
+        break;
+    }
+    snprintf(why, why_len, "unknown kernel family");
+    return CONVD_EINVAL;
+}
+
+/* The router: first family in preference order whose plan accepts the problem. */
+static int plan_auto(const struct convd_problem *p, struct gpu_plan *ret)
+{
+    static const enum convd_gpu_family order[] = {CONVD_GPU_FAMILY_DEPTHWISE, CONVD_GPU_FAMILY_MMA,
+                                                  CONVD_GPU_FAMILY_FMA, CONVD_GPU_FAMILY_GENERIC};
+    char why[160];
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
+        if (plan_family(p, order[i], ret, why, sizeof(why)) == 0)
+            return 0;
+    return CONVD_EUNSUPPORTED;
+}
+
+static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why_len)
+{
+    struct convd_problem_sizes z;
+    int rc = convd_problem_sizes(p, &z, why, why_len);
+    if (rc != 0)
+        return rc;
+    const uint64_t lim = (uint64_t)1 << 31;
+    if (z.input_elems >= lim || z.weight_elems >= lim || z.output_elems >= lim) {
+        snprintf(why, why_len, "GPU kernels index tensors with 32 bits: each must have fewer "
+                               "than 2^31 elements");
+        return CONVD_EUNSUPPORTED;
+    }
+    return 0;
+}
+
+static int plan_launch(const struct gpu_plan *pl, const struct gpu_batch *b, int count,
+                       hipStream_t stream)
+{
+    switch (pl->family) {
+    case CONVD_GPU_FAMILY_DEPTHWISE:
+        return gpu_dw_launch(&pl->u.dw, b, count, stream);
+    case CONVD_GPU_FAMILY_FMA:
+        return gpu_fma_launch(&pl->u.fma, b, count, stream);
+    case CONVD_GPU_FAMILY_MMA:
+        return gpu_mma_launch(&pl->u.mma, b, count, stream);
+    case CONVD_GPU_FAMILY_GENERIC:
+        return gpu_generic_launch(&pl->u.gen, b, count, stream);
+    case CONVD_GPU_FAMILY_AUTO:
+        break;
+    }
+    return CONVD_EINVAL;
+}
+
+static int aligned16(const void *ptr)
+{
+    return ((uintptr_t)ptr & 15u) == 0;
+}
+
+static int run(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
+               void *stream, enum convd_gpu_family family)
+{
+    char why[160];
+    if (p == NULL || (t == NULL && count > 0))
+        return CONVD_EINVAL;
+    int rc = gpu_limits_check(p, why, sizeof(why));
+    if (rc != 0)
+        return rc;
+    int all_aligned = 1;
+    for (size_t i = 0; i < count; i++) {
+        if (t[i].input == NULL || t[i].weight == NULL || t[i].output == NULL ||
+            (p->has_bias && t[i].bias == NULL))
+            return CONVD_EINVAL;
+        if (!aligned16(t[i].input) || !aligned16(t[i].weight) || !aligned16(t[i].output))
+            all_aligned = 0;
+    }
+    if (count == 0)
+        return 0;
+
+    struct gpu_plan pl;
+    if (family == CONVD_GPU_FAMILY_AUTO) {
+        if (!all_aligned)
+            rc = plan_family(p, CONVD_GPU_FAMILY_GENERIC, &pl, why, sizeof(why));
+        else
+            rc = plan_auto(p, &pl);
+    } else {
+        if (!all_aligned && family != CONVD_GPU_FAMILY_GENERIC)
+            return CONVD_EUNSUPPORTED;
+        rc = plan_family(p, family, &pl, why, sizeof(why));
+    }
+    if (rc != 0)
+        return rc;
+
+    hipStream_t s = (hipStream_t)stream;
+    for (size_t base = 0; base < count; base += CONVD_GPU_BATCH_MAX) {
+        const int n = (int)(count - base < CONVD_GPU_BATCH_MAX ? count - base : CONVD_GPU_BATCH_MAX);
+        struct gpu_batch b;
+        memset(&b, 0, sizeof(b));
+        for (int i = 0; i < n; i++) {
+            b.x[i] = t[base + i].input;
+            b.w[i] = t[base + i].weight;
+            b.b[i] = t[base + i].bias;
+            b.y[i] = t[base + i].output;
+        }
+        rc = plan_launch(&pl, &b, n, s);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- public API (conv.h) ---- */
+
+extern "C" int convd_gpu_check(const struct convd_problem *p, char *why, size_t why_len)
+{
+    if (p == NULL)
+        return CONVD_EINVAL;
+    return gpu_limits_check(p, why, why_len);
+}
+
+extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, size_t *ret_bytes)
+{
+    (void)count;
+    if (p == NULL || ret_bytes == NULL)
+        return CONVD_EINVAL;
+    int rc = gpu_limits_check(p, NULL, 0);
+    if (rc != 0)
+        return rc;
+    /* Every family reads and writes both layouts natively: no scratch memory. */
+    *ret_bytes = 0;
+    return 0;
+}
+
+extern "C" int convd_gpu_conv(const struct convd_problem *p, const struct convd_tensors *t,
+                              size_t count, void *workspace, size_t workspace_bytes, void *stream)
+{
+    (void)workspace;
+    (void)workspace_bytes;
+    return run(p, t, count, stream, CONVD_GPU_FAMILY_AUTO);
+}
+
+extern "C" const char *convd_gpu_kernel_name(const struct convd_problem *p)
+{
+    if (p == NULL || gpu_limits_check(p, NULL, 0) != 0)
+        return "none";
+    return convd_gpu_family_name(convd_gpu_route(p));
+}
+
+/* ---- internal API (gpu_kernels.h) ---- */
+
+extern "C" const char *convd_gpu_family_name(enum convd_gpu_family family)
+{
+    switch (family) {
+    case CONVD_GPU_FAMILY_AUTO:
+        return "auto";
+    case CONVD_GPU_FAMILY_DEPTHWISE:
+        return "depthwise";
+    case CONVD_GPU_FAMILY_FMA:
+        return "fma";
+    case CONVD_GPU_FAMILY_MMA:
+        return "mma";
+    case CONVD_GPU_FAMILY_GENERIC:
+        return "generic";
+    }
+    return "unknown";
+}
+
+extern "C" int convd_gpu_family_parse(const char *name, enum convd_gpu_family *ret_family)
+{
+    if (name == NULL || ret_family == NULL)
+        return CONVD_EINVAL;
+    for (int f = 0; f < CONVD_GPU_FAMILY_COUNT; f++)
+        if (strcmp(name, convd_gpu_family_name((enum convd_gpu_family)f)) == 0) {
+            *ret_family = (enum convd_gpu_family)f;
+            return 0;
+        }
+    return CONVD_EINVAL;
+}
+
+extern "C" enum convd_gpu_family convd_gpu_route(const struct convd_problem *p)
+{
+    struct gpu_plan pl;
+    if (plan_auto(p, &pl) != 0)
+        return CONVD_GPU_FAMILY_GENERIC;
+    return pl.family;
+}
+
+extern "C" int convd_gpu_family_check(const struct convd_problem *p, enum convd_gpu_family family,
+                                      char *why, size_t why_len)
+{
+    if (p == NULL)
+        return CONVD_EINVAL;
+    int rc = gpu_limits_check(p, why, why_len);
+    if (rc != 0 || family == CONVD_GPU_FAMILY_AUTO)
+        return rc;
+    struct gpu_plan pl;
+    return plan_family(p, family, &pl, why, why_len);
+}
+
+extern "C" int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,
+                                     size_t count, void *workspace, size_t workspace_bytes,
+                                     void *stream, enum convd_gpu_family family)
+{
+    (void)workspace;
+    (void)workspace_bytes;
+    return run(p, t, count, stream, family);
+}
+
+extern "C" int convd_gpu_device_count(int *ret_count)
+{
+    if (ret_count == NULL)
+        return CONVD_EINVAL;
+    int n = 0;
+    if (hipGetDeviceCount(&n) != hipSuccess)
+        n = 0;
+    *ret_count = n;
+    return 0;
+}
+
+extern "C" int convd_gpu_device_name(char *buf, size_t len)
+{
+    if (buf == NULL || len == 0)
+        return CONVD_EINVAL;
+    int dev = 0;
+    CONVD_GPU_CHECK(hipGetDevice(&dev));
+#if defined(CONVD_GPU_NVIDIA)
+    cudaDeviceProp prop;
+    CONVD_GPU_CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(buf, len, "%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount);
+#else
+    hipDeviceProp_t prop;
+    CONVD_GPU_CHECK(hipGetDeviceProperties(&prop, dev));
+    snprintf(buf, len, "%s (%s, %d CUs)", prop.name, prop.gcnArchName, prop.multiProcessorCount);
+#endif
+    return 0;
+}
+
+extern "C" int convd_gpu_alloc(size_t bytes, void **ret_ptr)
+{
+    if (ret_ptr == NULL)
+        return CONVD_EINVAL;
+    void *p = NULL;
+    CONVD_GPU_CHECK(hipMalloc(&p, bytes ? bytes : 1));
+    *ret_ptr = p;
+    return 0;
+}
+
+extern "C" void convd_gpu_free(void *ptr)
+{
+    if (ptr != NULL)
+        (void)hipFree(ptr);
+}
+
+extern "C" int convd_gpu_upload(void *dst, const void *src, size_t bytes)
+{
+    CONVD_GPU_CHECK(hipMemcpy(dst, src, bytes, hipMemcpyHostToDevice));
+    return 0;
+}
+
+extern "C" int convd_gpu_download(void *dst, const void *src, size_t bytes)
+{
+    CONVD_GPU_CHECK(hipMemcpy(dst, src, bytes, hipMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int convd_gpu_fill_bytes(void *dst, int value, size_t bytes)
+{
+    CONVD_GPU_CHECK(hipMemset(dst, value, bytes));
+    return 0;
+}
+
+__device__ __forceinline__ uint64_t fill_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+template <class DT>
+__global__ void fill_random_kernel(typename DT::T *dst, size_t count, uint64_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t h = fill_mix(seed ^ fill_mix(i));
+        const float v = (float)((double)(h >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+        dst[i] = DT::store(v);
+    }
+}
+
+extern "C" int convd_gpu_fill_random(void *dst, enum convd_dtype dtype, size_t count,
+                                     uint64_t seed)
+{
+    if (dst == NULL && count > 0)
+        return CONVD_EINVAL;
+    if (count == 0)
+        return 0;
+    size_t blocks = (count + 255) / 256;
+    if (blocks > 8192)
+        blocks = 8192;
+    switch (dtype) {
+    case CONVD_DTYPE_FP32:
+        hipLaunchKernelGGL(fill_random_kernel<dt_f32>, dim3((unsigned)blocks), dim3(256), 0, 0,
+                           (float *)dst, count, seed);
+        break;
+    case CONVD_DTYPE_FP16:
+        hipLaunchKernelGGL(fill_random_kernel<dt_f16>, dim3((unsigned)blocks), dim3(256), 0, 0,
+                           (uint16_t *)dst, count, seed);
+        break;
+    case CONVD_DTYPE_BF16:
+        hipLaunchKernelGGL(fill_random_kernel<dt_bf16>, dim3((unsigned)blocks), dim3(256), 0, 0,
+                           (uint16_t *)dst, count, seed);
+        break;
+    default:
+        return CONVD_EINVAL;
+    }
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
+extern "C" int convd_gpu_synchronize(void)
+{
+    CONVD_GPU_CHECK(hipDeviceSynchronize());
+    return 0;
+}

@@ -1,0 +1,197 @@
+/*
+ * Shared by the HIP sources of the kernel library (C++ only): the geometry and pointer batch the
+ * kernels take as parameters, dtype traits for loads and rounding stores, the per-family plan
+ * and launch entry points, and the device-limit cache.
+ */
+#ifndef CONVD_GPU_INTERNAL_H
+#define CONVD_GPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "vendor.h"
+#include "convd/conv.h"
+#include "conv_math.h"
+#include "gpu_kernels.h"
+
+#define GPU_HD __host__ __device__ __forceinline__
+#define GPU_D  __device__ __forceinline__
+
+/* The problem as the kernels see it: everything int32 (convd_gpu_family_check() refuses tensors
+ * of 2^31 elements or more, so every index below fits). */
+struct gpu_geom {
+    int n, h, w, c, k, r, s, g, cpg, kpg, ho, wo;
+    int sh, sw, pt, pl, dh, dw;
+    int bias, relu;
+};
+
+/* Tensors of up to CONVD_GPU_BATCH_MAX problems of one geometry: blockIdx.z (or the work item)
+ * picks the problem. Kernel parameters, so no device-side table is needed. */
+struct gpu_batch {
+    const void *x[CONVD_GPU_BATCH_MAX];
+    const void *w[CONVD_GPU_BATCH_MAX];
+    const void *b[CONVD_GPU_BATCH_MAX];
+    void *y[CONVD_GPU_BATCH_MAX];
+};
+
+/* dtype traits. Storage types are plain integers for the 16-bit formats so that nothing depends
+ * on the vendor's half types; conversions round to nearest even. */
+struct dt_f32 {
+    typedef float T;
+    static const int id = CONVD_DTYPE_FP32;
+    static GPU_D float load(T v)
+    {
+        return v;
+    }
+    static GPU_D T store(float f)
+    {
+        return f;
+    }
+};
+
+struct dt_f16 {
+    typedef uint16_t T;
+    static const int id = CONVD_DTYPE_FP16;
+    static GPU_D float load(T v)
+    {
+#if defined(CONVD_GPU_NVIDIA)
+        return __half2float(__ushort_as_half(v));
+#else
+        return (float)__builtin_bit_cast(_Float16, v);
+#endif
+    }
+    static GPU_D T store(float f)
+    {
+#if defined(CONVD_GPU_NVIDIA)
+        return __half_as_ushort(__float2half_rn(f));
+#else
+        return __builtin_bit_cast(uint16_t, (_Float16)f);
+#endif
+    }
+};
+
+struct dt_bf16 {
+    typedef uint16_t T;
+    static const int id = CONVD_DTYPE_BF16;
+    static GPU_D float load(T v)
+    {
+        return __uint_as_float((uint32_t)v << 16);
+    }
+    static GPU_D T store(float f)
+    {
+        uint32_t u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return (T)((u >> 16) | 0x40u); /* quiet NaN stays NaN */
+        u += 0x7fffu + ((u >> 16) & 1u);
+        return (T)(u >> 16);
+    }
+};
+
+/* Epilogue shared by every family: bias, then ReLU. */
+GPU_D float gpu_epilogue(float acc, float bias, int relu)
+{
+    acc += bias;
+    return (relu && acc < 0.0f) ? 0.0f : acc;
+}
+
+/* Device limits, read once per device. */
+struct gpu_device_info {
+    int sm_count;
+    int smem_optin; /* most dynamic shared memory one block may ask for */
+    int smem_per_sm;
+};
+int gpu_device_info_get(struct gpu_device_info *ret);
+
+/* Copies the problem into the kernels' geometry. The problem must be valid. */
+void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g);
+
+/* Raises a kernel's dynamic shared-memory limit once (thread-safe, idempotent). */
+int gpu_allow_smem(const void *kernel, int bytes);
+
+/*
+ * Families. Each has a plan (host-side choice of tiles; 0 or CONVD_EUNSUPPORTED with a reason)
+ * and a launch that runs `count` <= CONVD_GPU_BATCH_MAX problems of the plan's geometry.
+ */
+struct gpu_dw_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+    int vec;    /* NHWC: channels per thread vector */
+    int unit;   /* stride_w == 1 && dil_w == 1: sliding-window reuse */
+    int cvb;    /* NHWC: channel vectors per block */
+    int strips; /* NHWC: output strips per block; NCHW: rows per block */
+    int threads;
+    int blocks_per_problem;
+    int smem;
+    int tiles_h;          /* NCHW: row tiles per plane */
+    int in_rows, in_cols; /* NCHW: shared-memory input rows, padded row length */
+};
+int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
+                     size_t why_len);
+int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
+                  hipStream_t stream);
+
+struct gpu_fma_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+    int tn;     /* output channels per thread (divides kpg) */
+    int unit;   /* stride_w == 1 && dil_w == 1 && s <= 7: register window across s */
+    int nch;    /* output-channel chunks (threads along N) per block */
+    int bn;     /* output channels per block: nch * tn */
+    int gpb;    /* groups per block (>= 1); 0 when the block covers part of one group */
+    int nsplit; /* blocks per group when kpg > bn */
+    int nblk;   /* n-blocks per problem */
+    int sx, th; /* strips per tile row, tile rows */
+    int tiles_w, tiles_h, tiles;
+    int ih, iw; /* halo tile */
+    int kc;     /* channels per group per chunk */
+    int nchunks;
+    int cbc; /* halo channels per pixel (all groups of the block, one chunk) */
+    int ps;  /* halo pixel stride in floats */
+    int bnp; /* weight row length in floats (bn padded) */
+    int threads, smem;
+};
+int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, char *why,
+                      size_t why_len);
+int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
+                   hipStream_t stream);
+
+struct gpu_mma_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+    int cfg;        /* index into the kernel configuration table */
+    int gm;         /* groups merged into one block-diagonal super-group */
+    int cpgm, kpgm; /* channels and outputs per super-group */
+    int bm, bn;
+    int sgb;          /* super-groups per block (>= 1) or 0 when the block is part of one */
+    int nsplit;       /* blocks per super-group when kpgm > bn */
+    int nblk;         /* n-blocks per problem */
+    int imgs, th, tw; /* tile: images x rows x cols */
+    int tiles_h, tiles_w, tiles;
+    int ih, iw;      /* halo rows and columns per image */
+    int kc, nchunks; /* channels per super-group per chunk */
+    int noct, nk16;  /* 8-channel octets per chunk (all taps), k16 steps */
+    int cbc;         /* halo channels per pixel */
+    int ps;          /* halo pixel stride, bytes */
+    int brs;         /* weight row stride, bytes */
+    int a_bytes, b_bytes, stage_bytes;
+    int off_a0, off_a1, off_b0, off_b1, off_oct, off_stage;
+    int smem;
+    int threads;
+    int fast_w; /* weights copied with 16-byte cp.async (NHWC, gm == 1) */
+};
+int gpu_mma_plan_make(const struct convd_problem *p, struct gpu_mma_plan *ret, char *why,
+                      size_t why_len);
+int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
+                   hipStream_t stream);
+
+struct gpu_generic_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+};
+int gpu_generic_plan_make(const struct convd_problem *p, struct gpu_generic_plan *ret);
+int gpu_generic_launch(const struct gpu_generic_plan *pl, const struct gpu_batch *b, int count,
+                       hipStream_t stream);
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * Internal interface of the GPU kernel library, for its tests and benchmarks (and the GPU backend
+ * if it wants it): the kernel families by name, running a problem on one chosen family, and a few
+ * vendor-neutral device-memory helpers so that C test code needs no CUDA or HIP header.
+ *
+ * The product API is the convd_gpu_*() block of include/convd/conv.h; it routes each problem to
+ * the best family. These functions exist so that every family can be tested on every problem it
+ * accepts, and benchmarked against the others.
+ */
+#ifndef CONVD_GPU_KERNELS_H
+#define CONVD_GPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convd/conv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Kernel families. AUTO lets the router choose (what convd_gpu_conv() does). */
+enum convd_gpu_family {
+    CONVD_GPU_FAMILY_AUTO = 0,
+    CONVD_GPU_FAMILY_DEPTHWISE = 1, /* cpg = 1, kpg 1..2: direct, vectorised over channels */
+    CONVD_GPU_FAMILY_FMA = 2,       /* register-tiled direct FMA, halo tile in shared memory */
+    CONVD_GPU_FAMILY_MMA = 3,       /* tensor-core implicit GEMM (fp16/bf16, NVIDIA) */
+    CONVD_GPU_FAMILY_GENERIC = 4,   /* one thread per output element; takes anything */
+};
+#define CONVD_GPU_FAMILY_COUNT 5
+
+/* Most problems one launch takes; convd_gpu_conv() loops launches past it. */
+#define CONVD_GPU_BATCH_MAX 32
+
+/* "auto", "depthwise", "fma", "mma", "generic"; "unknown" otherwise. */
+const char *convd_gpu_family_name(enum convd_gpu_family family);
+
+/* Parses a family name; returns 0 or CONVD_EINVAL. */
+int convd_gpu_family_parse(const char *name, enum convd_gpu_family *ret_family);
+
+/* The family convd_gpu_conv() routes p to (never AUTO). p must be valid. Pointer alignment is not
+ * known here; convd_gpu_conv() falls back to GENERIC for tensors not aligned to 16 bytes. */
+enum convd_gpu_family convd_gpu_route(const struct convd_problem *p);
+
+/* 0 when `family` can run p (AUTO: always for a valid problem), else CONVD_EUNSUPPORTED with the
+ * reason in why. Queries the current device's limits (shared memory). */
+int convd_gpu_family_check(const struct convd_problem *p, enum convd_gpu_family family, char *why,
+                           size_t why_len);
+
+/* convd_gpu_conv() on a chosen family: the same contract, but CONVD_EUNSUPPORTED when the family
+ * cannot take the problem (or the pointers are not aligned as it needs) instead of falling back. */
+int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,
+                          size_t count, void *workspace, size_t workspace_bytes, void *stream,
+                          enum convd_gpu_family family);
+
+/* Device helpers for tests and benchmarks. All return 0 or CONVD_EDEVICE (CONVD_EINVAL for bad
+ * arguments); they act on the current device and, where asynchronous, the default stream. */
+int convd_gpu_device_count(int *ret_count);
+/* "NVIDIA H200 (sm_90, 132 SMs)" into buf. */
+int convd_gpu_device_name(char *buf, size_t len);
+int convd_gpu_alloc(size_t bytes, void **ret_ptr);
+void convd_gpu_free(void *ptr);
+int convd_gpu_upload(void *dst, const void *src, size_t bytes);
+int convd_gpu_download(void *dst, const void *src, size_t bytes);
+/* Sets every byte of [dst, dst + bytes) to `value` (0xff poisons: NaN in every dtype). */
+int convd_gpu_fill_bytes(void *dst, int value, size_t bytes);
+/* Fills `count` elements of dtype with uniform values in [-1, 1) from a counter-based hash of
+ * (seed, index): never all zero, reproducible, fast for benchmark-sized tensors. */
+int convd_gpu_fill_random(void *dst, enum convd_dtype dtype, size_t count, uint64_t seed);
+int convd_gpu_synchronize(void);
+
+/* Benchmark tuning only: forces the tensor-core kernel's tile configuration (an index into its
+ * table, -1 for the planner's choice). Process-global and not thread-safe; returns CONVD_EINVAL
+ * for an index out of range. Shapes the forced configuration cannot take become unsupported by
+ * the mma family (and route elsewhere). */
+int convd_gpu_tune_mma_cfg(int cfg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,85 @@
+/*
+ * The vendor layer: the HIP names the kernels use, mapped to CUDA when nvcc compiles them.
+ *
+ * Debian's HIP headers predate CUDA 13 and do not compile against it, so under nvcc this header
+ * never includes a HIP header: it includes the CUDA runtime and defines the few hip* names the
+ * project uses in terms of it. Under hipcc (CONVD_GPU=amd) it includes HIP itself. Everything
+ * outside this header speaks HIP only, so the kernels and the dispatcher have one spelling.
+ *
+ * CONVD_GPU_NVIDIA / CONVD_GPU_AMD say which side the translation unit is on; device code that is
+ * specific to an architecture (mma.sync, cp.async, ldmatrix) is additionally guarded by
+ * CONVD_DEVICE_SM80 (NVIDIA, sm_80 or newer, device pass only).
+ */
+#ifndef CONVD_GPU_VENDOR_H
+#define CONVD_GPU_VENDOR_H
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) && !defined(__HIP_PLATFORM_AMD__)
+#define CONVD_GPU_NVIDIA 1
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+
+typedef cudaStream_t hipStream_t;
+typedef cudaError_t hipError_t;
+typedef cudaEvent_t hipEvent_t;
+typedef cudaFuncAttributes hipFuncAttributes;
+
+#define hipSuccess                               cudaSuccess
+#define hipGetLastError                          cudaGetLastError
+#define hipGetErrorString                        cudaGetErrorString
+#define hipGetDevice                             cudaGetDevice
+#define hipGetDeviceCount                        cudaGetDeviceCount
+#define hipDeviceGetAttribute                    cudaDeviceGetAttribute
+#define hipDeviceAttributeMultiprocessorCount    cudaDevAttrMultiProcessorCount
+#define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define hipDeviceAttributeMaxSharedMemoryPerMultiprocessor                                         \
+    cudaDevAttrMaxSharedMemoryPerMultiprocessor
+#define hipFuncSetAttribute(f, attr, v)            cudaFuncSetAttribute((const void *)(f), attr, v)
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor(ret, f, threads, smem)                        \
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(ret, f, threads, smem)
+#define hipMalloc               cudaMalloc
+#define hipFree                 cudaFree
+#define hipMemcpy               cudaMemcpy
+#define hipMemcpyAsync          cudaMemcpyAsync
+#define hipMemset               cudaMemset
+#define hipMemcpyHostToDevice   cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost   cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipDeviceSynchronize    cudaDeviceSynchronize
+#define hipStreamSynchronize    cudaStreamSynchronize
+
+/* Kernel launch with HIP's macro, expressed as CUDA's triple-chevron launch. */
+#define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...)                                \
+    kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CONVD_DEVICE_SM80 1
+#endif
+
+#else /* AMD through hipcc */
+#define CONVD_GPU_AMD 1
+
+#include <hip/hip_runtime.h>
+
+#endif
+
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define CONVD_DEVICE_PASS 1
+#endif
+
+/*
+ * Checked runtime calls: every GPU runtime call in the library goes through this macro, which
+ * returns CONVD_EDEVICE from the calling function on failure (the daemon never aborts on a
+ * device error; it fails the request). The calling function must return int.
+ */
+#define CONVD_GPU_CHECK(call)                                                                      \
+    do {                                                                                           \
+        hipError_t convd_gpu_err_ = (call);                                                        \
+        if (convd_gpu_err_ != hipSuccess)                                                          \
+            return CONVD_EDEVICE;                                                                  \
+    } while (0)
+
+#endif

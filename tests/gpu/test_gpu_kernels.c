@@ -1,0 +1,593 @@
+/*
+ * GPU kernel tests: every kernel family (depthwise, fma, mma, generic, and the router) against
+ * the CPU reference on fresh random problems, outputs poisoned with 0xff (NaN) first so that an
+ * element a kernel forgets to write fails. Plus two identities that must hold bit for bit: a
+ * G-group convolution equals G independent convolutions on channel slices, and a multi-problem
+ * launch equals one launch per problem.
+ *
+ * Without a GPU every test prints "skipped: no GPU" and is skipped. CONVD_TEST_SEED replays a run.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "convd/conv.h"
+#include "gpu_kernels.h"
+#include "testutil.h"
+
+static struct tu_rng rng;
+
+static int have_gpu(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        int n = 0;
+        convd_gpu_device_count(&n);
+        known = n > 0;
+        if (known) {
+            char name[160];
+            if (convd_gpu_device_name(name, sizeof(name)) == 0)
+                fprintf(stderr, "device: %s\n", name);
+        }
+    }
+    return known;
+}
+
+#define REQUIRE_GPU()                                                                              \
+    do {                                                                                           \
+        if (!have_gpu()) {                                                                         \
+            printf("skipped: no GPU\n");                                                           \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* Host and device tensors of one problem. */
+struct tcase {
+    struct convd_problem p;
+    struct convd_problem_sizes z;
+    void *hx, *hw, *hb, *hy;
+    float *ref;
+    void *dx, *dw, *db, *dy;
+};
+
+static void tc_init(struct tcase *c, const struct convd_problem *p)
+{
+    memset(c, 0, sizeof(*c));
+    c->p = *p;
+    assert_int_equal(convd_problem_sizes(p, &c->z, NULL, 0), 0);
+    c->hx = malloc(c->z.input_bytes);
+    c->hw = malloc(c->z.weight_bytes);
+    c->hb = malloc(c->z.bias_bytes ? c->z.bias_bytes : 1);
+    c->hy = malloc(c->z.output_bytes);
+    c->ref = malloc(c->z.output_elems * sizeof(float));
+    assert_non_null(c->hx);
+    assert_non_null(c->hw);
+    assert_non_null(c->hb);
+    assert_non_null(c->hy);
+    assert_non_null(c->ref);
+    tu_fill_random(&rng, p->dtype, c->hx, c->z.input_elems);
+    tu_fill_random(&rng, p->dtype, c->hw, c->z.weight_elems);
+    if (p->has_bias)
+        tu_fill_random(&rng, p->dtype, c->hb, c->z.bias_elems);
+    assert_int_equal(convd_gpu_alloc(c->z.input_bytes, &c->dx), 0);
+    assert_int_equal(convd_gpu_alloc(c->z.weight_bytes, &c->dw), 0);
+    assert_int_equal(convd_gpu_alloc(c->z.bias_bytes ? c->z.bias_bytes : 16, &c->db), 0);
+    assert_int_equal(convd_gpu_alloc(c->z.output_bytes, &c->dy), 0);
+    assert_int_equal(convd_gpu_upload(c->dx, c->hx, c->z.input_bytes), 0);
+    assert_int_equal(convd_gpu_upload(c->dw, c->hw, c->z.weight_bytes), 0);
+    if (p->has_bias)
+        assert_int_equal(convd_gpu_upload(c->db, c->hb, c->z.bias_bytes), 0);
+}
+
+static void tc_free(struct tcase *c)
+{
+    free(c->hx);
+    free(c->hw);
+    free(c->hb);
+    free(c->hy);
+    free(c->ref);
+    convd_gpu_free(c->dx);
+    convd_gpu_free(c->dw);
+    convd_gpu_free(c->db);
+    convd_gpu_free(c->dy);
+}
+
+/* Reference output as float: the CPU backend's convolution when it is linked, else the naive
+ * double-precision loop of testutil. */
+static void tc_reference(struct tcase *c)
+{
+#ifdef CONVD_TEST_HAVE_CPU
+    void *out = malloc(c->z.output_bytes);
+    assert_non_null(out);
+    struct convd_tensors t = {c->hx, c->hw, c->p.has_bias ? c->hb : NULL, out};
+    assert_int_equal(convd_cpu_conv(&c->p, &t, 0), 0);
+    for (uint64_t i = 0; i < c->z.output_elems; i++)
+        c->ref[i] = tu_load(c->p.dtype, out, i);
+    free(out);
+#else
+    tu_ref_conv(&c->p, c->hx, c->hw, c->p.has_bias ? c->hb : NULL, c->ref);
+#endif
+}
+
+/* Poisons the device output, runs the family, downloads into hy. Returns the API's code. */
+static int tc_run(struct tcase *c, enum convd_gpu_family fam)
+{
+    assert_int_equal(convd_gpu_fill_bytes(c->dy, 0xff, c->z.output_bytes), 0);
+    struct convd_tensors t = {c->dx, c->dw, c->p.has_bias ? c->db : NULL, c->dy};
+    int rc = fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_conv(&c->p, &t, 1, NULL, 0, NULL)
+                                          : convd_gpu_conv_family(&c->p, &t, 1, NULL, 0, NULL, fam);
+    if (rc != 0)
+        return rc;
+    assert_int_equal(convd_gpu_synchronize(), 0);
+    assert_int_equal(convd_gpu_download(c->hy, c->dy, c->z.output_bytes), 0);
+    return 0;
+}
+
+static int n_checked;
+
+/* Runs p on `fam` and compares with the reference. A family that cannot take the problem is
+ * allowed only when `must` is 0; returns 1 when it ran. */
+static int check_problem(const struct convd_problem *p, enum convd_gpu_family fam, int must)
+{
+    char desc[160], why[160] = "";
+    convd_problem_str(p, desc, sizeof(desc));
+    if (fam != CONVD_GPU_FAMILY_AUTO && convd_gpu_family_check(p, fam, why, sizeof(why)) != 0) {
+        if (must)
+            fail_msg("%s: family %s refused: %s", desc, convd_gpu_family_name(fam), why);
+        return 0;
+    }
+    struct tcase c;
+    tc_init(&c, p);
+    tc_reference(&c);
+    int rc = tc_run(&c, fam);
+    if (rc != 0) {
+        tc_free(&c);
+        fail_msg("%s: family %s returned %s", desc, convd_gpu_family_name(fam), convd_strerror(rc));
+    }
+    size_t bad = 0;
+    double err = tu_rel_error(p->dtype, c.hy, c.ref, c.z.output_elems, &bad);
+    double tol = tu_tolerance(p->dtype);
+    if (!(err <= tol)) {
+        float got = tu_load(p->dtype, c.hy, bad), want = c.ref[bad];
+        tc_free(&c);
+        fail_msg("%s [%s -> %s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc,
+                 convd_gpu_family_name(fam),
+                 fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_kernel_name(p) : "forced", err, tol, bad,
+                 (double)got, (double)want);
+    }
+    tc_free(&c);
+    n_checked++;
+    return 1;
+}
+
+static struct convd_problem mk(int n, int h, int w, int c, int k, int r, int s, int g, int stride,
+                               int pad, int dil, enum convd_dtype dt, enum convd_layout lay)
+{
+    struct convd_problem p;
+    convd_problem_init(&p, n, h, w, c, k, r, s, g);
+    p.stride_h = p.stride_w = stride;
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = pad;
+    p.dil_h = p.dil_w = dil;
+    p.dtype = dt;
+    p.layout = lay;
+    return p;
+}
+
+static const enum convd_dtype dtypes[] = {CONVD_DTYPE_FP32, CONVD_DTYPE_FP16, CONVD_DTYPE_BF16};
+static const enum convd_layout layouts[] = {CONVD_LAYOUT_NHWC, CONVD_LAYOUT_NCHW};
+
+/* Runs one geometry over every dtype and layout (and a bias+ReLU variant) on a family. */
+static void sweep(struct convd_problem p, enum convd_gpu_family fam, int must, int half_only)
+{
+    for (int d = 0; d < 3; d++) {
+        if (half_only && dtypes[d] == CONVD_DTYPE_FP32)
+            continue;
+        for (int l = 0; l < 2; l++) {
+            p.dtype = dtypes[d];
+            p.layout = layouts[l];
+            p.has_bias = false;
+            p.relu = false;
+            check_problem(&p, fam, must);
+            p.has_bias = true;
+            p.relu = true;
+            check_problem(&p, fam, must);
+        }
+    }
+}
+
+/* ---- families ---- */
+
+static void test_depthwise(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
+    struct convd_problem p;
+    sweep(mk(2, 13, 11, 16, 16, 3, 3, 16, 1, 1, 1, 0, 0), F, 1, 0); /* 3x3 s1, W % 4 != 0 */
+    sweep(mk(3, 15, 17, 24, 24, 3, 3, 24, 2, 1, 1, 0, 0), F, 1, 0); /* stride 2 */
+    sweep(mk(1, 20, 19, 8, 8, 5, 5, 8, 1, 2, 1, 0, 0), F, 1, 0);    /* 5x5 */
+    sweep(mk(2, 16, 18, 32, 32, 7, 7, 32, 1, 3, 1, 0, 0), F, 1, 0); /* 7x7 */
+    sweep(mk(2, 12, 12, 16, 32, 3, 3, 16, 1, 1, 1, 0, 0), F, 1, 0); /* multiplier 2 */
+    sweep(mk(2, 14, 14, 8, 16, 3, 3, 8, 2, 1, 1, 0, 0), F, 1, 0);   /* multiplier 2, s2 */
+    sweep(mk(1, 17, 15, 16, 16, 3, 3, 16, 1, 2, 2, 0, 0), F, 1, 0); /* dilation 2 */
+    sweep(mk(4, 9, 9, 8, 8, 1, 1, 8, 1, 0, 1, 0, 0), F, 1, 0);      /* 1x1 */
+    sweep(mk(2, 30, 70, 8, 8, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 0);    /* wide rows */
+    p = mk(2, 11, 13, 16, 16, 3, 5, 16, 1, 0, 1, 0, 0);             /* asymmetric */
+    p.pad_top = 2;
+    p.pad_bottom = 0;
+    p.pad_left = 1;
+    p.pad_right = 3;
+    p.stride_h = 2;
+    sweep(p, F, 1, 0);
+    p = mk(1, 9, 10, 16, 16, 4, 2, 16, 1, 1, 1, 0, 0); /* non-square, dil 1x2 */
+    p.dil_w = 2;
+    p.pad_right = 0;
+    sweep(p, F, 1, 0);
+    /* NCHW only: C not a multiple of the NHWC vector. */
+    p = mk(2, 10, 10, 5, 10, 3, 3, 5, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
+    check_problem(&p, F, 1);
+}
+
+static void test_fma(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_FMA;
+    struct convd_problem p;
+    sweep(mk(2, 12, 12, 8, 8, 3, 3, 4, 1, 1, 1, 0, 0), F, 1, 0);   /* cpg 2 */
+    sweep(mk(2, 14, 13, 16, 16, 3, 3, 4, 1, 1, 1, 0, 0), F, 1, 0); /* cpg 4 */
+    sweep(mk(1, 11, 9, 15, 25, 3, 3, 5, 1, 1, 1, 0, 0), F, 1, 0);  /* cpg 3, kpg 5 */
+    sweep(mk(2, 10, 10, 48, 48, 3, 3, 2, 2, 1, 1, 0, 0), F, 1, 0); /* cpg 24, stride 2 */
+    sweep(mk(1, 9, 9, 64, 64, 3, 3, 1, 1, 1, 2, 0, 0), F, 1, 0);   /* dense, dilation 2 */
+    sweep(mk(1, 7, 7, 256, 16, 3, 3, 1, 1, 1, 1, 0, 0), F, 1, 0);  /* chunked channels */
+    sweep(mk(2, 6, 6, 24, 256, 1, 1, 3, 1, 0, 1, 0, 0), F, 1, 0);  /* kpg > block: split */
+    sweep(mk(1, 40, 45, 12, 12, 3, 3, 3, 1, 1, 1, 0, 0), F, 1, 0); /* many tiles */
+    sweep(mk(3, 5, 5, 7, 14, 2, 4, 7, 1, 1, 1, 0, 0), F, 1, 0);    /* depthwise x2, 2x4 */
+    sweep(mk(1, 12, 12, 4, 12, 1, 9, 1, 1, 0, 1, 0, 0), F, 1, 0);  /* S > 7: no window */
+    p = mk(2, 13, 12, 6, 9, 3, 2, 3, 1, 0, 1, 0, 0);               /* asymmetric */
+    p.pad_top = 0;
+    p.pad_bottom = 2;
+    p.pad_left = 3;
+    p.pad_right = 1;
+    p.stride_w = 2;
+    sweep(p, F, 1, 0);
+    for (int i = 0; i < 24; i++) {
+        tu_random_problem(&rng, &p, 0, 0, 9);
+        check_problem(&p, F, 1);
+    }
+}
+
+static void test_mma(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
+    struct convd_problem p =
+        mk(1, 8, 8, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    char why[160];
+    if (convd_gpu_family_check(&p, F, why, sizeof(why)) != 0) {
+        printf("skipped: mma family not available here (%s)\n", why);
+        skip();
+    }
+    sweep(mk(2, 14, 14, 64, 64, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 8 */
+    sweep(mk(2, 9, 9, 64, 64, 3, 3, 4, 1, 1, 1, 0, 0), F, 1, 1);    /* cpg 16 */
+    sweep(mk(2, 10, 10, 72, 72, 3, 3, 3, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 24 */
+    sweep(mk(3, 7, 7, 64, 64, 3, 3, 2, 1, 1, 1, 0, 0), F, 1, 1);    /* cpg 32, 7x7 images */
+    sweep(mk(2, 9, 11, 160, 160, 1, 1, 2, 1, 0, 1, 0, 0), F, 1, 1); /* cpg 80, 1x1 */
+    sweep(mk(1, 12, 12, 64, 64, 3, 3, 1, 1, 1, 1, 0, 0), F, 1, 1);  /* dense */
+    sweep(mk(2, 12, 12, 32, 32, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 4: 2 merged */
+    sweep(mk(2, 12, 12, 16, 16, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 2: 4 merged */
+    sweep(mk(1, 10, 10, 16, 32, 3, 3, 4, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 4, kpg 8 */
+    sweep(mk(2, 9, 9, 40, 40, 3, 3, 5, 1, 1, 1, 0, 0), F, 1, 1);    /* 5 groups: n tail */
+    sweep(mk(1, 6, 6, 16, 256, 3, 3, 1, 1, 1, 1, 0, 0), F, 1, 1);   /* kpg > bn: split */
+    sweep(mk(1, 6, 7, 160, 16, 3, 3, 1, 1, 1, 1, 0, 0), F, 1, 1);   /* K chunks + tail */
+    sweep(mk(2, 15, 15, 64, 64, 3, 3, 8, 2, 1, 1, 0, 0), F, 1, 1);  /* stride 2 */
+    sweep(mk(1, 13, 13, 32, 32, 3, 3, 4, 1, 2, 2, 0, 0), F, 1, 1);  /* dilation 2 */
+    sweep(mk(1, 60, 60, 16, 16, 3, 3, 2, 1, 1, 1, 0, 0), F, 1, 1);  /* many tiles */
+    sweep(mk(40, 4, 4, 16, 16, 3, 3, 2, 1, 1, 1, 0, 0), F, 1, 1);   /* images per tile */
+    sweep(mk(1, 11, 10, 8, 8, 2, 5, 1, 1, 0, 1, 0, 0), F, 1, 1);    /* non-square */
+    p = mk(2, 12, 13, 32, 32, 3, 3, 4, 1, 0, 1, 0, 0);              /* asymmetric */
+    p.pad_top = 2;
+    p.pad_bottom = 0;
+    p.pad_left = 0;
+    p.pad_right = 1;
+    p.stride_h = 2;
+    sweep(p, F, 1, 1);
+    for (int i = 0; i < 20; i++) {
+        tu_random_problem(&rng, &p, tu_rng_range(&rng, 2, 3), 0, 6);
+        check_problem(&p, F, 0); /* random channel counts: run only where mma takes them */
+    }
+}
+
+static void test_generic(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    sweep(mk(2, 7, 9, 6, 9, 3, 2, 3, 2, 1, 2, 0, 0), CONVD_GPU_FAMILY_GENERIC, 1, 0);
+    struct convd_problem p;
+    for (int i = 0; i < 16; i++) {
+        tu_random_problem(&rng, &p, 0, 0, 7);
+        check_problem(&p, CONVD_GPU_FAMILY_GENERIC, 1);
+    }
+}
+
+/* The router on random problems of every kind, and on scaled-down versions of the bench shapes. */
+static void test_auto(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    struct convd_problem p;
+    for (int i = 0; i < 40; i++) {
+        tu_random_problem(&rng, &p, 0, 0, tu_rng_range(&rng, 1, 20));
+        check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
+    }
+    /* Suite shapes with N = 2 (same channel structure, so the same routes). */
+    static const int shapes[][10] = {
+        /* h, w, c, k, r, stride, pad, groups */
+        {56, 56, 128, 128, 3, 1, 1, 32}, {28, 28, 256, 256, 3, 1, 1, 32},
+        {14, 14, 512, 512, 3, 1, 1, 32}, {7, 7, 1024, 1024, 3, 1, 1, 32},
+        {56, 56, 256, 256, 3, 2, 1, 32}, {28, 28, 120, 120, 3, 1, 1, 5},
+        {14, 14, 336, 336, 3, 1, 1, 14}, {56, 56, 64, 64, 3, 1, 1, 32},
+        {56, 56, 64, 128, 3, 1, 1, 64},  {56, 56, 144, 144, 3, 1, 1, 144},
+        {112, 112, 96, 96, 3, 2, 1, 96}, {28, 28, 240, 240, 5, 1, 2, 240},
+        {56, 56, 96, 96, 7, 1, 3, 96},   {28, 28, 240, 240, 1, 1, 0, 3},
+        {56, 56, 64, 64, 3, 1, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        const int *s = shapes[i];
+        for (int d = 0; d < 3; d++)
+            for (int l = 0; l < 2; l++) {
+                p = mk(2, s[0], s[1], s[2], s[3], s[4], s[4], s[7], s[5], s[6], 1, dtypes[d],
+                       layouts[l]);
+                p.has_bias = d == 1;
+                p.relu = l == 1;
+                check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
+            }
+    }
+}
+
+/* ---- identities ---- */
+
+/* Channel slice g of a tensor whose channel dimension is `ch` wide, `per` channels a group. */
+static void slice_channels(const struct convd_problem *p, const void *src, void *dst, int hh,
+                           int ww, int ch, int per, int g)
+{
+    const size_t es = convd_dtype_size(p->dtype);
+    for (int n = 0; n < p->n; n++)
+        for (int y = 0; y < hh; y++)
+            for (int x = 0; x < ww; x++)
+                for (int c = 0; c < per; c++) {
+                    size_t si, di;
+                    if (p->layout == CONVD_LAYOUT_NHWC) {
+                        si = (((size_t)n * hh + y) * ww + x) * ch + (size_t)g * per + c;
+                        di = (((size_t)n * hh + y) * ww + x) * per + c;
+                    } else {
+                        si = (((size_t)n * ch + (size_t)g * per + c) * hh + y) * ww + x;
+                        di = (((size_t)n * per + c) * hh + y) * ww + x;
+                    }
+                    memcpy((char *)dst + di * es, (const char *)src + si * es, es);
+                }
+}
+
+static void identity_case(struct convd_problem p, enum convd_gpu_family fam)
+{
+    char desc[160];
+    convd_problem_str(&p, desc, sizeof(desc));
+    if (convd_gpu_family_check(&p, fam, NULL, 0) != 0)
+        return;
+    struct convd_problem q = p;
+    q.c = p.c / p.groups;
+    q.k = p.k / p.groups;
+    q.groups = 1;
+    if (convd_gpu_family_check(&q, fam, NULL, 0) != 0)
+        return;
+    struct tcase c;
+    tc_init(&c, &p);
+    assert_int_equal(tc_run(&c, fam), 0);
+    const size_t es = convd_dtype_size(p.dtype);
+    const int ho = (int)convd_out_dim(p.h, p.pad_top, p.pad_bottom, p.r, p.stride_h, p.dil_h);
+    const int wo = (int)convd_out_dim(p.w, p.pad_left, p.pad_right, p.s, p.stride_w, p.dil_w);
+    for (int g = 0; g < p.groups; g++) {
+        struct tcase s;
+        tc_init(&s, &q);
+        slice_channels(&p, c.hx, s.hx, p.h, p.w, p.c, q.c, g);
+        memcpy(s.hw, (const char *)c.hw + (size_t)g * s.z.weight_elems * es, s.z.weight_bytes);
+        if (p.has_bias)
+            memcpy(s.hb, (const char *)c.hb + (size_t)g * q.k * es, s.z.bias_bytes);
+        assert_int_equal(convd_gpu_upload(s.dx, s.hx, s.z.input_bytes), 0);
+        assert_int_equal(convd_gpu_upload(s.dw, s.hw, s.z.weight_bytes), 0);
+        if (p.has_bias)
+            assert_int_equal(convd_gpu_upload(s.db, s.hb, s.z.bias_bytes), 0);
+        assert_int_equal(tc_run(&s, fam), 0);
+        void *want = malloc(s.z.output_bytes);
+        assert_non_null(want);
+        slice_channels(&p, c.hy, want, ho, wo, p.k, q.k, g);
+        if (memcmp(want, s.hy, s.z.output_bytes) != 0)
+            fail_msg("%s [%s]: group %d differs from the grouped run", desc,
+                     convd_gpu_family_name(fam), g);
+        free(want);
+        tc_free(&s);
+    }
+    tc_free(&c);
+    n_checked++;
+}
+
+static void test_group_identity(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    for (int d = 0; d < 3; d++)
+        for (int l = 0; l < 2; l++) {
+            struct convd_problem p = mk(2, 11, 12, 24, 36, 3, 3, 3, 1, 1, 1, dtypes[d], layouts[l]);
+            p.has_bias = true;
+            p.relu = l == 0;
+            identity_case(p, CONVD_GPU_FAMILY_FMA);
+            identity_case(p, CONVD_GPU_FAMILY_GENERIC);
+            p = mk(2, 10, 9, 32, 48, 3, 3, 4, 2, 1, 1, dtypes[d], layouts[l]); /* cpg 8, kpg 12 */
+            identity_case(p, CONVD_GPU_FAMILY_FMA);
+            p = mk(1, 9, 10, 64, 64, 3, 3, 4, 1, 1, 1, dtypes[d], layouts[l]); /* cpg 16 */
+            p.has_bias = true;
+            identity_case(p, CONVD_GPU_FAMILY_MMA);
+            p = mk(2, 8, 8, 48, 96, 1, 1, 2, 1, 0, 1, dtypes[d], layouts[l]); /* cpg 24, kpg 48 */
+            identity_case(p, CONVD_GPU_FAMILY_MMA);
+            p = mk(2, 9, 8, 6, 12, 3, 3, 6, 1, 1, 1, dtypes[d], CONVD_LAYOUT_NCHW);
+            identity_case(p, CONVD_GPU_FAMILY_DEPTHWISE);
+        }
+}
+
+static void batch_case(struct convd_problem p, enum convd_gpu_family fam, int count)
+{
+    char desc[160];
+    convd_problem_str(&p, desc, sizeof(desc));
+    if (fam != CONVD_GPU_FAMILY_AUTO && convd_gpu_family_check(&p, fam, NULL, 0) != 0)
+        return;
+    struct tcase *cs = calloc((size_t)count, sizeof(*cs));
+    struct convd_tensors *ts = calloc((size_t)count, sizeof(*ts));
+    assert_non_null(cs);
+    assert_non_null(ts);
+    for (int i = 0; i < count; i++) {
+        tc_init(&cs[i], &p);
+        assert_int_equal(convd_gpu_fill_bytes(cs[i].dy, 0xff, cs[i].z.output_bytes), 0);
+        ts[i].input = cs[i].dx;
+        ts[i].weight = cs[i].dw;
+        ts[i].bias = p.has_bias ? cs[i].db : NULL;
+        ts[i].output = cs[i].dy;
+    }
+    size_t ws = 1;
+    assert_int_equal(convd_gpu_workspace(&p, (size_t)count, &ws), 0);
+    assert_int_equal(ws, 0);
+    int rc = fam == CONVD_GPU_FAMILY_AUTO
+                 ? convd_gpu_conv(&p, ts, (size_t)count, NULL, 0, NULL)
+                 : convd_gpu_conv_family(&p, ts, (size_t)count, NULL, 0, NULL, fam);
+    assert_int_equal(rc, 0);
+    assert_int_equal(convd_gpu_synchronize(), 0);
+    void *batched = malloc(cs[0].z.output_bytes);
+    assert_non_null(batched);
+    for (int i = 0; i < count; i++) {
+        assert_int_equal(convd_gpu_download(batched, cs[i].dy, cs[i].z.output_bytes), 0);
+        assert_int_equal(tc_run(&cs[i], fam), 0);
+        if (memcmp(batched, cs[i].hy, cs[i].z.output_bytes) != 0)
+            fail_msg("%s [%s]: problem %d of %d differs between the batched and the single run",
+                     desc, convd_gpu_family_name(fam), i, count);
+        if (i == 0 || i == count - 1) {
+            tc_reference(&cs[i]);
+            double err = tu_rel_error(p.dtype, cs[i].hy, cs[i].ref, cs[i].z.output_elems, NULL);
+            if (!(err <= tu_tolerance(p.dtype)))
+                fail_msg("%s [%s]: batched problem %d rel error %.3g", desc,
+                         convd_gpu_family_name(fam), i, err);
+        }
+    }
+    free(batched);
+    for (int i = 0; i < count; i++)
+        tc_free(&cs[i]);
+    free(cs);
+    free(ts);
+    n_checked++;
+}
+
+static void test_multi_problem(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    struct convd_problem p =
+        mk(2, 9, 10, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    p.has_bias = true;
+    batch_case(p, CONVD_GPU_FAMILY_AUTO, 5);
+    batch_case(p, CONVD_GPU_FAMILY_MMA, 37); /* past one launch's capacity */
+    batch_case(p, CONVD_GPU_FAMILY_FMA, 5);
+    p.dtype = CONVD_DTYPE_BF16;
+    p.layout = CONVD_LAYOUT_NCHW;
+    batch_case(p, CONVD_GPU_FAMILY_MMA, 6);
+    p = mk(1, 12, 12, 16, 16, 3, 3, 16, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
+    batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 34);
+    p.layout = CONVD_LAYOUT_NCHW;
+    batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 3);
+    p = mk(1, 6, 7, 6, 9, 2, 3, 3, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
+    batch_case(p, CONVD_GPU_FAMILY_GENERIC, 33);
+}
+
+/* ---- API contract ---- */
+
+static void test_api(void **state)
+{
+    (void)state;
+    struct convd_problem p =
+        mk(32, 28, 28, 256, 256, 3, 3, 32, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    char why[160];
+    assert_int_equal(convd_gpu_check(&p, why, sizeof(why)), 0);
+    struct convd_problem bad = p;
+    bad.groups = 3;
+    assert_int_not_equal(convd_gpu_check(&bad, why, sizeof(why)), 0);
+    assert_string_equal(convd_gpu_kernel_name(&bad), "none");
+    size_t ws = 7;
+    assert_int_equal(convd_gpu_workspace(&p, 4, &ws), 0);
+    assert_int_equal(ws, 0);
+    assert_int_equal(convd_gpu_conv(&p, NULL, 1, NULL, 0, NULL), CONVD_EINVAL);
+    struct convd_tensors t = {NULL, NULL, NULL, NULL};
+    assert_int_equal(convd_gpu_conv(&p, &t, 1, NULL, 0, NULL), CONVD_EINVAL);
+    enum convd_gpu_family f;
+    assert_int_equal(convd_gpu_family_parse("fma", &f), 0);
+    assert_int_equal(f, CONVD_GPU_FAMILY_FMA);
+    assert_int_equal(convd_gpu_family_parse("tensor", &f), CONVD_EINVAL);
+
+    REQUIRE_GPU();
+    /* Routing of the suite's families. */
+    struct convd_problem dw =
+        mk(32, 56, 56, 144, 144, 3, 3, 144, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    assert_string_equal(convd_gpu_kernel_name(&dw), "depthwise");
+    p.dtype = CONVD_DTYPE_FP32;
+    assert_string_equal(convd_gpu_kernel_name(&p), "fma");
+    p.dtype = CONVD_DTYPE_FP16;
+    const char *mma_name = convd_gpu_kernel_name(&p);
+    assert_true(strcmp(mma_name, "mma") == 0 || strcmp(mma_name, "fma") == 0);
+
+    /* Unaligned tensors: the router falls back to the generic kernel, a forced family refuses. */
+    struct convd_problem u =
+        mk(1, 8, 8, 16, 16, 3, 3, 2, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    struct tcase c;
+    tc_init(&c, &u);
+    tc_reference(&c);
+    void *dx2 = NULL;
+    assert_int_equal(convd_gpu_alloc(c.z.input_bytes + 16, &dx2), 0);
+    assert_int_equal(convd_gpu_upload((char *)dx2 + 2, c.hx, c.z.input_bytes), 0);
+    assert_int_equal(convd_gpu_fill_bytes(c.dy, 0xff, c.z.output_bytes), 0);
+    struct convd_tensors tu = {(char *)dx2 + 2, c.dw, NULL, c.dy};
+    assert_int_equal(convd_gpu_conv_family(&u, &tu, 1, NULL, 0, NULL, CONVD_GPU_FAMILY_FMA),
+                     CONVD_EUNSUPPORTED);
+    assert_int_equal(convd_gpu_conv(&u, &tu, 1, NULL, 0, NULL), 0);
+    assert_int_equal(convd_gpu_synchronize(), 0);
+    assert_int_equal(convd_gpu_download(c.hy, c.dy, c.z.output_bytes), 0);
+    assert_true(tu_rel_error(u.dtype, c.hy, c.ref, c.z.output_elems, NULL) <=
+                tu_tolerance(u.dtype));
+    convd_gpu_free(dx2);
+    tc_free(&c);
+}
+
+static int report(void **state)
+{
+    (void)state;
+    fprintf(stderr, "checked %d problem runs against the reference or bit for bit\n", n_checked);
+    return 0;
+}
+
+int main(void)
+{
+    tu_rng_init(&rng, tu_seed());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_api),
+        cmocka_unit_test(test_depthwise),
+        cmocka_unit_test(test_fma),
+        cmocka_unit_test(test_mma),
+        cmocka_unit_test(test_generic),
+        cmocka_unit_test(test_auto),
+        cmocka_unit_test(test_group_identity),
+        cmocka_unit_test(test_multi_problem),
+    };
+    return cmocka_run_group_tests(tests, NULL, report);
+}
