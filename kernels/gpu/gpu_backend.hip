@@ -776,15 +776,64 @@ static int gpu_supports(void *vctx, const struct convd_problem *p, char *why, si
     return convd_gpu_check(p, why, why_len);
 }
 
+/* Runs p `count` times in one call on zeroed pool memory; `misalign` shifts the output by one
+ * element, which the kernels route to their generic path. */
+static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size_t count,
+                        int misalign, char *why, size_t why_len)
+{
+    struct gpu_worker *w = &ctx->workers[0];
+    struct convd_problem_sizes sz;
+    struct convd_tensors t[2];
+    size_t ws = 0;
+    int rc = convd_problem_sizes(p, &sz, why, why_len);
+    if (rc == 0)
+        rc = convd_gpu_workspace(p, count, &ws);
+    if (rc != 0) {
+        gpu_say(why, why_len, "warm-up: the workspace query failed: %s", convd_strerror(rc));
+        return CONVD_EDEVICE;
+    }
+    size_t one = gpu_round_up(sz.input_bytes, GPU_ALIGN) +
+                 gpu_round_up(sz.weight_bytes, GPU_ALIGN) + gpu_round_up(sz.bias_bytes, GPU_ALIGN) +
+                 gpu_round_up(sz.output_bytes + GPU_ALIGN, GPU_ALIGN);
+    size_t need = count * one + ws;
+    rc = gpu_pool_reserve(ctx, w, need, why, why_len);
+    if (rc != 0)
+        return rc;
+    GPU_TRY(hipMemsetAsync(w->pool, 0, need, w->stream), "warm-up: clearing memory");
+    for (size_t i = 0; i < count; i++) {
+        char *b = w->pool + i * one;
+        t[i].input = b;
+        b += gpu_round_up(sz.input_bytes, GPU_ALIGN);
+        t[i].weight = b;
+        b += gpu_round_up(sz.weight_bytes, GPU_ALIGN);
+        t[i].bias = p->has_bias ? b : NULL;
+        b += gpu_round_up(sz.bias_bytes, GPU_ALIGN);
+        t[i].output = b + (misalign ? convd_dtype_size(p->dtype) : 0);
+    }
+    rc = convd_gpu_conv(p, t, count, ws ? w->pool + count * one : NULL, ws, (void *)w->stream);
+    if (rc != 0) {
+        char ps[160];
+        hipError_t e = hipGetLastError();
+        gpu_say(why, why_len, "warm-up of the %s kernel on %s failed: %s%s%s",
+                misalign ? "generic" : convd_gpu_kernel_name(p),
+                convd_problem_str(p, ps, sizeof ps), convd_strerror(rc),
+                e != hipSuccess ? ": " : "", e != hipSuccess ? hipGetErrorString(e) : "");
+        return CONVD_EDEVICE;
+    }
+    GPU_TRY(hipStreamSynchronize(w->stream), "warm-up: running the kernels");
+finish:
+    return rc;
+}
+
 /* Runs one small problem of every kernel family, dtype, layout and epilogue the kernels accept,
- * alone and batched, so that lazily loaded kernels are loaded before READY=1 and the first
- * request does not pay for it. */
+ * alone, batched and misaligned, so that lazily loaded kernels are loaded before READY=1 and the
+ * first requests do not pay for it. */
 static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
 {
-    /* {c, k, groups}: depthwise, small channels per group, 32 per group, dense. */
-    static const int32_t shapes[][3] = {{16, 16, 16}, {32, 32, 8}, {64, 64, 2}, {64, 64, 1}};
-    struct gpu_worker *w = &ctx->workers[0];
-    int rc = 0;
+    /* {c, k, groups}: depthwise; 3 and 4 channels per group (direct FMA, merged-group MMA);
+     * 32 per group; dense. */
+    static const int32_t shapes[][3] = {
+        {16, 16, 16}, {24, 24, 8}, {32, 32, 8}, {64, 64, 2}, {64, 64, 1}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
             for (int lay = CONVD_LAYOUT_NCHW; lay <= CONVD_LAYOUT_NHWC; lay++) {
@@ -798,57 +847,20 @@ static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
                     p.has_bias = (epi & 1) != 0;
                     p.relu = (epi & 2) != 0;
                     p.allow_tf32 = (epi & 4) != 0;
-                    struct convd_problem_sizes sz;
-                    if (convd_problem_sizes(&p, &sz, NULL, 0) != 0 ||
-                        convd_gpu_check(&p, NULL, 0) != 0)
+                    if (convd_gpu_check(&p, NULL, 0) != 0)
                         continue;
-                    for (size_t count = 1; count <= 2; count++) {
-                        size_t ws = 0;
-                        rc = convd_gpu_workspace(&p, count, &ws);
-                        if (rc != 0) {
-                            gpu_say(why, why_len, "warm-up: workspace query failed: %s",
-                                    convd_strerror(rc));
-                            return CONVD_EDEVICE;
-                        }
-                        size_t one = gpu_round_up(sz.input_bytes, GPU_ALIGN) +
-                                     gpu_round_up(sz.weight_bytes, GPU_ALIGN) +
-                                     gpu_round_up(sz.bias_bytes, GPU_ALIGN) +
-                                     gpu_round_up(sz.output_bytes, GPU_ALIGN);
-                        size_t need = count * one + ws;
-                        rc = gpu_pool_reserve(ctx, w, need, why, why_len);
-                        if (rc != 0)
-                            return rc;
-                        GPU_TRY(hipMemsetAsync(w->pool, 0, need, w->stream), "warm-up: memset");
-                        struct convd_tensors t[2];
-                        for (size_t i = 0; i < count; i++) {
-                            char *b = w->pool + i * one;
-                            t[i].input = b;
-                            b += gpu_round_up(sz.input_bytes, GPU_ALIGN);
-                            t[i].weight = b;
-                            b += gpu_round_up(sz.weight_bytes, GPU_ALIGN);
-                            t[i].bias = p.has_bias ? b : NULL;
-                            b += gpu_round_up(sz.bias_bytes, GPU_ALIGN);
-                            t[i].output = b;
-                        }
-                        rc = convd_gpu_conv(&p, t, count, ws ? w->pool + count * one : NULL, ws,
-                                            (void *)w->stream);
-                        if (rc != 0) {
-                            char ps[160];
-                            hipError_t e = hipGetLastError();
-                            gpu_say(why, why_len, "warm-up of %s kernel on %s failed: %s%s%s",
-                                    convd_gpu_kernel_name(&p), convd_problem_str(&p, ps, sizeof ps),
-                                    convd_strerror(rc), e != hipSuccess ? ": " : "",
-                                    e != hipSuccess ? hipGetErrorString(e) : "");
-                            return CONVD_EDEVICE;
-                        }
-                        GPU_TRY(hipStreamSynchronize(w->stream), "warm-up: running the kernels");
-                    }
+                    int rc = gpu_warm_one(ctx, &p, 1, 0, why, why_len);
+                    if (rc == 0)
+                        rc = gpu_warm_one(ctx, &p, 2, 0, why, why_len);
+                    if (rc == 0 && si == 0)
+                        rc = gpu_warm_one(ctx, &p, 1, 1, why, why_len);
+                    if (rc != 0)
+                        return rc;
                 }
             }
         }
     }
-finish:
-    return rc;
+    return 0;
 }
 
 static void gpu_close(struct gpu_ctx *ctx)
