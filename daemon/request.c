@@ -33,6 +33,12 @@ static int req_tensor(const struct req_context *ctx, int which, const Convd__Ten
         return req_fail(why, why_len, CONVD_ENOREGION,
                         "%s tensor names region %llu, which is not registered on this connection",
                         name, (unsigned long long)ref->region_id);
+    /* The byte count first: once it matches the shape, a bounds failure is about where the
+     * tensor is, not about how large the client said it was. */
+    if (ref->bytes != need)
+        return req_fail(why, why_len, CONVD_ESIZE,
+                        "%s tensor has %llu bytes, the problem needs %llu", name,
+                        (unsigned long long)ref->bytes, (unsigned long long)need);
     /* overflow-safe: offset + bytes <= size without computing offset + bytes */
     uint64_t size = reg->mem.size;
     if (ref->offset > size || ref->bytes > size - ref->offset)
@@ -41,10 +47,6 @@ static int req_tensor(const struct req_context *ctx, int which, const Convd__Ten
                         "%llu (%llu bytes)",
                         name, (unsigned long long)ref->offset, (unsigned long long)ref->bytes,
                         (unsigned long long)ref->region_id, (unsigned long long)size);
-    if (ref->bytes != need)
-        return req_fail(why, why_len, CONVD_ESIZE,
-                        "%s tensor has %llu bytes, the problem needs %llu", name,
-                        (unsigned long long)ref->bytes, (unsigned long long)need);
     if (which == REQ_OUTPUT && reg->readonly)
         return req_fail(why, why_len, CONVD_ESEAL,
                         "output tensor is in region %llu, which is sealed against writing",

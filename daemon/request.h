@@ -43,7 +43,7 @@ struct req_context {
 
 /* Checks a decoded ConvRequest: priority, the problem (wire_problem_from_pb), the backend's
  * support, the presence of each tensor (bias exactly when has_bias), each tensor's region
- * (CONVD_ENOREGION), range (CONVD_EBOUNDS) and byte count (CONVD_ESIZE), an output that is not in
+ * (CONVD_ENOREGION), byte count (CONVD_ESIZE) and range (CONVD_EBOUNDS), an output that is not in
  * a write-sealed region and overlaps no input, an id not in flight (CONVD_EEXIST) and the
  * in-flight limit (CONVD_ELIMIT). On success fills r's id, job (problem and views), regions (no
  * references taken yet), priority and timeout; on failure returns the code with a sentence in why
