@@ -41,8 +41,7 @@ int cli_parse_int(const char *s, long long lo, long long hi, long long *ret, cha
     return 0;
 }
 
-int cli_parse_double(const char *s, double lo, double hi, double *ret, char *why,
-                     size_t why_len)
+int cli_parse_double(const char *s, double lo, double hi, double *ret, char *why, size_t why_len)
 {
     if (s == NULL || *s == '\0')
         return cli_fail(why, why_len, "expected a number, got nothing");
@@ -89,8 +88,7 @@ static int cli_split_ints(const char *s, int max, int32_t lo, int32_t hi, int32_
     return n;
 }
 
-int cli_parse_pair(const char *s, int32_t lo, int32_t hi, int32_t ret[2], char *why,
-                   size_t why_len)
+int cli_parse_pair(const char *s, int32_t lo, int32_t hi, int32_t ret[2], char *why, size_t why_len)
 {
     int32_t v[2];
     int n = cli_split_ints(s, 2, lo, hi, v, why, why_len);
@@ -197,8 +195,21 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
  * Shapes CSV.
  */
 
-enum { CLI_COL_NAME, CLI_COL_N, CLI_COL_H, CLI_COL_W, CLI_COL_C, CLI_COL_K, CLI_COL_R,
-       CLI_COL_S, CLI_COL_STRIDE, CLI_COL_PAD, CLI_COL_DIL, CLI_COL_GROUPS, CLI_NCOLS };
+enum {
+    CLI_COL_NAME,
+    CLI_COL_N,
+    CLI_COL_H,
+    CLI_COL_W,
+    CLI_COL_C,
+    CLI_COL_K,
+    CLI_COL_R,
+    CLI_COL_S,
+    CLI_COL_STRIDE,
+    CLI_COL_PAD,
+    CLI_COL_DIL,
+    CLI_COL_GROUPS,
+    CLI_NCOLS
+};
 
 static const char *const cli_col_names[CLI_NCOLS] = {
     "name", "n", "h", "w", "c", "k", "r", "s", "stride", "pad", "dil", "groups",
@@ -281,9 +292,8 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
         }
         struct cli_shape row;
         memset(&row, 0, sizeof(row));
-        int32_t *vals[CLI_NCOLS] = {NULL,     &row.n,      &row.h,   &row.w,
-                                    &row.c,   &row.k,      &row.r,   &row.s,
-                                    &row.stride, &row.pad, &row.dil, &row.groups};
+        int32_t *vals[CLI_NCOLS] = {NULL,   &row.n, &row.h,      &row.w,   &row.c,   &row.k,
+                                    &row.r, &row.s, &row.stride, &row.pad, &row.dil, &row.groups};
         for (int c = 0; c < CLI_NCOLS; c++) {
             if ((size_t)col[c] >= nf) {
                 cli_fail(why, why_len, "line %zu has no value for column '%s'", lineno,
@@ -302,12 +312,11 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
             long long x;
             char sub[128];
             long long lo = c == CLI_COL_PAD ? 0 : 1;
-            long long hi = c == CLI_COL_PAD      ? CONVD_MAX_PAD
+            long long hi = c == CLI_COL_PAD                          ? CONVD_MAX_PAD
                            : c == CLI_COL_STRIDE || c == CLI_COL_DIL ? CONVD_MAX_STRIDE
-                                                                    : CONVD_MAX_DIM;
+                                                                     : CONVD_MAX_DIM;
             if (cli_parse_int(v, lo, hi, &x, sub, sizeof(sub)) != 0) {
-                cli_fail(why, why_len, "line %zu, column '%s': %s", lineno, cli_col_names[c],
-                         sub);
+                cli_fail(why, why_len, "line %zu, column '%s': %s", lineno, cli_col_names[c], sub);
                 goto finish;
             }
             *vals[c] = (int32_t)x;

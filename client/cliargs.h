@@ -15,8 +15,7 @@ int cli_parse_int(const char *s, long long lo, long long hi, long long *ret, cha
                   size_t why_len);
 
 /* A number in [lo, hi] ("2.5", "1e-3"). */
-int cli_parse_double(const char *s, double lo, double hi, double *ret, char *why,
-                     size_t why_len);
+int cli_parse_double(const char *s, double lo, double hi, double *ret, char *why, size_t why_len);
 
 /* "V" or "VH,VW" (stride, dilation): ret[0] vertical, ret[1] horizontal, each in [lo, hi]. */
 int cli_parse_pair(const char *s, int32_t lo, int32_t hi, int32_t ret[2], char *why,

@@ -215,8 +215,7 @@ static bool cl_dispatch(convd_client *c, Convd__ServerMessage *m)
             return true;
         }
         cl_trouble(c, code, "the daemon reported a protocol error: %s (%s)",
-                   e->error[0] != '\0' ? e->error : convd_strerror(code),
-                   convd_status_name(code));
+                   e->error[0] != '\0' ? e->error : convd_strerror(code), convd_status_name(code));
         return false;
     }
     case CONVD__SERVER_MESSAGE__MSG__NOT_SET:
@@ -254,8 +253,9 @@ int cl_drain(convd_client *c)
         }
         Convd__ServerMessage *m = convd__server_message__unpack(NULL, (size_t)n, c->rxbuf);
         if (m == NULL) {
-            cl_trouble(c, CONVD_EPROTO, "the daemon sent a datagram of %zd bytes that does not "
-                                        "decode as a ServerMessage",
+            cl_trouble(c, CONVD_EPROTO,
+                       "the daemon sent a datagram of %zd bytes that does not "
+                       "decode as a ServerMessage",
                        n);
             continue;
         }
@@ -282,8 +282,7 @@ int cl_pump(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline
         if (rc < 0) {
             if (errno == EINTR)
                 continue;
-            return cl_fail(c, CONVD_EIO, "poll on the daemon's socket failed: %s",
-                           strerror(errno));
+            return cl_fail(c, CONVD_EIO, "poll on the daemon's socket failed: %s", strerror(errno));
         }
         if (rc == 0) {
             if (ms != 0 || convd_now_ns() >= deadline)
@@ -300,14 +299,18 @@ int cl_send(convd_client *c, const Convd__ClientMessage *m, int pass_fd, uint64_
         return cl_closed_fail(c);
     int len = wire_pack_client(m, c->txbuf, c->max_send);
     if (len < 0)
-        return cl_fail(c, CONVD_ETOOBIG, "the message is %zu bytes, larger than the %zu the "
-                                         "daemon accepts",
+        return cl_fail(c, CONVD_ETOOBIG,
+                       "the message is %zu bytes, larger than the %zu the "
+                       "daemon accepts",
                        convd__client_message__get_packed_size(m), c->max_send);
     for (;;) {
         int rc = sock_send(c->fd, c->txbuf, (size_t)len, pass_fd);
         if (rc == 0)
             return 0;
         if (rc == -EPIPE || rc == -ECONNRESET || rc == -ENOTCONN) {
+            /* What the daemon sent before it went (a ProtocolError saying why, completions) is
+             * still queued here: take it in before reporting the close. */
+            cl_drain(c);
             cl_mark_closed(c);
             return cl_closed_fail(c);
         }
@@ -318,8 +321,7 @@ int cl_send(convd_client *c, const Convd__ClientMessage *m, int pass_fd, uint64_
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN | POLLOUT};
         int prc = poll(&pfd, 1, cl_poll_ms(deadline));
         if (prc < 0 && errno != EINTR)
-            return cl_fail(c, CONVD_EIO, "poll on the daemon's socket failed: %s",
-                           strerror(errno));
+            return cl_fail(c, CONVD_EIO, "poll on the daemon's socket failed: %s", strerror(errno));
         if (prc == 0)
             return cl_fail(c, CONVD_ETIMEDOUT,
                            "timed out waiting for room in the daemon's receive queue");
@@ -373,16 +375,15 @@ static int cl_socket_connect(const char *path, uint64_t deadline)
         return cl_connect_fail(CONVD_ECONNECT, "the socket path is empty");
     if (plen >= sizeof(sa.sun_path))
         return cl_connect_fail(CONVD_ECONNECT,
-                               "the socket path %s is %zu bytes long; at most %zu fit", path,
-                               plen, sizeof(sa.sun_path) - 1);
+                               "the socket path %s is %zu bytes long; at most %zu fit", path, plen,
+                               sizeof(sa.sun_path) - 1);
     memcpy(sa.sun_path, path, plen + 1);
 
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return cl_connect_fail(errno == EMFILE || errno == ENFILE || errno == ENOMEM
-                                   ? CONVD_ENOMEM
-                                   : CONVD_ECONNECT,
-                               "cannot create a socket: %s", strerror(errno));
+        return cl_connect_fail(
+            errno == EMFILE || errno == ENFILE || errno == ENOMEM ? CONVD_ENOMEM : CONVD_ECONNECT,
+            "cannot create a socket: %s", strerror(errno));
     for (;;) {
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
             return fd;
@@ -395,9 +396,8 @@ static int cl_socket_connect(const char *path, uint64_t deadline)
         }
         close(fd);
         if (err == EAGAIN)
-            return cl_connect_fail(CONVD_ETIMEDOUT,
-                                   "timed out connecting to %s: the daemon's backlog is full",
-                                   path);
+            return cl_connect_fail(
+                CONVD_ETIMEDOUT, "timed out connecting to %s: the daemon's backlog is full", path);
         if (err == EACCES || err == EPERM)
             return cl_connect_fail(CONVD_EPERM, "permission denied connecting to %s", path);
         if (err == ENOENT || err == ECONNREFUSED)
@@ -431,16 +431,14 @@ static int cl_handshake(convd_client *c, const char *name, uint64_t deadline)
     Convd__ServerMessage *r = NULL;
     int rc = cl_request(c, &m, -1, CL_EXPECT_HELLO, 0, deadline, &r);
     if (rc == CONVD_ECLOSED)
-        return cl_fail(c, CONVD_ECONNECT,
-                       "the daemon closed the connection during the handshake");
+        return cl_fail(c, CONVD_ECONNECT, "the daemon closed the connection during the handshake");
     if (rc == CONVD_ETIMEDOUT)
         return cl_fail(c, CONVD_ETIMEDOUT, "timed out waiting for the daemon's HelloReply");
     if (rc == CONVD_EPROTO) {
         /* Whatever answered does not speak our protocol. */
         char why[CL_ERRSTR_BYTES];
         snprintf(why, sizeof(why), "%s", c->errstr);
-        return cl_fail(c, CONVD_EVERSION, "the peer does not speak the convd protocol: %s",
-                       why);
+        return cl_fail(c, CONVD_EVERSION, "the peer does not speak the convd protocol: %s", why);
     }
     if (rc != 0)
         return rc;

@@ -16,8 +16,9 @@
 
 #define CL_ERRSTR_BYTES 512
 /* A control reply (region, status, metrics, pong) is waited for this long at least, whatever the
- * connect timeout: registering a region on a GPU backend pins it, which takes a while for gigabytes. */
-#define CL_REGION_TIMEOUT_MS 60000
+ * connect timeout: registering a region on a GPU backend pins it, which takes a while for
+ * gigabytes. */
+#define CL_REGION_TIMEOUT_MS  60000
 #define CL_DEFAULT_TIMEOUT_MS 5000
 /* Tensors inside the staging region of convd_conv() start at multiples of this. */
 #define CL_STAGING_ALIGN 256u
@@ -132,8 +133,9 @@ int cl_pump(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline
 /* Sends m and waits for the control reply of the given kind and key until deadline. On success
  * *ret_reply is the decoded message, freed by the caller with
  * convd__server_message__free_unpacked(). */
-int cl_request(convd_client *c, const Convd__ClientMessage *m, int pass_fd, enum cl_expect_kind kind,
-               uint64_t key, uint64_t deadline, Convd__ServerMessage **ret_reply);
+int cl_request(convd_client *c, const Convd__ClientMessage *m, int pass_fd,
+               enum cl_expect_kind kind, uint64_t key, uint64_t deadline,
+               Convd__ServerMessage **ret_reply);
 
 /* Copies a protobuf string into a fixed buffer, truncated on a UTF-8 character boundary. */
 void cl_strlcpy(char *dst, size_t cap, const char *src);

@@ -38,16 +38,15 @@ int npy_header_length(const void *buf, size_t len, size_t *ret_total, char *why,
     if (len < 8)
         return CONVD_EAGAIN;
     if (b[6] < 1 || b[6] > 3 || b[7] != 0)
-        return npy_fail(why, why_len, "unsupported .npy format version %u.%u (known: 1.0, 2.0, 3.0)",
-                        b[6], b[7]);
+        return npy_fail(why, why_len,
+                        "unsupported .npy format version %u.%u (known: 1.0, 2.0, 3.0)", b[6], b[7]);
     prefix = b[6] == 1 ? 10 : 12;
     if (len < prefix)
         return CONVD_EAGAIN;
     if (b[6] == 1)
         hlen = (uint32_t)b[8] | (uint32_t)b[9] << 8;
     else
-        hlen = (uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 |
-               (uint32_t)b[11] << 24;
+        hlen = (uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24;
     if (hlen > NPY_MAX_HEADER_BYTES)
         return npy_fail(why, why_len, "header of %u bytes is longer than the %u accepted", hlen,
                         NPY_MAX_HEADER_BYTES);
@@ -88,8 +87,7 @@ static int npy_string(struct npy_lex *x, char *out, size_t cap, const char *what
     const char *s = x->p;
     while (x->p < x->end && *x->p != q) {
         if (*x->p == '\\' || *x->p == '\n' || *x->p == '\0')
-            return npy_fail(x->why, x->why_len, "unsupported character in the string of %s",
-                            what);
+            return npy_fail(x->why, x->why_len, "unsupported character in the string of %s", what);
         x->p++;
     }
     if (x->p >= x->end)
@@ -137,8 +135,9 @@ static int npy_uint(struct npy_lex *x, uint64_t *ret)
 {
     npy_ws(x);
     if (x->p >= x->end || *x->p < '0' || *x->p > '9')
-        return npy_fail(x->why, x->why_len, "shape holds something other than a non-negative "
-                                            "integer");
+        return npy_fail(x->why, x->why_len,
+                        "shape holds something other than a non-negative "
+                        "integer");
     uint64_t v = 0;
     while (x->p < x->end && *x->p >= '0' && *x->p <= '9') {
         if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, *x->p - '0', &v))
@@ -163,8 +162,7 @@ static int npy_shape(struct npy_lex *x, struct npy_header *h)
     bool comma = false;
     for (;;) {
         if (h->ndim == NPY_MAX_DIMS)
-            return npy_fail(x->why, x->why_len, "shape has more than %d dimensions",
-                            NPY_MAX_DIMS);
+            return npy_fail(x->why, x->why_len, "shape has more than %d dimensions", NPY_MAX_DIMS);
         int rc = npy_uint(x, &h->shape[h->ndim]);
         if (rc != 0)
             return rc;
@@ -207,8 +205,7 @@ static int npy_descr(struct npy_header *h, char *why, size_t why_len)
     return 0;
 }
 
-int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *why,
-                     size_t why_len)
+int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *why, size_t why_len)
 {
     size_t total;
     int rc = npy_header_length(buf, len, &total, why, why_len);
@@ -270,7 +267,9 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
         return npy_fail(why, why_len, "unexpected characters after the header's dict");
     if (!seen_descr || !seen_fortran || !seen_shape)
         return npy_fail(why, why_len, "header lacks the key '%s'",
-                        !seen_descr ? "descr" : !seen_fortran ? "fortran_order" : "shape");
+                        !seen_descr     ? "descr"
+                        : !seen_fortran ? "fortran_order"
+                                        : "shape");
     if ((rc = npy_descr(&h, why, why_len)) != 0)
         return rc;
 
@@ -285,15 +284,16 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
     return 0;
 }
 
-int npy_write_header(void *buf, size_t cap, const char *descr, const uint64_t *shape,
-                     uint32_t ndim, size_t *ret_len)
+int npy_write_header(void *buf, size_t cap, const char *descr, const uint64_t *shape, uint32_t ndim,
+                     size_t *ret_len)
 {
     char text[64 + NPY_MAX_DIMS * 22];
     if (descr == NULL || strlen(descr) >= 16 || strchr(descr, '\'') != NULL ||
         ndim > NPY_MAX_DIMS || (ndim > 0 && shape == NULL))
         return CONVD_EINVAL;
-    size_t n = (size_t)snprintf(text, sizeof(text), "{'descr': '%s', 'fortran_order': False, "
-                                                    "'shape': (",
+    size_t n = (size_t)snprintf(text, sizeof(text),
+                                "{'descr': '%s', 'fortran_order': False, "
+                                "'shape': (",
                                 descr);
     for (uint32_t i = 0; i < ndim; i++)
         n += (size_t)snprintf(text + n, sizeof(text) - n, "%s%llu", i > 0 ? ", " : "",

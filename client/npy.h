@@ -52,7 +52,7 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
  * when the text does not fit 1.0's 16-bit length), padded so that the data starts at a multiple
  * of 64 bytes, as numpy does. *ret_len gets the header's length. Returns 0, or CONVD_ETOOBIG when
  * cap is too small, CONVD_EINVAL for a bad descr or ndim. */
-int npy_write_header(void *buf, size_t cap, const char *descr, const uint64_t *shape,
-                     uint32_t ndim, size_t *ret_len);
+int npy_write_header(void *buf, size_t cap, const char *descr, const uint64_t *shape, uint32_t ndim,
+                     size_t *ret_len);
 
 #endif

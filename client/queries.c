@@ -75,8 +75,7 @@ int convd_metrics_get(convd_client *c, char **ret_text)
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_METRICS;
     m.metrics = &req;
     Convd__ServerMessage *reply = NULL;
-    int rc =
-        cl_request(c, &m, -1, CL_EXPECT_METRICS, req.tag, cl_deadline(c->timeout_ms), &reply);
+    int rc = cl_request(c, &m, -1, CL_EXPECT_METRICS, req.tag, cl_deadline(c->timeout_ms), &reply);
     if (rc != 0)
         return rc;
     char *text = strdup(reply->metrics_reply->text != NULL ? reply->metrics_reply->text : "");

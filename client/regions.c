@@ -58,8 +58,8 @@ static int cl_region_limits(convd_client *c, uint64_t size)
         return cl_fail(c, CONVD_ELIMIT,
                        "this client has %zu regions registered, the daemon allows %u", c->n_regions,
                        c->info.max_regions);
-    if (c->info.max_mapped_bytes != 0 && (size > c->info.max_mapped_bytes ||
-                                          c->mapped_bytes > c->info.max_mapped_bytes - size))
+    if (c->info.max_mapped_bytes != 0 &&
+        (size > c->info.max_mapped_bytes || c->mapped_bytes > c->info.max_mapped_bytes - size))
         return cl_fail(c, CONVD_ELIMIT,
                        "a region of %llu bytes would bring this client to %llu bytes mapped, the "
                        "daemon allows %llu",
@@ -106,7 +106,7 @@ static int cl_region_register(convd_client *c, convd_region *r, Convd__RegisterR
 static int cl_errno_code(int err)
 {
     return err == ENOMEM || err == EMFILE || err == ENFILE || err == ENOSPC ? CONVD_ENOMEM
-                                                                              : CONVD_EIO;
+                                                                            : CONVD_EIO;
 }
 
 int convd_region_create(convd_client *c, size_t size, convd_region **ret_region)
@@ -179,8 +179,8 @@ int convd_region_import_gpu(convd_client *c, const void *ipc_handle, size_t hand
     if (ipc_handle == NULL || ret_region == NULL)
         return cl_fail(c, CONVD_EINVAL, "ipc_handle and ret_region must not be NULL");
     if (handle_len != CONVD_IPC_HANDLE_BYTES)
-        return cl_fail(c, CONVD_EINVAL, "handle_len is %zu, an IPC handle is %u bytes",
-                       handle_len, CONVD_IPC_HANDLE_BYTES);
+        return cl_fail(c, CONVD_EINVAL, "handle_len is %zu, an IPC handle is %u bytes", handle_len,
+                       CONVD_IPC_HANDLE_BYTES);
     uint64_t end;
     if (size == 0 || size > SIZE_MAX || __builtin_add_overflow(offset, size, &end))
         return cl_fail(c, CONVD_EINVAL, "region of %llu bytes at offset %llu is out of range",
@@ -255,8 +255,8 @@ int convd_region_free(convd_region *r)
     const Convd__RegionReply *rr = reply->region_reply;
     if (rr->status != 0) {
         rc = rr->status < 0 ? rr->status : CONVD_EPROTO;
-        cl_fail(c, rc, "the daemon could not unregister region %llu: %s",
-                (unsigned long long)r->id, rr->error[0] != '\0' ? rr->error : convd_strerror(rc));
+        cl_fail(c, rc, "the daemon could not unregister region %llu: %s", (unsigned long long)r->id,
+                rr->error[0] != '\0' ? rr->error : convd_strerror(rc));
     }
     convd__server_message__free_unpacked(reply, NULL);
 finish:

@@ -165,8 +165,8 @@ static int cl_check_tensor(convd_client *c, const char *name, const struct convd
                        name, (unsigned long long)t->offset, (unsigned long long)t->bytes,
                        (unsigned long long)t->region->id, t->region->size);
     if (t->bytes != need)
-        return cl_fail(c, CONVD_ESIZE, "the %s tensor is %llu bytes, the problem needs %llu",
-                       name, (unsigned long long)t->bytes, (unsigned long long)need);
+        return cl_fail(c, CONVD_ESIZE, "the %s tensor is %llu bytes, the problem needs %llu", name,
+                       (unsigned long long)t->bytes, (unsigned long long)need);
     return 0;
 }
 
@@ -288,8 +288,7 @@ int convd_wait(convd_client *c, uint64_t id, int timeout_ms, struct convd_comple
         return cl_fail(c, CONVD_EINVAL, "ret must not be NULL");
     int32_t s = cl_slot_find(c, id);
     if (s < 0 || c->slots[s].state == CL_SLOT_ABANDONED)
-        return cl_fail(c, CONVD_ENOTFOUND, "request %llu is not in flight",
-                       (unsigned long long)id);
+        return cl_fail(c, CONVD_ENOTFOUND, "request %llu is not in flight", (unsigned long long)id);
     /* Slots do not move while we wait: only submit grows the table. */
     int rc = cl_pump(c, cl_slot_is_done, &s, cl_deadline(timeout_ms));
     if (rc != 0)

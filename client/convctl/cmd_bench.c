@@ -47,8 +47,8 @@ static const char bench_usage[] =
 
 /* One child's results, in memory shared with the parent. */
 struct bench_result {
-    int fatal;        /* 0, or the CONVD_E* code that stopped the child */
-    char error[256];  /* its sentence, or the first failed request's */
+    int fatal;       /* 0, or the CONVD_E* code that stopped the child */
+    char error[256]; /* its sentence, or the first failed request's */
     uint64_t completed, failed;
     int first_fail;
     uint64_t t_begin, t_end;
@@ -411,21 +411,20 @@ static void bench_batches(const struct bench_sum *s, char *buf, size_t len, doub
     }
 }
 
-static void bench_report(const char *name, const struct bench_params *bp,
-                         const struct bench_sum *s, const struct convd_server_info *info,
-                         uint64_t batches)
+static void bench_report(const char *name, const struct bench_params *bp, const struct bench_sum *s,
+                         const struct convd_server_info *info, uint64_t batches)
 {
     char desc[192], b1[32], b2[32], b3[32], hist[256];
     double rps = s->seconds > 0 ? (double)s->completed / s->seconds : 0;
     double mean_batch;
     bench_batches(s, hist, sizeof(hist), &mean_batch);
     printf("bench %s: %s\n", name, convd_problem_str(&bp->p, desc, sizeof(desc)));
-    printf("  clients    %d x depth %d, %s backend (%s)\n", bp->clients, bp->depth,
-           info->backend, info->device);
+    printf("  clients    %d x depth %d, %s backend (%s)\n", bp->clients, bp->depth, info->backend,
+           info->device);
     printf("  requests   %llu completed, %llu failed, in %.2f s\n",
            (unsigned long long)s->completed, (unsigned long long)s->failed, s->seconds);
-    printf("  throughput %.1f requests/s, %.1f images/s, %.3f TFLOP/s\n", rps,
-           rps * bp->p.n, rps * (double)bp->z.flops / 1e12);
+    printf("  throughput %.1f requests/s, %.1f images/s, %.3f TFLOP/s\n", rps, rps * bp->p.n,
+           rps * (double)bp->z.flops / 1e12);
     printf("  latency    p50 %s, p99 %s, p99.9 %s (submit to completion, per request)\n",
            ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.50), b1, sizeof(b1)),
            ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.99), b2, sizeof(b2)),
@@ -480,7 +479,8 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
                 return code;
             continue;
         }
-        if (opt >= CTL_OPT_PROBLEM_FIRST && opt < CTL_OPT_PROBLEM_FIRST + CTL_PROBLEM_OPTION_COUNT) {
+        if (opt >= CTL_OPT_PROBLEM_FIRST &&
+            opt < CTL_OPT_PROBLEM_FIRST + CTL_PROBLEM_OPTION_COUNT) {
             if (npopts == sizeof(popts) / sizeof(popts[0])) {
                 ctl_err("too many shape options");
                 return CTL_EXIT_USAGE;
@@ -495,8 +495,8 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
             return 0;
         case B_CLIENTS:
         case B_DEPTH:
-            if (cli_parse_int(optarg, 1, opt == B_CLIENTS ? 1024 : 65536, &v, why,
-                              sizeof(why)) != 0) {
+            if (cli_parse_int(optarg, 1, opt == B_CLIENTS ? 1024 : 65536, &v, why, sizeof(why)) !=
+                0) {
                 ctl_err("--%s: %s", opt == B_CLIENTS ? "clients" : "depth", why);
                 return CTL_EXIT_USAGE;
             }
@@ -593,8 +593,8 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         goto finish;
     }
     if (all)
-        printf("%-22s %10s %11s %8s %10s %10s %10s %6s\n", "shape", "req/s", "images/s",
-               "TFLOP/s", "p50", "p99", "p99.9", "batch");
+        printf("%-22s %10s %11s %8s %10s %10s %10s %6s\n", "shape", "req/s", "images/s", "TFLOP/s",
+               "p50", "p99", "p99.9", "batch");
     code = 0;
     for (size_t i = first; i < last; i++) {
         const char *name = "options";
@@ -633,8 +633,8 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
             double rps = sum->seconds > 0 ? (double)sum->completed / sum->seconds : 0, mb;
             char hist[256];
             bench_batches(sum, hist, sizeof(hist), &mb);
-            printf("%-22s %10.1f %11.1f %8.3f %10s %10s %10s %6.2f%s%s\n", name, rps,
-                   rps * bp.p.n, rps * (double)bp.z.flops / 1e12,
+            printf("%-22s %10.1f %11.1f %8.3f %10s %10s %10s %6.2f%s%s\n", name, rps, rps * bp.p.n,
+                   rps * (double)bp.z.flops / 1e12,
                    ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.50), b1, sizeof(b1)),
                    ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.99), b2, sizeof(b2)),
                    ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.999), b3, sizeof(b3)),

@@ -149,8 +149,8 @@ static int conv_shapes(struct convd_problem *p, const struct conv_array *x,
     uint64_t cpg = nhwc ? ws[3] : ws[1];
     unsigned cdim = nhwc ? 3 : 1;
     if (p->c % p->groups != 0) {
-        ctl_err("%s (input): dimension %u (C) is %d, not divisible by --groups %d", x->path,
-                cdim, p->c, p->groups);
+        ctl_err("%s (input): dimension %u (C) is %d, not divisible by --groups %d", x->path, cdim,
+                p->c, p->groups);
         return -1;
     }
     if (cpg != (uint64_t)(p->c / p->groups)) {
@@ -159,8 +159,8 @@ static int conv_shapes(struct convd_problem *p, const struct conv_array *x,
         return -1;
     }
     if (p->k % p->groups != 0) {
-        ctl_err("%s (weight): dimension 0 (K) is %d, not divisible by --groups %d", w->path,
-                p->k, p->groups);
+        ctl_err("%s (weight): dimension 0 (K) is %d, not divisible by --groups %d", w->path, p->k,
+                p->groups);
         return -1;
     }
     if (b != NULL && b->h.shape[0] != (uint64_t)p->k) {
@@ -171,8 +171,8 @@ static int conv_shapes(struct convd_problem *p, const struct conv_array *x,
     return 0;
 }
 
-static int conv_write(const char *path, const char *descr, const uint64_t *shape,
-                      const void *data, size_t bytes)
+static int conv_write(const char *path, const char *descr, const uint64_t *shape, const void *data,
+                      size_t bytes)
 {
     uint8_t hdr[256];
     size_t hlen;
@@ -198,8 +198,19 @@ static int conv_write(const char *path, const char *descr, const uint64_t *shape
 
 int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
 {
-    enum { O_INPUT = 1, O_WEIGHT, O_BIAS, O_OUTPUT, O_STRIDE, O_PAD, O_DIL, O_GROUPS, O_LAYOUT,
-           O_DTYPE, O_RELU };
+    enum {
+        O_INPUT = 1,
+        O_WEIGHT,
+        O_BIAS,
+        O_OUTPUT,
+        O_STRIDE,
+        O_PAD,
+        O_DIL,
+        O_GROUPS,
+        O_LAYOUT,
+        O_DTYPE,
+        O_RELU
+    };
     static const struct option opts[] = {
         CTL_COMMON_LONG_OPTIONS,
         {"input", required_argument, NULL, O_INPUT},
@@ -300,8 +311,7 @@ int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
     }
     y = malloc(z.output_bytes > 0 ? z.output_bytes : 1);
     if (y == NULL) {
-        ctl_err("out of memory for the output (%llu bytes)",
-                (unsigned long long)z.output_bytes);
+        ctl_err("out of memory for the output (%llu bytes)", (unsigned long long)z.output_bytes);
         goto finish;
     }
     if (ctl_connect(&g, &c) != 0)

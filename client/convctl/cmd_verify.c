@@ -68,7 +68,8 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
                 return code;
             continue;
         }
-        if (opt >= CTL_OPT_PROBLEM_FIRST && opt < CTL_OPT_PROBLEM_FIRST + CTL_PROBLEM_OPTION_COUNT) {
+        if (opt >= CTL_OPT_PROBLEM_FIRST &&
+            opt < CTL_OPT_PROBLEM_FIRST + CTL_PROBLEM_OPTION_COUNT) {
             /* Applied after the CSV row, which they override. */
             if (npopts == sizeof(popts) / sizeof(popts[0])) {
                 ctl_err("too many shape options");
@@ -192,8 +193,7 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
            (double)z.flops / 1e9, (unsigned long long)z.input_bytes,
            (unsigned long long)z.weight_bytes, (unsigned long long)z.bias_bytes,
            (unsigned long long)z.output_bytes, (unsigned long long)seed);
-    printf("daemon    convd %s, %s backend (%s)\n", info.server_version, info.backend,
-           info.device);
+    printf("daemon    convd %s, %s backend (%s)\n", info.server_version, info.backend, info.device);
     fflush(stdout);
 
     /* The reference, here, from the same bytes the daemon reads. */

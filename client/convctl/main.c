@@ -28,14 +28,15 @@ static void ctl_usage(FILE *out)
                  "Commands:\n");
     for (size_t i = 0; i < sizeof(ctl_commands) / sizeof(ctl_commands[0]); i++)
         fprintf(out, "  %-8s %s\n", ctl_commands[i].name, ctl_commands[i].summary);
-    fprintf(out, "  help     this text, or `convctl help COMMAND` for a command's options\n"
-                 "\n"
-                 "Global options (also accepted after the command):\n"
-                 "  --socket PATH   the daemon's socket (default: $CONVD_SOCKET, else %s)\n"
-                 "  --timeout MS    for connecting and for the daemon's answers (default 5000)\n"
-                 "  --version       print convctl's version\n"
-                 "\n"
-                 "Exit status: 0 success, 1 failure (or a FAILed check), 2 bad usage.\n",
+    fprintf(out,
+            "  help     this text, or `convctl help COMMAND` for a command's options\n"
+            "\n"
+            "Global options (also accepted after the command):\n"
+            "  --socket PATH   the daemon's socket (default: $CONVD_SOCKET, else %s)\n"
+            "  --timeout MS    for connecting and for the daemon's answers (default 5000)\n"
+            "  --version       print convctl's version\n"
+            "\n"
+            "Exit status: 0 success, 1 failure (or a FAILed check), 2 bad usage.\n",
             CONVD_DEFAULT_SOCKET);
 }
 

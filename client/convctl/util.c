@@ -11,8 +11,8 @@
 #include "util.h"
 
 static const char *const ctl_problem_option_names[CTL_PROBLEM_OPTION_COUNT] = {
-    "n", "c", "h", "w", "k", "r", "s", "groups", "stride", "pad", "dilation", "dtype", "layout",
-    "bias", "relu",
+    "n",      "c",   "h",        "w",     "k",      "r",    "s",    "groups",
+    "stride", "pad", "dilation", "dtype", "layout", "bias", "relu",
 };
 
 void ctl_err(const char *fmt, ...)
@@ -153,8 +153,8 @@ uint64_t ctl_fresh_seed(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t s = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
-                 (uint64_t)getpid() << 32;
+    uint64_t s =
+        (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 32;
     return s != 0 ? s : 1;
 }
 

@@ -51,7 +51,9 @@ enum {
 #define CTL_COMMON_LONG_OPTIONS                                                                    \
     {"socket", required_argument, NULL, CTL_OPT_SOCKET},                                           \
         {"timeout", required_argument, NULL, CTL_OPT_TIMEOUT},                                     \
-        {"help", no_argument, NULL, 'h'}
+    {                                                                                              \
+        "help", no_argument, NULL, 'h'                                                             \
+    }
 /* The shape options of verify and bench, in cli_problem_option()'s names. */
 #define CTL_PROBLEM_LONG_OPTIONS                                                                   \
     {"n", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 0},                                     \
@@ -68,7 +70,9 @@ enum {
         {"dtype", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 11},                            \
         {"layout", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 12},                           \
         {"bias", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 13},                                   \
-        {"relu", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 14}
+    {                                                                                              \
+        "relu", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 14                                      \
+    }
 #define CTL_PROBLEM_OPTION_COUNT 15
 
 /* Applies a problem option (code from CTL_PROBLEM_LONG_OPTIONS) to p and records which were

@@ -61,9 +61,8 @@ int main(void)
         return 1;
     }
     /* Interior pixels see 3x3 taps of 2 channels: 18 * 0.5 = 9; corners see 2x2: 4. */
-    printf("y[0][0][0][0] = %g, y[0][0][4][4] = %g (daemon: queue %llu us, exec %llu us)\n",
-           y[0], y[4 * 8 + 4], (unsigned long long)done.queue_us,
-           (unsigned long long)done.exec_us);
+    printf("y[0][0][0][0] = %g, y[0][0][4][4] = %g (daemon: queue %llu us, exec %llu us)\n", y[0],
+           y[4 * 8 + 4], (unsigned long long)done.queue_us, (unsigned long long)done.exec_us);
 
     convd_region_free(r);
     convd_close(c);
