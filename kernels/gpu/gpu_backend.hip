@@ -893,8 +893,8 @@ static void gpu_close(struct gpu_ctx *ctx)
 }
 
 /* Sets up ctx on one device and describes it in info. On failure the caller calls gpu_close. */
-static int gpu_open(struct gpu_ctx *ctx, int dev, struct convd_backend_info *info, char *why,
-                    size_t why_len)
+static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
+                    struct convd_backend_info *info, char *why, size_t why_len)
 {
     int rc = 0;
     hipDeviceProp_t prop;
@@ -915,11 +915,16 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, struct convd_backend_info *inf
     for (int i = 0; i < GPU_WORKERS; i++)
         GPU_TRY(hipStreamCreateWithFlags(&ctx->workers[i].stream, hipStreamNonBlocking),
                 "creating a stream");
-    /* The pools together may take a quarter of the device: clients of the daemon allocate on the
-     * same GPU (IPC regions), and staging beyond that buys nothing. */
-    ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_WORKERS, GPU_POOL_GRAIN);
-    if (ctx->pool_limit < GPU_POOL_MIN_CAP)
-        ctx->pool_limit = GPU_POOL_MIN_CAP;
+    /* By default the pools together may take a quarter of the device: clients of the daemon
+     * allocate on the same GPU (IPC regions), and staging beyond that buys nothing. A batch
+     * whose staging exceeds the limit runs in several chunks. */
+    if (pool_bytes) {
+        ctx->pool_limit = gpu_round_up((size_t)pool_bytes, GPU_ALIGN);
+    } else {
+        ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_WORKERS, GPU_POOL_GRAIN);
+        if (ctx->pool_limit < GPU_POOL_MIN_CAP)
+            ctx->pool_limit = GPU_POOL_MIN_CAP;
+    }
 #ifdef CONVD_GPU_NVIDIA
     {
         void *fn = NULL;
@@ -1004,7 +1009,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     size_t used = 0;
     for (int dev = first; dev <= last; dev++) {
         char one[GPU_WHY] = "";
-        rc = gpu_open(ctx, dev, &info, one, sizeof one);
+        rc = gpu_open(ctx, dev, cfg->pool_bytes, &info, one, sizeof one);
         if (rc == 0)
             break;
         gpu_close(ctx);

@@ -543,6 +543,69 @@ static void test_host_readonly_inputs(void **state)
     region_close(&out);
 }
 
+/* A backend whose staging pool is capped at 1 MiB per worker: a batch of 20 jobs that needs
+ * about 1.5 MiB runs in several launches, each job correct; a job that alone needs more than the
+ * cap fails with CONVD_ENOMEM and a sentence, and the rest of its batch runs. */
+static void test_pool_limit_chunks(void **state)
+{
+    (void)state;
+    struct convd_backend_config cfg = {0};
+    cfg.device = -1;
+    cfg.pool_bytes = (uint64_t)1 << 20;
+    void *small = NULL;
+    struct convd_backend_info info;
+    char why[256] = "";
+    int rc = ops->init(&cfg, &small, &info, why, sizeof why);
+    if (rc != 0)
+        fail_msg("init with a 1 MiB pool: %s: %s", convd_status_name(rc), why);
+    void *saved = g_ctx;
+    g_ctx = small; /* the helpers below import into and run on g_ctx */
+
+    /* 16x16, 32 channels in 4 groups, fp32 NHWC: about 74 KB of staging per job. */
+    struct convd_problem p, big;
+    convd_problem_init(&p, 1, 16, 16, 32, 32, 3, 3, 4);
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
+    p.layout = CONVD_LAYOUT_NHWC;
+    p.has_bias = true;
+    big = p;
+    big.h = big.w = 96; /* 1.2 MB of input alone */
+    enum { NJOBS = 20 };
+    static struct tjob t[NJOBS + 1];
+    struct tjob *tp[NJOBS + 1];
+    for (int i = 0; i < NJOBS; i++)
+        tjob_init(&t[i], &p);
+    tjob_init(&t[NJOBS], &big);
+    struct host_region r;
+    region_open(&r, NJOBS * region_bytes_for(&t[0].sz) + region_bytes_for(&t[NJOBS].sz),
+                PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    for (int i = 0; i <= NJOBS; i++) {
+        tjob_place_host(&t[i], &r, &c);
+        tp[i] = &t[i];
+    }
+    for (int i = 0; i < NJOBS; i++)
+        tjob_reference(&t[i]);
+    region_import(&r);
+    /* The big job in the middle of the batch. */
+    struct tjob *order[NJOBS + 1];
+    for (int i = 0, k = 0; i <= NJOBS; i++)
+        order[i] = i == NJOBS / 2 ? tp[NJOBS] : tp[k++];
+    run_jobs(1, order, NJOBS + 1, 0);
+    for (int i = 0; i < NJOBS; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "job %d of a batch larger than the pool", i);
+        tjob_expect_ok(&t[i], what);
+        tjob_free(&t[i]);
+    }
+    if (t[NJOBS].job.status != CONVD_ENOMEM || !t[NJOBS].job.error[0])
+        fail_msg("a job larger than the pool: status %s (%s), expected ENOMEM with a sentence",
+                 convd_status_name(t[NJOBS].job.status), t[NJOBS].job.error);
+    fprintf(stderr, "job larger than the pool: %s\n", t[NJOBS].job.error);
+    region_close(&r);
+    g_ctx = saved;
+    ops->destroy(small);
+}
+
 /* Both workers at once, as the daemon runs them: each thread runs its own batches. */
 struct worker_arg {
     unsigned worker;
@@ -1119,6 +1182,7 @@ int main(void)
         cmocka_unit_test(test_host_batch_grouped),
         cmocka_unit_test(test_host_bad_jobs),
         cmocka_unit_test(test_host_readonly_inputs),
+        cmocka_unit_test(test_pool_limit_chunks),
         cmocka_unit_test(test_two_workers_concurrently),
         cmocka_unit_test(test_device_ipc),
         cmocka_unit_test(test_device_mixed_with_host),
