@@ -149,14 +149,17 @@ static void cl_take_done(convd_client *c, int32_t s, struct convd_completion *re
  * Submit.
  */
 
+/* One tensor reference, checked as the daemon checks it: its region, then its byte count, then
+ * its bounds. */
 static int cl_check_tensor(convd_client *c, const char *name, const struct convd_tensor *t,
                            uint64_t need)
 {
-    if (t->region == NULL)
-        return cl_fail(c, CONVD_ENOREGION, "the %s tensor has no region", name);
     if (t->region->client != c)
         return cl_fail(c, CONVD_ENOREGION, "the %s tensor's region belongs to another client",
                        name);
+    if (t->bytes != need)
+        return cl_fail(c, CONVD_ESIZE, "the %s tensor is %llu bytes, the problem needs %llu", name,
+                       (unsigned long long)t->bytes, (unsigned long long)need);
     uint64_t end;
     if (__builtin_add_overflow(t->offset, t->bytes, &end) || end > t->region->size)
         return cl_fail(c, CONVD_EBOUNDS,
@@ -164,9 +167,6 @@ static int cl_check_tensor(convd_client *c, const char *name, const struct convd
                        "of %zu bytes",
                        name, (unsigned long long)t->offset, (unsigned long long)t->bytes,
                        (unsigned long long)t->region->id, t->region->size);
-    if (t->bytes != need)
-        return cl_fail(c, CONVD_ESIZE, "the %s tensor is %llu bytes, the problem needs %llu", name,
-                       (unsigned long long)t->bytes, (unsigned long long)need);
     return 0;
 }
 
@@ -195,8 +195,9 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t
                        "CONVD_CONV_ARGS_INIT",
                        a->struct_size, sizeof(*a));
 
-    /* The same checks the daemon makes, in its order, so that a bad request fails here with the
-     * code it would get there, without a round trip. */
+    /* The checks the daemon makes, in its order (docs/protocol.md, "Error behaviour"), so that a
+     * bad request fails here with the code it would get there, without a round trip. Only the
+     * backend's own verdict on the problem is left to the daemon. */
     if (a->priority > CONVD_MAX_PRIORITY)
         return cl_fail(c, CONVD_EINVAL, "priority is %u, must be 0 (highest) to %u (lowest)",
                        a->priority, CONVD_MAX_PRIORITY);
@@ -206,6 +207,17 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t
     if (rc != 0)
         return cl_fail(c, rc, "%s", why);
     const bool bias = a->problem.has_bias;
+    const struct {
+        const char *name;
+        const struct convd_tensor *t;
+        bool used;
+    } present[] = {{"input", &a->input, true},
+                   {"weight", &a->weight, true},
+                   {"bias", &a->bias, bias},
+                   {"output", &a->output, true}};
+    for (size_t i = 0; i < sizeof(present) / sizeof(present[0]); i++)
+        if (present[i].used && present[i].t->region == NULL)
+            return cl_fail(c, CONVD_EINVAL, "the %s tensor has no region", present[i].name);
     if ((rc = cl_check_tensor(c, "input", &a->input, z.input_bytes)) != 0 ||
         (rc = cl_check_tensor(c, "weight", &a->weight, z.weight_bytes)) != 0 ||
         (bias && (rc = cl_check_tensor(c, "bias", &a->bias, z.bias_bytes)) != 0) ||

@@ -52,7 +52,9 @@ typedef struct convd_client convd_client;
 typedef struct convd_region convd_region;
 
 /* Options for convd_connect(). Initialise with CONVD_CONNECT_OPTIONS_INIT so that fields added
- * later get their defaults. */
+ * later get their defaults. timeout_ms also bounds, on the connected client, the wait for the
+ * answers to ping, status and metrics and for room in a full socket; registering and
+ * unregistering a region waits at least 60 s (a GPU daemon pins the memory). */
 struct convd_connect_options {
     size_t struct_size;      /* sizeof(struct convd_connect_options) */
     const char *socket_path; /* NULL: $CONVD_SOCKET, else CONVD_DEFAULT_SOCKET */
@@ -78,7 +80,8 @@ struct convd_server_info {
 
 /* Connects to the daemon and performs the version handshake. opts may be NULL. On success
  * *ret_client is a new client that convd_close() releases. On failure returns CONVD_ECONNECT (no
- * daemon at the path), CONVD_EVERSION, CONVD_EPERM, CONVD_ETIMEDOUT or CONVD_ENOMEM; no handle
+ * daemon at the path), CONVD_EVERSION, CONVD_EPERM, CONVD_ETIMEDOUT or CONVD_ENOMEM, or the
+ * status the daemon refused the connection with (CONVD_ELIMIT: too many clients); no handle
  * exists then, so the sentence goes to convd_last_connect_error() of the calling thread. */
 int convd_connect(const struct convd_connect_options *opts, convd_client **ret_client);
 
@@ -165,7 +168,10 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint6
  * returns its completion in *ret. Returns 0 when the completion was received (look at
  * ret->status for the request's own result), CONVD_ETIMEDOUT, CONVD_ENOTFOUND for an id that is
  * not in flight, or CONVD_ECLOSED when the daemon went away. Completions of other requests that
- * arrive meanwhile are kept for later. */
+ * arrive meanwhile are kept for later. When the daemon sends a ProtocolError or a message that
+ * answers nothing the client asked, the call that reads it (this one, or any other that waits on
+ * the socket) fails once with its code (CONVD_EPROTO) and the sentence in convd_errstr(); the
+ * requests in flight stay in flight. */
 int convd_wait(convd_client *c, uint64_t id, int timeout_ms, struct convd_completion *ret);
 
 /* Like convd_wait() for whichever request completes first (completions already received are
@@ -184,7 +190,8 @@ size_t convd_inflight(const convd_client *c);
 int convd_client_fd(const convd_client *c);
 
 /* Reads every message waiting on the socket without blocking and queues the completions.
- * Returns 0, or CONVD_ECLOSED when the daemon went away. */
+ * Returns 0, CONVD_ECLOSED when the daemon went away, or CONVD_EPROTO (see convd_wait()). Queued
+ * completions stay available to convd_poll() in every case. */
 int convd_client_process(convd_client *c);
 
 /* Returns a queued completion (0), or CONVD_EAGAIN when none is queued. Never blocks. */

@@ -680,14 +680,15 @@ static void test_submit_validation(void **state)
         {"groups", CONVD_EGROUPS, "divisible"},
         {"n0", CONVD_EBADSHAPE, "field n"},
         {"dtype", CONVD_EBADSHAPE, "dtype"},
-        {"noregion", CONVD_ENOREGION, "no region"},
+        {"noregion", CONVD_EINVAL, "no region"},
         {"size", CONVD_ESIZE, "needs 144"},
         {"bounds", CONVD_EBOUNDS, "does not fit"},
         {"overflow", CONVD_EBOUNDS, "does not fit"},
-        {"bias", CONVD_ENOREGION, "bias"},
+        {"bias", CONVD_EINVAL, "bias"},
         {"overlap", CONVD_EINVAL, "overlaps"},
         {"priority", CONVD_EINVAL, "priority"},
         {"struct", CONVD_EINVAL, "CONVD_CONV_ARGS_INIT"},
+        {"size+bounds", CONVD_ESIZE, "the problem needs 128"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         small_args(&a, r);
@@ -714,6 +715,8 @@ static void test_submit_validation(void **state)
             a.priority = 4;
         else if (strcmp(w, "struct") == 0)
             a.struct_size = 16;
+        else if (strcmp(w, "size+bounds") == 0)
+            a.output = (struct convd_tensor){r, 4090, 100};
         int rc = convd_conv_submit(f.c, &a, &id);
         if (rc != cases[i].want || strstr(convd_errstr(f.c), cases[i].says) == NULL)
             fail_msg("%s: rc %d (%s) '%s'", w, rc, convd_status_name(rc), convd_errstr(f.c));
