@@ -4,6 +4,15 @@
  * handles, and run_batch, which stages host tensors, runs every group of same-geometry jobs in
  * one convd_gpu_conv() call and copies host outputs back.
  *
+ * The pool: each worker owns one device block for staged tensors and kernel workspace, grown
+ * geometrically when a batch needs more, reused across batches, freed at destroy, and capped by
+ * convd_backend_config.pool_bytes (default: a quarter of the device across the workers). A group
+ * whose staging exceeds the cap runs in several chunks; a single job that exceeds it fails with
+ * CONVD_ENOMEM. Jobs of a chunk that name the same host bytes (shared weights) stage them once.
+ *
+ * mem_import of host memory that cannot be pinned succeeds anyway (pageable copies) and leaves a
+ * sentence in `why` saying so, for the caller to log.
+ *
  * Compiled as CUDA by nvcc (through vendor.h, which maps the HIP names used here to CUDA) and as
  * HIP by hipcc. The daemon never sees this file's types: it talks to it through backend.h.
  *
