@@ -13,6 +13,7 @@
 #include "convd/convd.h"
 #include "daemon.h"
 #include "log.h"
+#include "pbscan.h"
 #include "sock.h"
 
 #define CONN_READS_PER_WAKEUP 32   /* datagrams read before other connections get a turn */
@@ -459,10 +460,12 @@ static void conn_on_datagram(struct conn *c, const uint8_t *buf, size_t len, con
 {
     Convd__ClientMessage *msg = convd__client_message__unpack(NULL, len, buf);
     if (msg == NULL) {
+        char fault[192];
+        if (!pbscan_client_message(buf, len, fault, sizeof(fault)))
+            snprintf(fault, sizeof(fault), "protobuf decoding failed");
         conn_protocol_error(c, CONVD_EPROTO,
-                            "datagram of %zu bytes is not a valid convd.ClientMessage "
-                            "(protobuf decoding failed)",
-                            len);
+                            "datagram of %zu bytes is not a valid convd.ClientMessage: %s", len,
+                            fault);
         return;
     }
     Convd__ClientMessage__MsgCase kind = msg->msg_case;

@@ -12,3 +12,4 @@ convd_unit_test(test_daemon_regions SOURCES test_daemon_regions.c LIBS convd_dae
 target_link_options(test_daemon_regions PRIVATE -Wl,--wrap=mmap)
 convd_unit_test(test_daemon_request SOURCES test_daemon_request.c LIBS convd_daemon)
 convd_unit_test(test_daemon_server SOURCES test_daemon_server.c LIBS convd_daemon convd_testutil)
+convd_unit_test(test_daemon_pbscan SOURCES test_daemon_pbscan.c LIBS convd_daemon convd_testutil)
