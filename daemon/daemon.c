@@ -286,13 +286,25 @@ static void dmn_finish(struct convd_daemon *d)
     dmn_close_handles(d);
 }
 
+static bool dmn_drained(const struct convd_daemon *d)
+{
+    return d->draining && !d->finishing && sched_depth(&d->sched) == 0 && d->running == 0;
+}
+
+static void dmn_on_finish(uv_timer_t *t)
+{
+    struct convd_daemon *d = t->data;
+    if (dmn_drained(d))
+        dmn_finish(d);
+}
+
 void daemon_check_drained(struct convd_daemon *d)
 {
-    if (!d->draining || d->finishing)
-        return;
-    if (sched_depth(&d->sched) > 0 || d->running > 0)
-        return;
-    dmn_finish(d);
+    /* Called from deep inside completion and close callbacks: the teardown (which joins the
+     * workers and closes every connection) runs from a fresh callback instead, on the next loop
+     * iteration. The drain timer has nothing left to time once the queue is empty. */
+    if (dmn_drained(d))
+        uv_timer_start(&d->drain_timer, dmn_on_finish, 0, 0);
 }
 
 static void dmn_drain_expire(struct convd_daemon *d)
