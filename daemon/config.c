@@ -575,15 +575,19 @@ void config_usage(FILE *out, const char *prog)
 {
     fprintf(out,
             "Usage: %s [OPTIONS]\n"
-            "convd serves grouped 2-D convolutions to local processes over a Unix socket.\n\n"
-            "  --config FILE         read `key = value` lines (default " CONVD_DEFAULT_CONFIG
-            " if it exists);\n"
-            "                        every option below is also a key there, with '_' for '-';\n"
-            "                        the command line wins over the file\n"
-            "  --check-config        print the effective configuration and exit\n"
-            "  -h, --help            this text\n"
-            "  -V, --version         the version\n",
+            "convd serves grouped 2-D convolutions to local processes over a Unix socket.\n\n",
             prog);
+    const char *const general[][2] = {
+        {"--config FILE",
+         "read `key = value` lines (default " CONVD_DEFAULT_CONFIG " if it exists)"},
+        {"", "every option below is also a key there, with '_' for '-'; the command line wins"},
+        {"--check-config", "print the effective configuration and exit"},
+        {"-h, --help", "this text"},
+        {"-V, --version", "the version"},
+    };
+    for (size_t i = 0; i < sizeof(general) / sizeof(general[0]); i++)
+        fprintf(out, "  %-30s %s\n", general[i][0], general[i][1]);
+    fputc('\n', out);
     for (size_t i = 0; i < N_OPTIONS; i++) {
         const struct cfg_option *o = &cfg_options[i];
         char flag[64];
