@@ -17,7 +17,7 @@
 #include "cpu_internal.h"
 
 #define BENCH_MAX_SHAPES 256
-#define BENCH_MAX_REFS 1024
+#define BENCH_MAX_REFS   1024
 
 struct bench_shape {
     char name[64];
@@ -36,28 +36,32 @@ struct bench_opts {
     const char *pytorch_label;
     const char *only;
     const char *isa;
+    enum cpu_algo algo;
     int n; /* 0: the CSV's */
     enum convd_dtype dtype;
     int threads;
     int runs, warmup;
+    bool use_min;
     bool layouts[3];
 };
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: convd-bench-cpu [options]\n"
-            "  --shapes FILE     shapes CSV (default bench/shapes.csv)\n"
-            "  --n N             batch size (default 1; 0 keeps the CSV's)\n"
-            "  --dtype T         fp32, fp16 or bf16 (default fp32)\n"
-            "  --layouts L       nchw,nhwc (default both)\n"
-            "  --threads T       threads (default 2; 0: one per CPU)\n"
-            "  --runs N          timed runs, the median is reported (default 15)\n"
-            "  --warmup N        untimed runs first (default 3)\n"
-            "  --pytorch FILE    PyTorch times (CSV from pytorch_cpu.py) to compare with\n"
-            "  --pytorch-label S where those times come from (printed under the table)\n"
-            "  --only NAME       only this shape\n"
-            "  --isa NAME        kernel variant: avx512, avx2 or generic (default: the best)\n");
+    fprintf(f, "usage: convd-bench-cpu [options]\n"
+               "  --shapes FILE     shapes CSV (default bench/shapes.csv)\n"
+               "  --n N             batch size (default 1; 0 keeps the CSV's)\n"
+               "  --dtype T         fp32, fp16 or bf16 (default fp32)\n"
+               "  --layouts L       nchw,nhwc (default both)\n"
+               "  --threads T       threads (default 2; 0: one per CPU)\n"
+               "  --runs N          timed runs, the median is reported (default 15)\n"
+               "  --warmup N        untimed runs first (default 3)\n"
+               "  --pytorch FILE    PyTorch times (CSV from pytorch_cpu.py) to compare with\n"
+               "  --pytorch-label S where those times come from (printed under the table)\n"
+               "  --only NAME       only this shape\n"
+               "  --isa NAME        kernel variant: avx512, avx2 or generic (default: the best)\n"
+               "  --algo A          force an algorithm: planar or cv (default: the planner's)\n"
+               "  --min             report the fastest run instead of the median (for A/B work\n"
+               "                    on a busy machine; the PyTorch column stays a median)\n");
 }
 
 static double bench_now_ms(void)
@@ -116,8 +120,8 @@ static int bench_read_shapes(const char *path, struct bench_shape *shapes, int m
         }
         struct bench_shape *s = &shapes[count++];
         snprintf(s->name, sizeof(s->name), "%s", fl[0]);
-        int *dst[] = {&s->n,   &s->h,      &s->w,   &s->c,   &s->k,   &s->r,
-                      &s->s,   &s->stride, &s->pad, &s->dil, &s->groups};
+        int *dst[] = {&s->n, &s->h,      &s->w,   &s->c,   &s->k,     &s->r,
+                      &s->s, &s->stride, &s->pad, &s->dil, &s->groups};
         for (int i = 0; i < 11; i++)
             *dst[i] = atoi(fl[i + 1]);
     }
@@ -216,7 +220,7 @@ static double bench_time(const struct bench_opts *o, const struct convd_problem 
     struct convd_tensors t = {.input = x, .weight = w, .bias = NULL, .output = y};
     for (int i = 0; i < o->warmup + o->runs; i++) {
         double t0 = bench_now_ms();
-        int rc = cpu_conv_isa(p, &t, o->threads, isa);
+        int rc = cpu_conv_ex(p, &t, o->threads, isa, o->algo);
         double t1 = bench_now_ms();
         if (rc != 0) {
             fprintf(stderr, "convd-bench-cpu: convd_cpu_conv: %s\n", convd_strerror(rc));
@@ -226,6 +230,8 @@ static double bench_time(const struct bench_opts *o, const struct convd_problem 
             times[i - o->warmup] = t1 - t0;
     }
     ms = bench_median(times, o->runs);
+    if (o->use_min)
+        ms = times[0]; /* sorted by bench_median */
 done:
     free(x);
     free(w);
@@ -237,13 +243,21 @@ done:
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
     static const struct option longopts[] = {
-        {"shapes", required_argument, NULL, 'S'},  {"n", required_argument, NULL, 'n'},
-        {"dtype", required_argument, NULL, 'd'},   {"layouts", required_argument, NULL, 'l'},
-        {"threads", required_argument, NULL, 't'}, {"runs", required_argument, NULL, 'r'},
-        {"warmup", required_argument, NULL, 'w'},  {"pytorch", required_argument, NULL, 'p'},
+        {"shapes", required_argument, NULL, 'S'},
+        {"n", required_argument, NULL, 'n'},
+        {"dtype", required_argument, NULL, 'd'},
+        {"layouts", required_argument, NULL, 'l'},
+        {"threads", required_argument, NULL, 't'},
+        {"runs", required_argument, NULL, 'r'},
+        {"warmup", required_argument, NULL, 'w'},
+        {"pytorch", required_argument, NULL, 'p'},
         {"pytorch-label", required_argument, NULL, 'L'},
-        {"only", required_argument, NULL, 'o'},    {"isa", required_argument, NULL, 'i'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
+        {"only", required_argument, NULL, 'o'},
+        {"isa", required_argument, NULL, 'i'},
+        {"min", no_argument, NULL, 'm'},
+        {"algo", required_argument, NULL, 'a'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     *o = (struct bench_opts){.shapes = "bench/shapes.csv",
                              .pytorch_label = NULL,
@@ -293,6 +307,19 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             break;
         case 'i':
             o->isa = optarg;
+            break;
+        case 'm':
+            o->use_min = true;
+            break;
+        case 'a':
+            if (strcmp(optarg, "planar") == 0) {
+                o->algo = CPU_ALGO_PLANAR;
+            } else if (strcmp(optarg, "cv") == 0) {
+                o->algo = CPU_ALGO_NHWC_CV;
+            } else {
+                fprintf(stderr, "convd-bench-cpu: --algo is planar or cv\n");
+                return -1;
+            }
             break;
         case 'h':
             bench_usage(stdout);
@@ -369,10 +396,13 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
     }
-    printf("\nconvd: %s kernels, %d thread%s, %s, N=%s.", isa->name, o.threads,
-           o.threads == 1 ? "" : "s", convd_dtype_name(o.dtype), o.n > 0 ? "forced" : "CSV");
+    printf("\nconvd: %s kernels, %d thread%s, %s, ", isa->name, o.threads,
+           o.threads == 1 ? "" : "s", convd_dtype_name(o.dtype));
     if (o.n > 0)
-        printf(" (N=%d)", o.n);
+        printf("N=%d,", o.n);
+    else
+        printf("N from the CSV,");
+    printf(" %s of %d runs after %d warm-ups.", o.use_min ? "fastest" : "median", o.runs, o.warmup);
     if (nall > 0) {
         printf(" PyTorch: %s.\n", o.pytorch_label != NULL ? o.pytorch_label : o.pytorch);
         printf("Median ratio (PyTorch ms / convd ms): grouped shapes %.2f (%d), all %.2f (%d).\n",

@@ -231,7 +231,7 @@ static void cpub_job_run(struct convd_job *job, const struct convd_tensors *t,
 {
     uint64_t t0 = cpub_now_ns();
     struct cpu_plan plan;
-    int rc = cpu_plan_init(&job->problem, NULL, &plan);
+    int rc = cpu_plan_init(&job->problem, NULL, 0, &plan);
     if (rc == 0)
         rc = cpu_conv_execute(&plan, t, pool, scratch);
     job->exec_ns = cpub_now_ns() - t0;

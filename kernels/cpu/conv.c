@@ -12,11 +12,11 @@
 #include "conv_math.h"
 #include "cpu_internal.h"
 
-/* Pixels a planar task aims for: enough to amortise packing its weights, few enough that the
- * tasks of a batch-1 problem keep two to a few dozen threads busy. */
-#define PLAN_PLANAR_PIXELS 1024
-/* Floats of packed input a planar task may hold: half of a 1 MiB L2. */
-#define PLAN_PLANAR_INPUT_FLOATS (128 * 1024)
+/* Multiply-adds a task aims for: enough to amortise its packing and the pool's hand-out (a few
+ * microseconds), few enough that a batch-1 problem still makes tasks for several threads. */
+#define PLAN_TASK_MACS (384 * 1024)
+/* Floats of packed input a planar task may hold: a quarter of a 1 MiB L2. */
+#define PLAN_PLANAR_INPUT_FLOATS (64 * 1024)
 
 /* ---- ISA selection ---------------------------------------------------------------------- */
 
@@ -72,15 +72,18 @@ static void plan_planar_sizes(struct cpu_plan *pl)
 
     pl->wq = pl->ow + offc_max;
     pl->bq = pl->bh + offr_max;
+    /* Pixel blocks are rounded up to whole vectors; rows and blocks spill up to a vector. */
     pl->ldt = plan_round_up((size_t)pl->bh * pl->wq, 16);
     size_t reach = pl->ldt + (size_t)offr_max * pl->wq + (size_t)offc_max;
-    size_t data = (size_t)pl->bq * pl->wq;
+    size_t data = (size_t)pl->bq * pl->wq + 16;
     pl->ps = plan_round_up(reach > data ? reach : data, 16);
     pl->cs = (size_t)pl->nrp * pl->ncp * pl->ps;
 
-    size_t floats = plan_round_up((size_t)pl->gb * pl->kpg * pl->cpg * pl->taps, 16) +
-                    (size_t)pl->gb * pl->cpg * pl->cs + (size_t)pl->gb * pl->kpg * pl->ldt;
-    pl->scratch_bytes = floats * sizeof(float) + (size_t)pl->taps * sizeof(ptrdiff_t) + 64;
+    size_t floats = (size_t)pl->gb * pl->cpg * pl->cs + (size_t)pl->gb * pl->kpg * pl->ldt + 16;
+    if (pl->p.dtype != CONVD_DTYPE_FP32)
+        floats += plan_round_up((size_t)pl->gb * pl->kpg * pl->cpg * pl->taps, 16);
+    pl->scratch_bytes =
+        floats * sizeof(float) + ((size_t)pl->taps + pl->cpg) * sizeof(ptrdiff_t) + 64;
 }
 
 static void plan_planar(struct cpu_plan *pl)
@@ -96,25 +99,29 @@ static void plan_planar(struct cpu_plan *pl)
     int32_t nkb = (pl->kpg + pl->isa->kbmax - 1) / pl->isa->kbmax;
     pl->kb = (pl->kpg + nkb - 1) / nkb;
 
-    /* In NHWC a group's channels are a short run inside each pixel; a task takes enough groups
-     * to read whole cache lines. */
-    pl->gb = 1;
+    /* Size a task by its work: full rows of as many groups as make PLAN_TASK_MACS, else a band
+     * of rows of one group block. In NHWC a group's channels are a short run inside each pixel,
+     * so a task takes at least enough groups to read whole cache lines. */
+    const int32_t wq = pl->ow + (pl->col_phase ? (p->s - 1) * p->dil_w / p->stride_w : 0);
+    const uint64_t row_macs = (uint64_t)wq * pl->kpg * pl->cpg * pl->taps; /* one group */
+    const uint64_t group_macs = row_macs * (uint64_t)pl->oh;
+    int64_t gb = group_macs >= PLAN_TASK_MACS ? 1 : (int64_t)(PLAN_TASK_MACS / group_macs);
     if (p->layout == CONVD_LAYOUT_NHWC) {
-        int32_t want = (16 + pl->cpg - 1) / pl->cpg;
-        pl->gb = want < p->groups ? want : p->groups;
+        int32_t lines = (16 + pl->cpg - 1) / pl->cpg;
+        gb = gb > lines ? gb : lines;
     }
-    int32_t wq = pl->ow + (pl->col_phase ? (p->s - 1) * p->dil_w / p->stride_w : 0);
-    int32_t bh = (PLAN_PLANAR_PIXELS + wq - 1) / wq;
-    pl->bh = bh < pl->oh ? bh : pl->oh;
+    pl->gb = gb < p->groups ? (int32_t)gb : p->groups;
+    uint64_t bh = (PLAN_TASK_MACS + row_macs * pl->gb - 1) / (row_macs * pl->gb);
+    pl->bh = bh < (uint64_t)pl->oh ? (int32_t)bh : pl->oh;
 
     for (;;) {
         plan_planar_sizes(pl);
         if ((size_t)pl->gb * pl->cpg * pl->cs <= PLAN_PLANAR_INPUT_FLOATS)
             break;
-        if (pl->bh > 1)
-            pl->bh = (pl->bh + 1) / 2;
-        else if (pl->gb > 1)
+        if (pl->gb > 1)
             pl->gb = (pl->gb + 1) / 2;
+        else if (pl->bh > 1)
+            pl->bh = (pl->bh + 1) / 2;
         else
             break;
     }
@@ -123,7 +130,52 @@ static void plan_planar(struct cpu_plan *pl)
     pl->tasks = (size_t)p->n * pl->ngb * pl->nbands;
 }
 
-int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa,
+/* True when the channel-vectorised NHWC kernel runs p: whole groups of a power-of-two size up
+ * to a vector, or depthwise with a multiplier of 2 or 4. */
+static bool plan_cv_fits(const struct cpu_plan *pl)
+{
+    const int m = pl->cpg, vl = pl->isa->vl;
+    if (pl->p.layout != CONVD_LAYOUT_NHWC || pl->isa->cv_task == NULL)
+        return false;
+    if (m == pl->kpg)
+        return (m == 1 || m == 2 || m == 4 || m == 8 || m == 16) && m <= vl;
+    return m == 1 && (pl->kpg == 2 || pl->kpg == 4);
+}
+
+static void plan_cv(struct cpu_plan *pl)
+{
+    const struct convd_problem *p = &pl->p;
+    const int vl = pl->isa->vl;
+    pl->algo = CPU_ALGO_NHWC_CV;
+
+    /* output columns whose taps all land inside the image */
+    int64_t lo = (p->pad_left + p->stride_w - 1) / p->stride_w;
+    int64_t last = (int64_t)p->w - 1 + p->pad_left - (int64_t)(p->s - 1) * p->dil_w;
+    int64_t hi = last < 0 ? 0 : last / p->stride_w + 1;
+    if (hi > pl->ow)
+        hi = pl->ow;
+    if (lo > hi)
+        lo = hi;
+    pl->cv_ow_lo = (int32_t)lo;
+    pl->cv_ow_hi = (int32_t)hi;
+
+    /* A task covers a band of rows for a run of channel vectors: all of them when their
+     * weights fit in half of L1, so that each input pixel is read whole, once per band. */
+    const int32_t nvec = (p->c + vl - 1) / vl;
+    const int32_t m = pl->cpg > pl->kpg ? pl->cpg : pl->kpg;
+    const size_t wvec_bytes = (size_t)pl->taps * m * vl * sizeof(float);
+    size_t cb = (24 * 1024) / wvec_bytes;
+    pl->cb = cb < 1 ? 1 : cb < (size_t)nvec ? (int32_t)cb : nvec;
+    pl->ncb = (nvec + pl->cb - 1) / pl->cb;
+    const uint64_t row_macs = (uint64_t)pl->ow * pl->taps * vl * m * pl->cb;
+    uint64_t bh = (PLAN_TASK_MACS + row_macs - 1) / row_macs;
+    pl->bh = bh < (uint64_t)pl->oh ? (int32_t)bh : pl->oh;
+    pl->nbands = (pl->oh + pl->bh - 1) / pl->bh;
+    pl->tasks = (size_t)p->n * pl->ncb * pl->nbands;
+    pl->scratch_bytes = (size_t)pl->cb * (wvec_bytes + (size_t)pl->kpg * vl * sizeof(float)) + 64;
+}
+
+int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa, enum cpu_algo algo,
                   struct cpu_plan *ret_plan)
 {
     struct convd_problem_sizes z;
@@ -143,7 +195,14 @@ int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa,
     pl.kpg = p->k / p->groups;
     pl.taps = p->r * p->s;
     pl.esz = convd_dtype_size(p->dtype);
-    plan_planar(&pl);
+    if (algo == 0)
+        algo = plan_cv_fits(&pl) ? CPU_ALGO_NHWC_CV : CPU_ALGO_PLANAR;
+    if (algo == CPU_ALGO_NHWC_CV && !plan_cv_fits(&pl))
+        return CONVD_EUNSUPPORTED;
+    if (algo == CPU_ALGO_NHWC_CV)
+        plan_cv(&pl);
+    else
+        plan_planar(&pl);
     *ret_plan = pl;
     return 0;
 }
@@ -153,10 +212,8 @@ int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa,
 static cpu_task_fn plan_task_fn(const struct cpu_plan *pl)
 {
     switch (pl->algo) {
-    case CPU_ALGO_NHWC_DW:
-        return pl->isa->nhwc_dw_task;
-    case CPU_ALGO_NHWC_GEMM:
-        return pl->isa->nhwc_gemm_task;
+    case CPU_ALGO_NHWC_CV:
+        return pl->isa->cv_task;
     case CPU_ALGO_PLANAR:
         break;
     }
@@ -225,13 +282,13 @@ static void pool_release(struct cpu_pool *pool)
     cpu_pool_destroy(pool);
 }
 
-int cpu_conv_isa(const struct convd_problem *p, const struct convd_tensors *t, int threads,
-                 const struct cpu_isa *isa)
+int cpu_conv_ex(const struct convd_problem *p, const struct convd_tensors *t, int threads,
+                const struct cpu_isa *isa, enum cpu_algo algo)
 {
     if (p == NULL || t == NULL || threads < 0)
         return CONVD_EINVAL;
     struct cpu_plan plan;
-    int rc = cpu_plan_init(p, isa, &plan);
+    int rc = cpu_plan_init(p, isa, algo, &plan);
     if (rc != 0)
         return rc;
     if (t->input == NULL || t->weight == NULL || t->output == NULL ||
@@ -254,5 +311,5 @@ int cpu_conv_isa(const struct convd_problem *p, const struct convd_tensors *t, i
 
 int convd_cpu_conv(const struct convd_problem *p, const struct convd_tensors *t, int threads)
 {
-    return cpu_conv_isa(p, t, threads, NULL);
+    return cpu_conv_ex(p, t, threads, NULL, 0);
 }

@@ -64,12 +64,9 @@ enum cpu_algo {
      * output pixels flattened over the padded width and vectorised; output channels broadcast.
      * Runs every problem. */
     CPU_ALGO_PLANAR = 1,
-    /* NHWC, one input channel per group (depthwise, channel multiplier kpg): vectorised across
-     * groups, directly on the tensors. */
-    CPU_ALGO_NHWC_DW = 2,
-    /* NHWC with kpg large enough to vectorise across a group's output channels: pixels x
-     * output channels register tiles over K = R*S*cpg, input broadcast. */
-    CPU_ALGO_NHWC_GEMM = 3,
+    /* NHWC with small power-of-two groups (cpg = kpg = M, or depthwise with multiplier M):
+     * vectorised across channels, whole groups per vector, directly on the tensors. */
+    CPU_ALGO_NHWC_CV = 2,
 };
 
 #define CPU_KB_MAX   8    /* most output channels one planar micro-kernel holds */
@@ -105,14 +102,16 @@ struct cpu_plan {
     size_t ldt;       /* floats per output channel in the tile */
     int32_t kb;       /* output channels per micro-kernel block (the last may be narrower) */
 
-    /* CPU_ALGO_NHWC_DW and NHWC_GEMM */
-    int32_t cb; /* channels (dw) or output channels (gemm) per task */
-    int32_t ncb;
+    /* CPU_ALGO_NHWC_CV */
+    int32_t cb;                 /* channel vectors (VL input channels each) per task */
+    int32_t ncb;                /* blocks of channel vectors */
+    int32_t cv_ow_lo, cv_ow_hi; /* output columns whose taps all fall inside the image */
 };
 
-/* Validates p and fills *ret_plan for running it with `isa` (NULL: the best one this CPU runs).
- * Returns 0 or the problem's check error. */
-int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa,
+/* Validates p and fills *ret_plan for running it with `isa` (NULL: the best one this CPU runs)
+ * and algorithm `algo` (0: the planner's choice). Returns 0, the problem's check error, or
+ * CONVD_EUNSUPPORTED when the forced algorithm cannot run p. */
+int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa, enum cpu_algo algo,
                   struct cpu_plan *ret_plan);
 
 /* What a task needs: the plan and the tensors. */
@@ -126,9 +125,10 @@ struct cpu_job_ctx {
 int cpu_conv_execute(const struct cpu_plan *plan, const struct convd_tensors *t,
                      struct cpu_pool *pool, struct cpu_scratch *scratch);
 
-/* convd_cpu_conv() with an explicit ISA (NULL: the best). For tests and benchmarks. */
-int cpu_conv_isa(const struct convd_problem *p, const struct convd_tensors *t, int threads,
-                 const struct cpu_isa *isa);
+/* convd_cpu_conv() with an explicit ISA (NULL: the best) and algorithm (0: the planner's
+ * choice). For tests and benchmarks. */
+int cpu_conv_ex(const struct convd_problem *p, const struct convd_tensors *t, int threads,
+                const struct cpu_isa *isa, enum cpu_algo algo);
 
 /* ---- ISA variants ----------------------------------------------------------------------- */
 
@@ -140,8 +140,7 @@ struct cpu_isa {
     int kbmax; /* widest planar block */
     int (*usable)(void);
     cpu_task_fn planar_task;
-    cpu_task_fn nhwc_dw_task;
-    cpu_task_fn nhwc_gemm_task;
+    cpu_task_fn cv_task;
 };
 
 extern const struct cpu_isa cpu_isa_avx512;

@@ -86,7 +86,8 @@ static void guards_intact(const struct tensors *t)
     }
 }
 
-static int tensors_run(struct tensors *t, int threads, const struct cpu_isa *isa)
+static int tensors_run(struct tensors *t, int threads, const struct cpu_isa *isa,
+                       enum cpu_algo algo)
 {
     struct convd_tensors ct = {
         .input = t->input,
@@ -95,29 +96,46 @@ static int tensors_run(struct tensors *t, int threads, const struct cpu_isa *isa
         .output = t->output,
     };
     tensors_poison(t);
-    return cpu_conv_isa(&t->p, &ct, threads, isa);
+    return cpu_conv_ex(&t->p, &ct, threads, isa, algo);
 }
 
-/* Runs p with `isa` and `threads` and compares with the reference; prints the problem on a
- * failure. */
-static void check_problem_isa(const struct convd_problem *p, int threads, const struct cpu_isa *isa)
+static const char *algo_name(enum cpu_algo algo)
+{
+    return algo == CPU_ALGO_PLANAR ? "planar" : algo == CPU_ALGO_NHWC_CV ? "nhwc-cv" : "auto";
+}
+
+/* Runs p with `isa`, `threads` and `algo` (0: the planner's choice) and compares with the
+ * reference; prints the problem on a failure. */
+static void check_problem_algo(const struct convd_problem *p, int threads,
+                               const struct cpu_isa *isa, enum cpu_algo algo)
 {
     struct tensors t;
     tensors_make(&t, p, &rng);
-    int rc = tensors_run(&t, threads, isa);
+    int rc = tensors_run(&t, threads, isa, algo);
     size_t bad = 0;
     double err = rc == 0 ? tu_rel_error(p->dtype, t.output, t.ref, t.z.output_elems, &bad) : 1.0;
     if (rc != 0 || !(err <= tu_tolerance(p->dtype))) {
         char buf[160];
-        print_error("%s isa %s threads %d: rc %d, rel error %g (tolerance %g), element %zu: %g vs "
-                    "%g\n",
-                    convd_problem_str(p, buf, sizeof(buf)), isa->name, threads, rc, err,
-                    tu_tolerance(p->dtype), bad, (double)tu_load(p->dtype, t.output, bad),
+        print_error("%s isa %s algo %s threads %d: rc %d, rel error %g (tolerance %g), element "
+                    "%zu: %g vs %g\n",
+                    convd_problem_str(p, buf, sizeof(buf)), isa->name, algo_name(algo), threads, rc,
+                    err, tu_tolerance(p->dtype), bad, (double)tu_load(p->dtype, t.output, bad),
                     (double)t.ref[bad]);
         fail();
     }
     guards_intact(&t);
     tensors_free(&t);
+}
+
+/* Every algorithm that runs p with this ISA: the planner's choice, and the general planar path
+ * when the planner picked a specialised one. */
+static void check_problem_isa(const struct convd_problem *p, int threads, const struct cpu_isa *isa)
+{
+    struct cpu_plan plan;
+    assert_int_equal(cpu_plan_init(p, isa, 0, &plan), 0);
+    check_problem_algo(p, threads, isa, 0);
+    if (plan.algo != CPU_ALGO_PLANAR)
+        check_problem_algo(p, threads, isa, CPU_ALGO_PLANAR);
 }
 
 static void check_problem(const struct convd_problem *p, int threads)
@@ -164,6 +182,47 @@ static void test_every_isa(void **state)
             struct convd_problem p;
             tu_random_problem(&rng, &p, 0, 0, i % 3 ? 8 : 40);
             check_problem_isa(&p, tu_rng_range(&rng, 1, 3), isa);
+        }
+    }
+}
+
+static struct convd_problem grouped(int n, int h, int w, int cpg, int kpg, int groups, int r,
+                                    int s);
+
+/* The channel-vectorised NHWC kernel on every ISA: each group size it takes, channel counts
+ * that leave a partial vector, borders, strides, dilations and every dtype. */
+static void test_channel_vectorised(void **state)
+{
+    (void)state;
+    const int mm[][2] = {{1, 1}, {2, 2}, {4, 4}, {8, 8}, {16, 16}, {1, 2}, {1, 4}};
+    for (size_t k = 0; cpu_isa_list[k] != NULL; k++) {
+        const struct cpu_isa *isa = cpu_isa_find(cpu_isa_list[k]->name);
+        if (isa == NULL)
+            continue;
+        for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
+            for (int it = 0; it < 6; it++) {
+                int groups = tu_rng_range(&rng, 1, 40 / mm[i][1] + 1);
+                struct convd_problem p = grouped(
+                    tu_rng_range(&rng, 1, 2), tu_rng_range(&rng, 1, 14), tu_rng_range(&rng, 1, 30),
+                    mm[i][0], mm[i][1], groups, tu_rng_range(&rng, 1, 5), tu_rng_range(&rng, 1, 5));
+                p.layout = CONVD_LAYOUT_NHWC;
+                p.dtype = (enum convd_dtype)tu_rng_range(&rng, 1, 3);
+                p.stride_h = tu_rng_range(&rng, 1, 2);
+                p.stride_w = tu_rng_range(&rng, 1, 3);
+                p.dil_h = tu_rng_range(&rng, 1, 2);
+                p.dil_w = tu_rng_range(&rng, 1, 2);
+                p.pad_left = tu_rng_range(&rng, 0, 3);
+                p.pad_right = tu_rng_range(&rng, 0, 1);
+                p.pad_top = tu_rng_range(&rng, 0, 2);
+                p.has_bias = tu_rng_range(&rng, 0, 1);
+                p.relu = tu_rng_range(&rng, 0, 1);
+                if (convd_problem_check(&p, NULL, 0) != 0)
+                    continue;
+                struct cpu_plan plan;
+                if (cpu_plan_init(&p, isa, CPU_ALGO_NHWC_CV, &plan) != 0)
+                    continue; /* M = 16 needs 16-float vectors */
+                check_problem_algo(&p, tu_rng_range(&rng, 1, 3), isa, CPU_ALGO_NHWC_CV);
+            }
         }
     }
 }
@@ -313,15 +372,15 @@ static void test_threads_identical(void **state)
         }
         struct tensors t;
         tensors_make(&t, &p, &rng);
-        assert_int_equal(tensors_run(&t, 1, NULL), 0);
+        assert_int_equal(tensors_run(&t, 1, NULL, 0), 0);
         void *one = malloc(t.z.output_bytes);
         assert_non_null(one);
         memcpy(one, t.output, t.z.output_bytes);
         for (int threads = 2; threads <= 5; threads += 3) {
-            assert_int_equal(tensors_run(&t, threads, NULL), 0);
+            assert_int_equal(tensors_run(&t, threads, NULL, 0), 0);
             assert_memory_equal(one, t.output, t.z.output_bytes);
         }
-        assert_int_equal(tensors_run(&t, 0, NULL), 0);
+        assert_int_equal(tensors_run(&t, 0, NULL, 0), 0);
         assert_memory_equal(one, t.output, t.z.output_bytes);
         free(one);
         tensors_free(&t);
@@ -352,7 +411,7 @@ static void test_group_identity(void **state)
         }
         struct tensors t;
         tensors_make(&t, &p, &rng);
-        assert_int_equal(tensors_run(&t, 2, NULL), 0);
+        assert_int_equal(tensors_run(&t, 2, NULL, 0), 0);
 
         const int G = p.groups, cpg = p.c / G, kpg = p.k / G;
         const size_t esz = convd_dtype_size(p.dtype);
@@ -505,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_channel_vectorised),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
