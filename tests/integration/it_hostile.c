@@ -99,7 +99,7 @@ static void register_expect(int fd, uint64_t region_id, uint64_t size, const int
         fail_msg("register region %llu (size %llu, %zu fds): got %s (%s), want %s",
                  (unsigned long long)region_id, (unsigned long long)size, nfds,
                  convd_status_name(st), why, convd_status_name(status));
-    if (strlen(why) < 8 || (word != NULL && !raw_contains(why, word)))
+    if (status != 0 && (strlen(why) < 8 || (word != NULL && !raw_contains(why, word))))
         fail_msg("register region %llu: %s with sentence \"%s\", which does not name \"%s\"",
                  (unsigned long long)region_id, convd_status_name(st), why, word ? word : "");
 }
@@ -293,8 +293,8 @@ static void test_wrong_protocol_version(void **state)
         Convd__ServerMessage *r = raw_recv(fd);
         if (r == NULL)
             fail_msg("version %u: connection closed without a reply", versions[i]);
-        int st;
-        const char *err;
+        int st = 0;
+        const char *err = "";
         if (r->msg_case == CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY) {
             st = r->hello_reply->status;
             err = r->hello_reply->error;
