@@ -384,31 +384,54 @@ static int bench_status(const struct ctl_global *g, struct convd_status *st,
     return rc != 0 ? -1 : 0;
 }
 
-/* "1: 40%, 2: 35%, 4: 25%" for the most frequent batch sizes, and their mean. */
+/* "1: 40%, 2: 35%, 4: 25%": the six most frequent batch sizes in increasing order (the rest as
+ * "other"), and the mean batch size a request saw. */
 static void bench_batches(const struct bench_sum *s, char *buf, size_t len, double *ret_mean)
 {
+    enum { SHOW = 6 };
     uint64_t total = 0;
     double acc = 0;
+    size_t top[SHOW];
+    int ntop = 0;
     for (size_t b = 0; b <= BENCH_BATCH_MAX; b++) {
         total += s->batch[b];
         acc += (double)b * (double)s->batch[b];
+        if (s->batch[b] == 0)
+            continue;
+        /* Keep the SHOW largest counts. */
+        if (ntop < SHOW) {
+            top[ntop++] = b;
+            continue;
+        }
+        int min = 0;
+        for (int i = 1; i < SHOW; i++)
+            if (s->batch[top[i]] < s->batch[top[min]])
+                min = i;
+        if (s->batch[b] > s->batch[top[min]])
+            top[min] = b;
     }
     *ret_mean = total > 0 ? acc / (double)total : 0;
-    size_t n = 0;
     buf[0] = '\0';
-    int shown = 0;
-    for (size_t b = 0; b <= BENCH_BATCH_MAX && total > 0; b++) {
-        double pct = 100.0 * (double)s->batch[b] / (double)total;
-        if (s->batch[b] == 0 || (pct < 1.0 && shown >= 4))
-            continue;
-        if (shown == 8) {
-            n += (size_t)snprintf(buf + n, n < len ? len - n : 0, ", ...");
-            break;
+    if (total == 0)
+        return;
+    /* Increasing batch size. */
+    for (int i = 1; i < ntop; i++)
+        for (int j = i; j > 0 && top[j] < top[j - 1]; j--) {
+            size_t t = top[j];
+            top[j] = top[j - 1];
+            top[j - 1] = t;
         }
-        n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s%zu: %.0f%%",
-                              shown > 0 ? ", " : "", b == BENCH_BATCH_MAX ? ">=" : "", b, pct);
-        shown++;
+    size_t n = 0;
+    uint64_t shown = 0;
+    for (int i = 0; i < ntop; i++) {
+        shown += s->batch[top[i]];
+        n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s%zu: %.0f%%", i > 0 ? ", " : "",
+                              top[i] == BENCH_BATCH_MAX ? ">=" : "", top[i],
+                              100.0 * (double)s->batch[top[i]] / (double)total);
     }
+    if (shown < total)
+        snprintf(buf + n, n < len ? len - n : 0, ", other: %.0f%%",
+                 100.0 * (double)(total - shown) / (double)total);
 }
 
 static void bench_report(const char *name, const struct bench_params *bp, const struct bench_sum *s,
@@ -430,7 +453,7 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
            ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.99), b2, sizeof(b2)),
            ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.999), b3, sizeof(b3)));
     if (s->completed > 0)
-        printf("  daemon     queue %s, exec %s (means); batch sizes %s (mean %.2f)\n",
+        printf("  daemon     queue %s, exec %s (means); batch sizes %s (mean %.2f per request)\n",
                ctl_fmt_ns((double)s->queue_ns / (double)s->completed, b1, sizeof(b1)),
                ctl_fmt_ns((double)s->exec_ns / (double)s->completed, b2, sizeof(b2)), hist,
                mean_batch);

@@ -819,6 +819,19 @@ static void test_out_of_order(void **state)
     assert_non_null(strstr(convd_errstr(f.c), "999"));
     assert_int_equal(convd_wait_any(f.c, -1, &d), CONVD_ENOTFOUND);
 
+    /* Completions that arrive while the client waits for a control reply are kept. */
+    uint64_t early = submit_seen(&f, &a);
+    peer_completion(f.peer, early, 0, "");
+    peer_region_reply(f.peer, 2, 0, "");
+    convd_region *r2;
+    assert_int_equal(convd_region_create(f.c, 4096, &r2), 0);
+    int memfd;
+    convd__client_message__free_unpacked(peer_recv(f.peer, &memfd), NULL);
+    close(memfd);
+    assert_int_equal(convd_poll(f.c, &d), 0);
+    assert_int_equal(d.id, early);
+    assert_int_equal(convd_poll(f.c, &d), CONVD_EAGAIN);
+
     /* Many in flight, answered in reverse: the table finds each. */
     uint64_t ids[40];
     for (int i = 0; i < 40; i++)
