@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# convctl against a real daemon (CPU backend, temporary socket): status, ping, metrics, verify in
+# every dtype and layout, conv on .npy files checked against an independent direct convolution
+# written here in Python, a short bench, errors for bad input, and a clean SIGTERM exit.
+#
+#   it_convctl.sh CONVD CONVCTL
+set -euo pipefail
+
+convd=$1
+convctl=$2
+tmp=$(mktemp -d /tmp/convd-it-ctl.XXXXXX)
+sock=$tmp/convd.sock
+pid=""
+passed=0
+failed=0
+
+cleanup() {
+    if [[ -n $pid ]] && kill -0 "$pid" 2> /dev/null; then
+        kill -KILL "$pid" 2> /dev/null || true
+        wait "$pid" 2> /dev/null || true
+    fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+ok() {
+    echo "ok     $*"
+    passed=$((passed + 1))
+}
+bad() {
+    echo "FAILED $*"
+    failed=$((failed + 1))
+}
+# check NAME CMD...: the command succeeds.
+check() {
+    local name=$1
+    shift
+    local out
+    if out=$("$@" 2>&1); then
+        ok "$name"
+    else
+        bad "$name (exit $?)"
+        printf '%s\n' "$out" | sed 's/^/       /'
+    fi
+}
+# check_fails NAME WORD CMD...: the command fails with exit status 1 or 2 and says WORD.
+check_fails() {
+    local name=$1 word=$2
+    shift 2
+    local out rc=0
+    out=$("$@" 2>&1) || rc=$?
+    if [[ $rc -ne 0 && $rc -le 2 ]] && grep -qi -- "$word" <<< "$out"; then
+        ok "$name"
+    else
+        bad "$name (exit $rc, want a failure naming '$word')"
+        printf '%s\n' "$out" | sed 's/^/       /'
+    fi
+}
+
+ctl() { "$convctl" --socket "$sock" --timeout 120000 "$@"; }
+
+"$convd" --backend cpu --threads 2 --socket "$sock" --log-level notice &
+pid=$!
+for _ in $(seq 1 1200); do
+    kill -0 "$pid" || { echo "convd exited during start-up"; exit 1; }
+    ctl ping > /dev/null 2>&1 && break
+    sleep 0.1
+done
+
+check "ping" ctl ping
+out=$(ctl status)
+if grep -q "cpu" <<< "$out" && grep -qi "backend" <<< "$out"; then ok "status names the cpu backend"; else
+    bad "status: $out"; fi
+out=$(ctl metrics)
+if grep -q "^convd_regions " <<< "$out" && grep -q "^# TYPE" <<< "$out"; then ok "metrics"; else
+    bad "metrics: $out"; fi
+
+check "verify default" ctl verify
+check "verify fp16 nhwc bias relu x3" ctl verify --dtype fp16 --layout nhwc --bias --relu --repeat 3
+check "verify bf16 nchw grouped strided" ctl verify --dtype bf16 --n 2 --c 12 --k 18 --groups 3 \
+    --h 9 --w 11 --r 3 --s 2 --stride 2,1 --pad 1,0,2,1 --dilation 1,2
+check "verify fp32 depthwise" ctl verify --c 16 --k 16 --groups 16 --h 20 --w 20 --r 5 --s 5 --pad 2
+check_fails "verify refuses a bad problem" "group" ctl verify --c 6 --k 8 --groups 4
+
+# conv on .npy files, checked against a direct convolution in plain Python.
+if command -v python3 > /dev/null; then
+    py=$tmp/npy.py
+    cat > "$py" << 'EOF'
+import random, struct, sys
+
+def save(path, shape, vals, code):
+    fmt = {"f4": "<f", "f2": "<e"}[code]
+    hdr = "{'descr': '<%s', 'fortran_order': False, 'shape': (%s), }" % (
+        code, "".join("%d, " % d for d in shape) if len(shape) == 1 else ", ".join(map(str, shape)))
+    pad = 64 - (10 + len(hdr) + 1) % 64
+    hdr = hdr + " " * pad + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
+        f.write(b"".join(struct.pack(fmt, v) for v in vals))
+
+def load(path):
+    b = open(path, "rb").read()
+    assert b[:6] == b"\x93NUMPY", "not a .npy file"
+    hl = struct.unpack("<H", b[8:10])[0]
+    hdr = eval(b[10:10 + hl].decode())
+    code = hdr["descr"].lstrip("<")
+    n = 1
+    for d in hdr["shape"]:
+        n *= d
+    fmt = {"f4": "<f", "f2": "<e"}[code]
+    sz = struct.calcsize(fmt)
+    data = b[10 + hl:]
+    assert len(data) == n * sz, "data size"
+    return hdr["shape"], [struct.unpack_from(fmt, data, i * sz)[0] for i in range(n)]
+
+def rnd(n, rng, code):
+    fmt = {"f4": "<f", "f2": "<e"}[code]
+    # round through the file format so the reference sees what convd sees
+    return [struct.unpack(fmt, struct.pack(fmt, rng.uniform(-1, 1)))[0] for _ in range(n)]
+
+cmd = sys.argv[1]
+if cmd == "make":
+    d, code, layout = sys.argv[2], sys.argv[3], sys.argv[4]
+    rng = random.Random(int(sys.argv[5]))
+    N, C, H, W, K, G, R, S = 2, 6, 7, 9, 4, 2, 3, 2
+    xs = (N, C, H, W) if layout == "nchw" else (N, H, W, C)
+    ws = (K, C // G, R, S) if layout == "nchw" else (K, R, S, C // G)
+    save(d + "/x.npy", xs, rnd(N * C * H * W, rng, code), code)
+    save(d + "/w.npy", ws, rnd(K * C // G * R * S, rng, code), code)
+    save(d + "/b.npy", (K,), rnd(K, rng, code), code)
+elif cmd == "check":
+    d, layout, tol = sys.argv[2], sys.argv[3], float(sys.argv[4])
+    sh, st, pt, pb, pl, pr, relu = 2, 1, 1, 0, 2, 1, True
+    xs, x = load(d + "/x.npy")
+    wsh, w = load(d + "/w.npy")
+    _, b = load(d + "/b.npy")
+    ys, y = load(d + "/y.npy")
+    if layout == "nchw":
+        N, C, H, W = xs
+        K, cpg, R, S = wsh
+    else:
+        N, H, W, C = xs
+        K, R, S, cpg = wsh
+    G = C // cpg
+    kpg = K // G
+    OH = (H + pt + pb - R) // sh + 1
+    OW = (W + pl + pr - S) // st + 1
+    want = (N, K, OH, OW) if layout == "nchw" else (N, OH, OW, K)
+    assert tuple(ys) == want, "output shape %s, want %s" % (ys, want)
+    num = den = 0.0
+    for n in range(N):
+        for k in range(K):
+            g = k // kpg
+            for oh in range(OH):
+                for ow in range(OW):
+                    acc = b[k]
+                    for c in range(cpg):
+                        for r in range(R):
+                            for s in range(S):
+                                ih, iw = oh * sh - pt + r, ow * st - pl + s
+                                if 0 <= ih < H and 0 <= iw < W:
+                                    ci = g * cpg + c
+                                    if layout == "nchw":
+                                        xi = ((n * C + ci) * H + ih) * W + iw
+                                        wi = ((k * cpg + c) * R + r) * S + s
+                                    else:
+                                        xi = ((n * H + ih) * W + iw) * C + ci
+                                        wi = ((k * R + r) * S + s) * cpg + c
+                                    acc += x[xi] * w[wi]
+                    if relu:
+                        acc = max(acc, 0.0)
+                    if layout == "nchw":
+                        yi = ((n * K + k) * OH + oh) * OW + ow
+                    else:
+                        yi = ((n * OH + oh) * OW + ow) * K + k
+                    num += (y[yi] - acc) ** 2
+                    den += acc * acc
+    err = (num ** 0.5) / max(den ** 0.5, 1e-30)
+    print("relative error %.3g (tolerance %g)" % (err, tol))
+    sys.exit(0 if err <= tol else 1)
+EOF
+    for combo in "f4 nchw 1e-5" "f4 nhwc 1e-5" "f2 nchw 1e-2" "f2 nhwc 1e-2"; do
+        read -r code layout tol <<< "$combo"
+        seed=$RANDOM
+        python3 "$py" make "$tmp" "$code" "$layout" "$seed"
+        if out=$(ctl conv --input "$tmp/x.npy" --weight "$tmp/w.npy" --bias "$tmp/b.npy" \
+            --output "$tmp/y.npy" --stride 2,1 --pad 1,0,2,1 --groups 2 --layout "$layout" \
+            --relu 2>&1) && res=$(python3 "$py" check "$tmp" "$layout" "$tol" 2>&1); then
+            ok "conv .npy $code $layout: $res"
+        else
+            bad "conv .npy $code $layout (seed $seed): $out ${res:-}"
+        fi
+        rm -f "$tmp/y.npy"
+    done
+    check_fails "conv refuses a 1-D weight array" "weight" \
+        ctl conv --input "$tmp/x.npy" --weight "$tmp/b.npy" --output "$tmp/y.npy"
+    check_fails "conv refuses weights whose channels do not fit the groups" "group" \
+        ctl conv --input "$tmp/x.npy" --weight "$tmp/w.npy" --groups 3 --output "$tmp/y.npy"
+    check_fails "conv names a missing file" "nothere" \
+        ctl conv --input "$tmp/nothere.npy" --weight "$tmp/w.npy" --output "$tmp/y.npy"
+else
+    echo "skip   conv .npy (no python3)"
+fi
+
+check "bench 200 requests" ctl bench --clients 2 --depth 4 --requests 200 --n 1 --c 16 --k 16 \
+    --groups 4 --h 14 --w 14
+check_fails "no daemon at a path" "connect" "$convctl" --socket "$tmp/none.sock" ping
+check_fails "unknown command" "unknown" "$convctl" --socket "$sock" frobnicate
+
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+pid=""
+if [[ $rc -eq 0 ]]; then ok "convd exits 0 on SIGTERM"; else bad "convd exited $rc on SIGTERM"; fi
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
