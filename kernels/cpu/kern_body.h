@@ -459,18 +459,15 @@ static ALWAYS_INLINE void KERN(planar_pack_x_dt)(const struct cpu_plan *pl, cons
 
     for (int jr = 0; jr < pl->nrp; jr++) {
         const int base_r = pl->row_phase ? jr : jr * p->dil_h;
-        for (int i = 0; i < bq; i++) {
-            const int64_t ih = (int64_t)oh0 * sh + (int64_t)i * sh + base_r - p->pad_top;
-            for (int jc = 0; jc < ncp; jc++) {
-                float *d = dst + (size_t)(jr * ncp + jc) * pl->ps + (size_t)i * wq;
+        for (int jc = 0; jc < ncp; jc++) {
+            const struct KERN(span) sp = KERN(planar_span)(pl, pl->col_phase ? jc : jc * p->dil_w);
+            float *d = dst + (size_t)(jr * ncp + jc) * pl->ps;
+            for (int i = 0; i < bq; i++, d += wq) {
+                const int64_t ih = (int64_t)oh0 * sh + (int64_t)i * sh + base_r - p->pad_top;
                 if (ih < 0 || ih >= H) {
                     for (int c = 0; c < nc; c++)
                         KERN(zero_span)(d + (size_t)c * pl->cs, 0, wq);
-                    continue;
-                }
-                const struct KERN(span) sp =
-                    KERN(planar_span)(pl, pl->col_phase ? jc : jc * p->dil_w);
-                if (nchw) {
+                } else if (nchw) {
                     size_t src = (((size_t)n * C + c0) * H + (size_t)ih) * W + (size_t)sp.iw0;
                     KERN(planar_pack_row_nchw)(pl, x, src, sp, d, nc, DT);
                 } else {
@@ -821,16 +818,13 @@ static ALWAYS_INLINE void KERN(cv_row)(const struct cpu_plan *pl, const void *x,
             const bool full = v - v0 < nfull;
             if (block && full && shift)
                 KERN(cv_block)
-                (pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P, false, true, true);
-            else if (block && full)
-                KERN(cv_block)
-                (pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P, false, true, false);
-            else if (block)
-                KERN(cv_block)
-                (pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P, false, false, false);
-            else
-                KERN(cv_block)
-                (pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, 1, check, false, false);
+            (pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P, false, true, true);
+            else if (block && full) KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI,
+                                                   MO, P, false, true, false);
+            else if (block) KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P,
+                                           false, false, false);
+            else KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, 1, check, false,
+                                false);
         }
         ow += block ? P : 1;
     }
