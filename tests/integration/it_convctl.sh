@@ -3,11 +3,14 @@
 # every dtype and layout, conv on .npy files checked against an independent direct convolution
 # written here in Python, a short bench, errors for bad input, and a clean SIGTERM exit.
 #
-#   it_convctl.sh CONVD CONVCTL
+#   it_convctl.sh CONVD CONVCTL [EXAMPLE]
+#
+# EXAMPLE: the README's minimal client program, run against the same daemon.
 set -euo pipefail
 
 convd=$1
 convctl=$2
+example=${3:-}
 tmp=$(mktemp -d /tmp/convd-it-ctl.XXXXXX)
 sock=$tmp/convd.sock
 pid=""
@@ -200,6 +203,16 @@ EOF
         ctl conv --input "$tmp/nothere.npy" --weight "$tmp/w.npy" --output "$tmp/y.npy"
 else
     echo "skip   conv .npy (no python3)"
+fi
+
+if [[ -n $example ]]; then
+    # 8x8 ones, 3x3 weights of 0.5 over 2 channels per group, padding 1: 9 inside, 4 at corners.
+    out=$(CONVD_SOCKET=$sock "$example" 2>&1) || true
+    if grep -q "y\[0\]\[0\]\[0\]\[0\] = 4, y\[0\]\[0\]\[4\]\[4\] = 9" <<< "$out"; then
+        ok "README example: $out"
+    else
+        bad "README example: $out"
+    fi
 fi
 
 check "bench 200 requests" ctl bench --clients 2 --depth 4 --requests 200 --n 1 --c 16 --k 16 \
