@@ -348,6 +348,57 @@ static void test_client_never_reads(void **state)
     it_daemon_check_clean(&daemon_);
 }
 
+/* A daemon limited to three connections: the fourth is refused with ELIMIT and a sentence, and
+ * admitted once another leaves. */
+static void test_max_clients(void **state)
+{
+    (void)state;
+    struct it_daemon d;
+    const char *const extra[] = {"--max-clients", "3", NULL};
+    it_daemon_start(&d, extra); /* its monitor is the first connection */
+    convd_client *a = it_connect(&d, "it-a");
+    convd_client *b = it_connect(&d, "it-b");
+    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+    o.socket_path = d.sock;
+    o.timeout_ms = IT_TIMEOUT_MS;
+    convd_client *extra_client = NULL;
+    int rc = convd_connect(&o, &extra_client);
+    if (rc != CONVD_ELIMIT)
+        fail_msg("fourth connection: %s (%s), want ELIMIT", convd_status_name(rc),
+                 convd_last_connect_error());
+    assert_null(extra_client);
+    assert_true(strlen(convd_last_connect_error()) >= 8);
+    convd_close(a);
+    /* The daemon notices the close asynchronously: retry until it admits the newcomer. */
+    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    while ((rc = convd_connect(&o, &extra_client)) == CONVD_ELIMIT && it_now_ms() < end)
+        it_sleep_ms(20);
+    assert_int_equal(rc, 0);
+    it_one_conv(extra_client, it_rng());
+    convd_close(extra_client);
+    convd_close(b);
+    it_daemon_check_clean(&d);
+    it_daemon_stop(&d);
+}
+
+/* A connection that never sends Hello is closed after the hello timeout, and leaves nothing. */
+static void test_hello_timeout(void **state)
+{
+    (void)state;
+    struct it_daemon d;
+    const char *const extra[] = {"--hello-timeout-ms", "300", NULL};
+    it_daemon_start(&d, extra);
+    int fds[4];
+    for (int i = 0; i < 4; i++)
+        fds[i] = raw_connect(d.sock);
+    for (int i = 0; i < 4; i++) {
+        raw_expect_eof(fds[i]);
+        close(fds[i]);
+    }
+    it_daemon_check_clean(&d);
+    it_daemon_stop(&d);
+}
+
 static void test_zz_no_leaks_and_clean_exit(void **state)
 {
     (void)state;
@@ -363,6 +414,8 @@ int main(void)
         cmocka_unit_test(test_sigkill_with_requests_in_flight),
         cmocka_unit_test(test_close_without_unregistering),
         cmocka_unit_test(test_client_never_reads),
+        cmocka_unit_test(test_max_clients),
+        cmocka_unit_test(test_hello_timeout),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
     };
     return cmocka_run_group_tests_name("integration: clients", tests, group_setup, group_teardown);

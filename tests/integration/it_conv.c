@@ -500,6 +500,64 @@ static void test_status_and_metrics(void **state)
     convd_close(c);
 }
 
+/* A request whose deadline passes while it waits behind heavy work is failed with ETIMEDOUT and
+ * not run: its output stays poisoned. One with a generous deadline runs normally. */
+static void test_deadline_passed_request_fails_not_run(void **state)
+{
+    (void)state;
+    convd_client *c = it_connect(&daemon_, "it-deadline");
+    struct convd_problem heavy, p;
+    it_heavy_problem(&heavy);
+    convd_region *rh = NULL, *rs = NULL, *rg = NULL;
+    assert_int_equal(convd_region_create(c, it_case_span(&heavy), &rh), 0);
+    struct it_case hc, late, ok;
+    it_case_init(&hc, rh, 0, &heavy, NULL);
+    tu_random_problem(it_rng(), &p, 0, 0, 6);
+    assert_int_equal(convd_region_create(c, it_case_span(&p), &rs), 0);
+    assert_int_equal(convd_region_create(c, it_case_span(&p), &rg), 0);
+    it_case_init(&late, rs, 0, &p, it_rng());
+    it_case_init(&ok, rg, 0, &p, it_rng());
+
+    struct convd_conv_args a;
+    uint64_t h1, h2, id_late, id_ok;
+    it_case_args(&hc, &a);
+    assert_int_equal(convd_conv_submit(c, &a, &h1), 0);
+    assert_int_equal(convd_conv_submit(c, &a, &h2), 0);
+    it_case_args(&late, &a);
+    a.timeout_us = 1000; /* 1 ms: certainly over before two heavy requests are done */
+    assert_int_equal(convd_conv_submit(c, &a, &id_late), 0);
+    it_case_args(&ok, &a);
+    a.timeout_us = (uint64_t)IT_TIMEOUT_MS * 1000u;
+    assert_int_equal(convd_conv_submit(c, &a, &id_ok), 0);
+
+    struct convd_completion done;
+    assert_int_equal(convd_wait(c, id_late, IT_TIMEOUT_MS, &done), 0);
+    if (done.status != CONVD_ETIMEDOUT)
+        fail_msg("request past its deadline: %s (%s), want ETIMEDOUT",
+                 convd_status_name(done.status), done.error);
+    assert_true(strlen(done.error) >= 8);
+    const uint8_t *out = (const uint8_t *)convd_region_data(rs) + late.off_out;
+    for (uint64_t i = 0; i < late.sz.output_bytes; i++)
+        if (out[i] != 0xff)
+            fail_msg("a request failed with ETIMEDOUT wrote its output (byte %llu)",
+                     (unsigned long long)i);
+    assert_int_equal(convd_wait(c, id_ok, IT_TIMEOUT_MS, &done), 0);
+    if (done.status != 0)
+        fail_msg("request with a generous deadline: %s (%s)", convd_status_name(done.status),
+                 done.error);
+    it_case_check(&ok);
+    assert_int_equal(convd_wait(c, h1, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    assert_int_equal(convd_wait(c, h2, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    it_case_fini(&late);
+    it_case_fini(&ok);
+    assert_int_equal(convd_region_free(rh), 0);
+    assert_int_equal(convd_region_free(rs), 0);
+    assert_int_equal(convd_region_free(rg), 0);
+    convd_close(c);
+}
+
 static void test_zz_no_leaks_and_clean_exit(void **state)
 {
     (void)state;
@@ -517,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_region_cycles),
         cmocka_unit_test(test_library_argument_checks),
         cmocka_unit_test(test_status_and_metrics),
+        cmocka_unit_test(test_deadline_passed_request_fails_not_run),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
     };
     return cmocka_run_group_tests_name("integration: conv", tests, group_setup, group_teardown);

@@ -316,6 +316,38 @@ static void test_wrong_protocol_version(void **state)
     assert_alive();
 }
 
+/* Client names that are far too long or full of control characters: the daemon accepts the
+ * connection (keeping a cleaned-up prefix for its logs) or refuses it with EINVAL, and either
+ * way goes on. */
+static void test_hello_odd_client_names(void **state)
+{
+    (void)state;
+    static char name[8192];
+    for (size_t i = 0; i < sizeof(name) - 1; i++)
+        name[i] = (char)(i % 3 == 0 ? '\n' : i % 3 == 1 ? '\x1b' : 'A' + (int)(i % 26));
+    name[sizeof(name) - 1] = '\0';
+    const char *names[] = {name, "", "%s%s%s%n%n"};
+    for (size_t i = 0; i < 3; i++) {
+        int fd = raw_connect(daemon_.sock);
+        Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
+        Convd__Hello h = CONVD__HELLO__INIT;
+        h.protocol_version = 1;
+        h.client_name = (char *)names[i];
+        m.msg_case = CONVD__CLIENT_MESSAGE__MSG_HELLO;
+        m.hello = &h;
+        raw_send(fd, &m, NULL, 0);
+        Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+        int st = r->hello_reply->status;
+        raw_free(r);
+        if (st == 0)
+            assert_pong(fd, 10 + i);
+        else if (st != CONVD_EINVAL)
+            fail_msg("client name %zu: %s, want OK or EINVAL", i, convd_status_name(st));
+        close(fd);
+    }
+    assert_alive();
+}
+
 static void test_oversized_datagram(void **state)
 {
     (void)state;
@@ -751,6 +783,7 @@ int main(void)
         cmocka_unit_test(test_empty_datagram),
         cmocka_unit_test(test_messages_before_hello),
         cmocka_unit_test(test_wrong_protocol_version),
+        cmocka_unit_test(test_hello_odd_client_names),
         cmocka_unit_test(test_oversized_datagram),
         cmocka_unit_test(test_bad_shapes),
         cmocka_unit_test(test_bad_tensor_references),

@@ -23,7 +23,7 @@ static int teardown(void **state)
 
 /* Queues heavy work and many small checked requests, sends SIGTERM, and collects everything.
  * Returns how many requests failed with ESHUTDOWN. */
-static unsigned sigterm_with_queue(const char *const *extra)
+static unsigned sigterm_with_queue(const char *const *extra, int signals)
 {
     it_daemon_start(&daemon_, extra);
     convd_client *c = it_connect(&daemon_, "it-drain");
@@ -65,7 +65,8 @@ static unsigned sigterm_with_queue(const char *const *extra)
     struct convd_status st;
     assert_int_equal(convd_status_get(c, &st), 0);
     assert_true(st.inflight >= 1);
-    assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+    for (int i = 0; i < signals; i++)
+        assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
 
     unsigned ok = 0, shut = 0;
     for (int i = 0; i < HEAVY + SMALL; i++) {
@@ -106,17 +107,37 @@ static unsigned sigterm_with_queue(const char *const *extra)
 static void test_sigterm_drains_queue(void **state)
 {
     (void)state;
-    sigterm_with_queue(NULL);
+    sigterm_with_queue(NULL, 1);
 }
 
 static void test_sigterm_without_drain_time_fails_queued_work(void **state)
 {
     (void)state;
     const char *const extra[] = {"--drain-timeout-ms", "0", NULL};
-    unsigned shut = sigterm_with_queue(extra);
+    unsigned shut = sigterm_with_queue(extra, 1);
     /* Heavy work was running when the signal came, so small requests were still queued, and
      * with no time to drain they must have been failed, not run. */
     assert_true(shut >= 1);
+}
+
+/* A second SIGTERM fails queued work at once; everything still gets its completion. */
+static void test_second_sigterm(void **state)
+{
+    (void)state;
+    sigterm_with_queue(NULL, 2);
+}
+
+/* SIGINT (Ctrl-C) drains like SIGTERM: exit 0, and a connected client sees the close. */
+static void test_sigint(void **state)
+{
+    (void)state;
+    it_daemon_start(&daemon_, NULL);
+    convd_client *c = it_connect(&daemon_, "it-ctrl-c");
+    it_one_conv(c, it_rng());
+    assert_int_equal(kill(daemon_.pid, SIGINT), 0);
+    it_daemon_wait_exit(&daemon_);
+    assert_int_equal(convd_ping(c, NULL), CONVD_ECLOSED);
+    convd_close(c);
 }
 
 int main(void)
@@ -125,6 +146,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_sigterm_drains_queue, teardown),
         cmocka_unit_test_teardown(test_sigterm_without_drain_time_fails_queued_work, teardown),
+        cmocka_unit_test_teardown(test_second_sigterm, teardown),
+        cmocka_unit_test_teardown(test_sigint, teardown),
     };
     return cmocka_run_group_tests_name("integration: shutdown", tests, NULL, NULL);
 }
