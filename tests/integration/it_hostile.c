@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -635,6 +636,140 @@ static void test_bad_regions(void **state)
     assert_alive();
 }
 
+/* A write-sealed memfd: usable for inputs, refused (not crashed on) as an output. */
+static void test_write_sealed_region(void **state)
+{
+    (void)state;
+    int fd = conn();
+    struct convd_problem p;
+    small_problem(&p);
+    struct raw_conv rc;
+    uint64_t need = raw_conv_init(&rc, 1, &p, 1);
+    const unsigned wseals[] = {F_SEAL_WRITE, F_SEAL_FUTURE_WRITE};
+    for (size_t i = 0; i < 2; i++) {
+        uint64_t ro = 10 + i;
+        int mfd = raw_memfd(need, F_SEAL_SHRINK | F_SEAL_GROW | wseals[i]);
+        char why[256];
+        int st = raw_register(fd, ro, need, &mfd, 1, why, sizeof(why));
+        close(mfd);
+        if (st != 0) {
+            /* Refusing a read-only region outright is acceptable too. */
+            assert_true(strlen(why) >= 8);
+            continue;
+        }
+        register_ok(fd, 20 + i, need);
+        /* Inputs in the read-only region, output elsewhere: fine. */
+        raw_conv_init(&rc, 100 + i, &p, ro);
+        rc.out.region_id = 20 + i;
+        conv_expect(fd, &rc, 0, NULL);
+        /* Output in the read-only region: refused with a sentence naming the output. */
+        raw_conv_init(&rc, 200 + i, &p, 20 + i);
+        rc.out.region_id = ro;
+        raw_conv_send(fd, &rc);
+        st = raw_expect_completion(fd, rc.req.id, why, sizeof(why));
+        if (st == 0)
+            fail_msg("output into a write-sealed memfd (seal %#x) was accepted", wseals[i]);
+        if (!raw_contains(why, "output"))
+            fail_msg("output into a write-sealed memfd: %s \"%s\" does not name the output",
+                     convd_status_name(st), why);
+    }
+    assert_pong(fd, 7);
+    close(fd);
+    assert_alive();
+}
+
+/* A region unregistered while a request that uses it is still queued: the unregistration
+ * succeeds, the request still completes correctly, the id is free for a new region at once, and
+ * the new region is the one later requests see. */
+static void test_region_id_reuse_while_old_one_in_use(void **state)
+{
+    (void)state;
+    int fd = conn();
+    struct convd_problem heavy, p;
+    it_heavy_problem(&heavy);
+    convd_problem_init(&p, 1, 5, 5, 2, 2, 1, 1, 1); /* 1x1: y = w * x per pixel */
+    struct raw_conv hc, rc;
+    uint64_t hneed = raw_conv_init(&hc, 1, &heavy, 1);
+    register_ok(fd, 1, hneed);
+    uint64_t need = raw_conv_init(&rc, 2, &p, 5);
+    /* Old region 5: inputs all 1, weights identity: the output is 1 everywhere. */
+    int old_fd = raw_memfd(need, 0);
+    float *m = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, old_fd, 0);
+    assert_true(m != MAP_FAILED);
+    for (int i = 0; i < 25 * 2; i++)
+        m[i] = 1.0f;
+    m[50] = 1.0f, m[51] = 0.0f, m[52] = 0.0f, m[53] = 1.0f;
+    assert_int_equal(fcntl(old_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    char why[256];
+    assert_int_equal(raw_register(fd, 5, need, &old_fd, 1, why, sizeof(why)), 0);
+    close(old_fd);
+
+    raw_conv_send(fd, &hc); /* keeps the worker busy */
+    raw_conv_send(fd, &rc); /* queued, uses region 5 */
+    assert_int_equal(raw_unregister(fd, 5), 0);
+    /* New region under the same id: inputs 2, weights identity. */
+    int new_fd = raw_memfd(need, 0);
+    float *n2 = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, new_fd, 0);
+    assert_true(n2 != MAP_FAILED);
+    for (int i = 0; i < 25 * 2; i++)
+        n2[i] = 2.0f;
+    n2[50] = 1.0f, n2[51] = 0.0f, n2[52] = 0.0f, n2[53] = 1.0f;
+    assert_int_equal(fcntl(new_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    int st = raw_register(fd, 5, need, &new_fd, 1, why, sizeof(why));
+    close(new_fd);
+    if (st != 0)
+        fail_msg("re-registering id 5 after unregistering it: %s (%s)", convd_status_name(st), why);
+    rc.req.id = 3;
+    raw_conv_send(fd, &rc);
+    /* Completions: the heavy one, and 2 then 3 in some order. */
+    bool seen[4] = {false};
+    for (int i = 0; i < 3; i++) {
+        Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_COMPLETION);
+        uint64_t id = r->completion->id;
+        assert_true(id >= 1 && id <= 3);
+        if (r->completion->status != 0)
+            fail_msg("request %llu: %s (%s)", (unsigned long long)id,
+                     convd_status_name(r->completion->status), r->completion->error);
+        seen[id] = true;
+        raw_free(r);
+    }
+    assert_true(seen[1] && seen[2] && seen[3]);
+    for (int i = 0; i < 50; i++) {
+        if (m[54 + i] != 1.0f)
+            fail_msg("request 2 (old region 5) output[%d] = %g, want 1", i, (double)m[54 + i]);
+        if (n2[54 + i] != 2.0f)
+            fail_msg("request 3 (new region 5) output[%d] = %g, want 2", i, (double)n2[54 + i]);
+    }
+    munmap(m, need);
+    munmap(n2, need);
+    close(fd);
+    assert_alive();
+}
+
+/* Deadlines at the edge of the 64-bit range must not overflow into "already passed" or crash. */
+static void test_extreme_deadlines(void **state)
+{
+    (void)state;
+    int fd = conn();
+    register_ok(fd, 1, REGION_SIZE);
+    struct convd_problem p;
+    small_problem(&p);
+    struct raw_conv rc;
+    const uint64_t deadlines[] = {UINT64_MAX, UINT64_MAX / 1000 + 1, (uint64_t)1 << 63};
+    for (size_t i = 0; i < 3; i++) {
+        raw_conv_init(&rc, 1 + i, &p, 1);
+        rc.req.timeout_us = deadlines[i];
+        raw_conv_send(fd, &rc);
+        char why[256];
+        int st = raw_expect_completion(fd, rc.req.id, why, sizeof(why));
+        if (st != 0 && st != CONVD_EINVAL)
+            fail_msg("timeout_us %llu: %s (%s), want OK (no effective deadline) or EINVAL",
+                     (unsigned long long)deadlines[i], convd_status_name(st), why);
+    }
+    close(fd);
+    assert_alive();
+}
+
 static void test_region_limits(void **state)
 {
     (void)state;
@@ -788,6 +923,9 @@ int main(void)
         cmocka_unit_test(test_bad_shapes),
         cmocka_unit_test(test_bad_tensor_references),
         cmocka_unit_test(test_bad_regions),
+        cmocka_unit_test(test_write_sealed_region),
+        cmocka_unit_test(test_region_id_reuse_while_old_one_in_use),
+        cmocka_unit_test(test_extreme_deadlines),
         cmocka_unit_test(test_region_limits),
         cmocka_unit_test(test_duplicate_request_id),
         cmocka_unit_test(test_too_many_in_flight),
