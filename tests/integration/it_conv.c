@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -460,6 +463,191 @@ static void test_library_argument_checks(void **state)
     assert_int_equal(convd_region_free(NULL), 0);
 }
 
+/* More of the library's own checks: foreign regions, bad tensors, limits, timeouts. */
+static void test_library_edges(void **state)
+{
+    (void)state;
+    convd_client *a = it_connect(&daemon_, "it-edge-a");
+    convd_client *b = it_connect(&daemon_, "it-edge-b");
+    struct convd_problem p;
+    convd_problem_init(&p, 1, 6, 6, 4, 4, 3, 3, 1);
+    struct convd_problem_sizes z;
+    assert_int_equal(convd_problem_sizes(&p, &z, NULL, 0), 0);
+    convd_region *ra = NULL, *rb = NULL;
+    assert_int_equal(convd_region_create(a, 8192, &ra), 0);
+    assert_int_equal(convd_region_create(b, 8192, &rb), 0);
+    struct convd_conv_args args = CONVD_CONV_ARGS_INIT;
+    args.problem = p;
+    args.input = (struct convd_tensor){rb, 0, z.input_bytes};
+    args.weight = (struct convd_tensor){rb, 1024, z.weight_bytes};
+    args.output = (struct convd_tensor){rb, 2048, z.output_bytes};
+    uint64_t id = 77;
+
+    /* A region of client a in a request of client b: both number their regions the same way, so
+     * sending it would silently name b's own region. It must be refused. */
+    struct convd_conv_args bad = args;
+    bad.output.region = ra;
+    int rc = convd_conv_submit(b, &bad, &id);
+    if (rc == 0) {
+        struct convd_completion done;
+        convd_wait(b, id, IT_TIMEOUT_MS, &done);
+        fail_msg("a request naming another client's region was sent (completion: %s)",
+                 convd_status_name(done.status));
+    }
+    assert_true(rc == CONVD_EINVAL || rc == CONVD_ENOREGION);
+    assert_true(raw_contains(convd_errstr(b), "region"));
+    /* No region at all. */
+    bad = args;
+    bad.input.region = NULL;
+    assert_int_equal(convd_conv_submit(b, &bad, &id), CONVD_EINVAL);
+    /* Priority out of range. */
+    bad = args;
+    bad.priority = 4;
+    assert_int_equal(convd_conv_submit(b, &bad, &id), CONVD_EINVAL);
+    /* A bias the problem asks for but the arguments lack. */
+    bad = args;
+    bad.problem.has_bias = true;
+    rc = convd_conv_submit(b, &bad, &id);
+    assert_true(rc == CONVD_EINVAL || rc == CONVD_ESIZE);
+    assert_true(raw_contains(convd_errstr(b), "bias"));
+    assert_int_equal(id, 77);
+    /* convd_conv with a bias problem and no bias pointer. */
+    float buf[2048] = {0};
+    bad.problem.has_bias = true;
+    rc = convd_conv(b, &bad.problem, buf, buf, NULL, buf);
+    assert_int_equal(rc, CONVD_EINVAL);
+    /* Regions: size 0, more bytes than a client may map. */
+    convd_region *r = NULL;
+    assert_int_equal(convd_region_create(b, 0, &r), CONVD_EINVAL);
+    struct convd_server_info info;
+    convd_server_info(b, &info);
+    rc = convd_region_create(b, (size_t)info.max_mapped_bytes + 4096, &r);
+    assert_int_equal(rc, CONVD_ELIMIT);
+    assert_null(r);
+    assert_true(strlen(convd_errstr(b)) >= 8);
+    /* GPU memory on a CPU daemon. */
+    uint8_t handle[64] = {0};
+    assert_int_equal(convd_region_import_gpu(b, handle, sizeof(handle), 0, 4096, &r),
+                     CONVD_EUNSUPPORTED);
+    assert_null(r);
+
+    /* convd_wait with timeout 0 while the request is certainly still running. */
+    struct convd_problem heavy;
+    it_heavy_problem(&heavy);
+    convd_region *rh = NULL;
+    assert_int_equal(convd_region_create(b, it_case_span(&heavy), &rh), 0);
+    struct it_case hc;
+    it_case_init(&hc, rh, 0, &heavy, NULL);
+    struct convd_conv_args ha;
+    it_case_args(&hc, &ha);
+    uint64_t h1, h2;
+    assert_int_equal(convd_conv_submit(b, &ha, &h1), 0);
+    assert_int_equal(convd_conv_submit(b, &ha, &h2), 0);
+    struct convd_completion done;
+    assert_int_equal(convd_wait(b, h2, 0, &done), CONVD_ETIMEDOUT);
+    assert_int_equal(convd_inflight(b), 2);
+    assert_int_equal(convd_wait(b, h2, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    assert_int_equal(convd_wait(b, h1, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    assert_int_equal(convd_region_free(rh), 0);
+
+    /* The good request on b still works. */
+    assert_int_equal(convd_conv_submit(b, &args, &id), 0);
+    assert_int_equal(convd_wait(b, id, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    assert_int_equal(convd_region_free(ra), 0);
+    assert_int_equal(convd_region_free(rb), 0);
+    convd_close(a);
+    convd_close(b);
+}
+
+/* Fake servers: one that accepts and never answers, one that answers garbage, one that speaks
+ * another protocol version. convd_connect must fail with the matching code. */
+static void fake_server(const char *path, int mode)
+{
+    int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t len = strlen(path);
+    if (len >= sizeof(sa.sun_path))
+        _exit(2);
+    memcpy(sa.sun_path, path, len + 1);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(ls, 4) != 0)
+        _exit(2);
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0)
+        _exit(3);
+    uint8_t buf[4096];
+    if (recv(fd, buf, sizeof(buf), 0) <= 0)
+        _exit(4);
+    if (mode == 1) {
+        const uint8_t garbage[] = {0x00, 0x01, 0x02, 0xff};
+        send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL);
+    } else if (mode == 2) {
+        Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+        Convd__HelloReply hr = CONVD__HELLO_REPLY__INIT;
+        hr.protocol_version = 2;
+        hr.server_version = "9.9.9";
+        hr.backend = "cpu";
+        hr.device = "fake";
+        hr.max_inflight = 1;
+        m.msg_case = CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY;
+        m.hello_reply = &hr;
+        send(fd, buf, convd__server_message__pack(&m, buf), MSG_NOSIGNAL);
+    }
+    /* Hold the connection until the client goes away. */
+    while (recv(fd, buf, sizeof(buf), 0) > 0)
+        ;
+    _exit(0);
+}
+
+static void test_connect_to_wrong_servers(void **state)
+{
+    (void)state;
+    /* Garbage: EPROTO, or EVERSION ("does not speak the convd protocol"), as convd.h allows. */
+    const int want[] = {CONVD_ETIMEDOUT, CONVD_EVERSION, CONVD_EVERSION};
+    for (int mode = 0; mode < 3; mode++) {
+        char path[160];
+        snprintf(path, sizeof(path), "%s/fake%d.sock", daemon_.dir, mode);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+            fake_server(path, mode);
+        /* Wait for the socket to appear. */
+        uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+        while (access(path, F_OK) != 0 && it_now_ms() < end)
+            it_sleep_ms(5);
+        struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+        o.socket_path = path;
+        o.timeout_ms = 300;
+        convd_client *c = NULL;
+        int rc = convd_connect(&o, &c);
+        if (rc != want[mode] && !(mode == 1 && rc == CONVD_EPROTO))
+            fail_msg("fake server %d: %s (%s), want %s", mode, convd_status_name(rc),
+                     convd_last_connect_error(), convd_status_name(want[mode]));
+        assert_null(c);
+        assert_true(strlen(convd_last_connect_error()) >= 8);
+        int st = it_wait_child(pid);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        unlink(path);
+    }
+    /* A path that is not a socket, and one too long for sockaddr_un. */
+    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+    char longpath[300];
+    memset(longpath, 'x', sizeof(longpath) - 1);
+    longpath[0] = '/';
+    longpath[sizeof(longpath) - 1] = '\0';
+    const char *paths[] = {"/dev/null", longpath};
+    for (int i = 0; i < 2; i++) {
+        o.socket_path = paths[i];
+        convd_client *c = NULL;
+        assert_int_equal(convd_connect(&o, &c), CONVD_ECONNECT);
+        assert_null(c);
+        assert_true(strlen(convd_last_connect_error()) >= 8);
+    }
+}
+
 /* Status and metrics describe what happened. */
 static void test_status_and_metrics(void **state)
 {
@@ -574,6 +762,8 @@ int main(void)
         cmocka_unit_test(test_blocking_conv),
         cmocka_unit_test(test_region_cycles),
         cmocka_unit_test(test_library_argument_checks),
+        cmocka_unit_test(test_library_edges),
+        cmocka_unit_test(test_connect_to_wrong_servers),
         cmocka_unit_test(test_status_and_metrics),
         cmocka_unit_test(test_deadline_passed_request_fails_not_run),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
