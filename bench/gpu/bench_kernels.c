@@ -43,6 +43,8 @@ struct row {
     int groups;
     char kernel[16];
     double ours_us, cudnn_us, floor_us, frac, rel_err;
+    double ours_call_us, cudnn_call_us; /* per-call event timing, host work included */
+    char plan[200];
     char bound[8];
     int ok; /* output matches cuDNN's */
 };
@@ -96,7 +98,11 @@ struct dnn {
     __typeof__(&cudnnGetConvolutionForwardAlgorithmMaxCount) algo_max;
     __typeof__(&cudnnFindConvolutionForwardAlgorithmEx) find;
     __typeof__(&cudnnConvolutionForward) fwd;
+    __typeof__(&cudnnSetStream) set_stream;
 };
+
+/* Everything runs on this stream (graph capture needs a non-default stream). */
+static cudaStream_t g_stream;
 
 static void *sym(void *lib, const char *name)
 {
@@ -130,11 +136,13 @@ static int dnn_open(struct dnn *d)
     d->algo_max = sym(d->lib, "cudnnGetConvolutionForwardAlgorithmMaxCount");
     d->find = sym(d->lib, "cudnnFindConvolutionForwardAlgorithmEx");
     d->fwd = sym(d->lib, "cudnnConvolutionForward");
+    d->set_stream = sym(d->lib, "cudnnSetStream");
     cudnnStatus_t st = d->create(&d->h);
     if (st != CUDNN_STATUS_SUCCESS) {
         fprintf(stderr, "cudnnCreate: %s\n", d->err(st));
         return -1;
     }
+    d->set_stream(d->h, g_stream);
     return 0;
 }
 
@@ -272,6 +280,8 @@ static double median(double *v, int n)
 }
 
 struct bufs {
+    void *ws; /* workspace for our NCHW runs (NHWC copies) */
+    size_t ws_bytes;
     int nbuf;
     void **x, **y;
     void *w;
@@ -295,10 +305,10 @@ static double time_fn(run_fn fn, void *ctx, int nbuf, int iters, int warmup)
         CK(cudaEventCreate(&ev[i]));
     int bad = 0;
     for (int i = 0; i < iters; i++) {
-        CK(cudaEventRecord(ev[2 * i], 0));
+        CK(cudaEventRecord(ev[2 * i], g_stream));
         if (fn(ctx, (warmup + i) % nbuf) != 0)
             bad = 1;
-        CK(cudaEventRecord(ev[2 * i + 1], 0));
+        CK(cudaEventRecord(ev[2 * i + 1], g_stream));
     }
     CK(cudaDeviceSynchronize());
     for (int i = 0; i < iters; i++) {
@@ -314,6 +324,61 @@ static double time_fn(run_fn fn, void *ctx, int nbuf, int iters, int warmup)
     return m;
 }
 
+/* Device time per run: `per` runs (rotating buffers) captured in a CUDA graph, the graph launched
+ * `reps` times, each launch timed with events; median over launches divided by `per`. Host-side
+ * work (our planning and launch, cuDNN's dispatch) is out of the measurement. <0 on failure. */
+static double time_graph(run_fn fn, void *ctx, int nbuf, int reps)
+{
+    int per = 2 * nbuf;
+    if (per < 20)
+        per = 20;
+    if (per > 128)
+        per = 128;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    if (cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        cudaGetLastError();
+        return -1.0;
+    }
+    int bad = 0;
+    for (int i = 0; i < per; i++)
+        if (fn(ctx, i % nbuf) != 0)
+            bad = 1;
+    if (cudaStreamEndCapture(g_stream, &graph) != cudaSuccess || bad) {
+        cudaGetLastError();
+        if (graph)
+            cudaGraphDestroy(graph);
+        return -1.0;
+    }
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphDestroy(graph);
+        return -1.0;
+    }
+    double *us = malloc(sizeof(double) * (size_t)reps);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 2; i++)
+        CK(cudaGraphLaunch(exec, g_stream));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(e0, g_stream));
+        CK(cudaGraphLaunch(exec, g_stream));
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        us[r] = ms * 1000.0 / per;
+    }
+    double m = median(us, reps);
+    free(us);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return m;
+}
+
 struct ours_ctx {
     const struct convd_problem *p;
     struct bufs *b;
@@ -324,7 +389,7 @@ static int ours_run(void *vctx, int buf)
 {
     struct ours_ctx *c = vctx;
     struct convd_tensors t = {c->b->x[buf], c->b->w, NULL, c->b->y[buf]};
-    return convd_gpu_conv_family(c->p, &t, 1, NULL, 0, NULL, c->fam);
+    return convd_gpu_conv_family(c->p, &t, 1, c->b->ws, c->b->ws_bytes, (void *)g_stream, c->fam);
 }
 
 struct dnn_ctx {
@@ -371,7 +436,8 @@ static int dnn_setup(struct dnn_ctx *c, struct dnn *d, const struct convd_proble
         d->set_filter(c->wd, t, fmt, p->k, p->c / p->groups, p->r, p->s) ||
         d->set_conv(c->cd, p->pad_top, p->pad_left, p->stride_h, p->stride_w, p->dil_h, p->dil_w,
                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT) ||
-        d->set_groups(c->cd, p->groups) || d->set_math(c->cd, CUDNN_DEFAULT_MATH))
+        d->set_groups(c->cd, p->groups) ||
+        d->set_math(c->cd, p->dtype == CONVD_DTYPE_FP32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH))
         return -1;
     int maxn = 0;
     d->algo_max(d->h, &maxn);
@@ -500,25 +566,39 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         convd_gpu_fill_random(b.x[i], dt, z.input_elems, 1000 + (uint64_t)i);
     }
     CK(cudaMalloc(&b.w, z.weight_bytes));
+    b.ws = NULL;
+    b.ws_bytes = 0;
+    if (lay == CONVD_LAYOUT_NCHW) {
+        b.ws_bytes = z.input_bytes + z.weight_bytes + 512;
+        CK(cudaMalloc(&b.ws, b.ws_bytes));
+    }
     CK(cudaMalloc(&b.y_check, z.output_bytes));
     convd_gpu_fill_random(b.w, dt, z.weight_elems, 7);
     CK(cudaDeviceSynchronize());
 
     struct ours_ctx oc = {&p, &b, fam};
-    out->ours_us = time_fn(ours_run, &oc, b.nbuf, o->iters, o->warmup);
-    out->cudnn_us = -1.0;
+    convd_gpu_describe(&p, fam, out->plan, sizeof(out->plan));
+    out->ours_call_us = time_fn(ours_run, &oc, b.nbuf, o->iters, o->warmup);
+    out->ours_us = time_graph(ours_run, &oc, b.nbuf, o->iters > 15 ? 15 : o->iters);
+    if (out->ours_us <= 0)
+        out->ours_us = out->ours_call_us;
+    out->cudnn_us = out->cudnn_call_us = -1.0;
     out->rel_err = NAN;
     if (d != NULL) {
         struct dnn_ctx dc;
         if (dnn_setup(&dc, d, &p, &z, &b) == 0) {
-            out->cudnn_us = time_fn(dnn_run, &dc, b.nbuf, o->iters, o->warmup);
+            out->cudnn_call_us = time_fn(dnn_run, &dc, b.nbuf, o->iters, o->warmup);
+            out->cudnn_us = time_graph(dnn_run, &dc, b.nbuf, o->iters > 15 ? 15 : o->iters);
+            if (out->cudnn_us <= 0)
+                out->cudnn_us = out->cudnn_call_us;
             /* Same input, both outputs, compared. */
             void *y0 = b.y[0];
             dnn_run(&dc, 0);
+            CK(cudaStreamSynchronize(g_stream));
             CK(cudaMemcpy(b.y_check, y0, z.output_bytes, cudaMemcpyDeviceToDevice));
             CK(cudaMemset(y0, 0xff, z.output_bytes));
             if (ours_run(&oc, 0) == 0) {
-                CK(cudaDeviceSynchronize());
+                CK(cudaStreamSynchronize(g_stream));
                 out->rel_err = rel_err_dev(dt, y0, b.y_check, z.output_elems);
             }
         } else {
@@ -542,9 +622,11 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
             if (convd_gpu_tune_mma_cfg(cfg) != 0)
                 break;
             if (convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0) {
-                double us = time_fn(ours_run, &oc, b.nbuf, o->iters, o->warmup);
-                printf("sweep %s %s %s cfg %d: %.1f us\n", sh->name, convd_dtype_name(dt),
-                       convd_layout_name(lay), cfg, us);
+                double us = time_graph(ours_run, &oc, b.nbuf, 10);
+                char d2[200];
+                convd_gpu_describe(&p, CONVD_GPU_FAMILY_MMA, d2, sizeof(d2));
+                printf("sweep %s %s %s cfg %d: %.1f us (%s)\n", sh->name, convd_dtype_name(dt),
+                       convd_layout_name(lay), cfg, us, d2);
             }
         }
         convd_gpu_tune_mma_cfg(-1);
@@ -555,6 +637,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         cudaFree(b.y[i]);
     }
     cudaFree(b.w);
+    cudaFree(b.ws);
     cudaFree(b.y_check);
     free(b.x);
     free(b.y);
@@ -772,6 +855,7 @@ int main(int argc, char **argv)
     static struct shape shapes[MAX_ROWS];
     const int nshapes = load_shapes(o.shapes, shapes, MAX_ROWS);
 
+    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     struct ceilings ce;
     measure_ceilings(&ce);
     struct dnn dnn_s, *d = NULL;
@@ -782,9 +866,12 @@ int main(int argc, char **argv)
            "cuDNN: %s\n\n",
            dev, o.shapes, o.iters, o.warmup,
            d ? "libcudnn.so.9, legacy API, fastest FindEx algo" : "not used");
+    printf("Times are device time per convolution (CUDA graph of back-to-back runs, median of the "
+           "graph launches); 'call' columns are per-call CUDA events around the API call, host "
+           "work included.\n\n");
     printf("| shape | dtype | layout | kernel | ours us | cuDNN us | speedup | floor us | frac | "
-           "bound | rel err vs cuDNN |\n");
-    printf("|---|---|---|---|---:|---:|---:|---:|---:|---|---:|\n");
+           "bound | ours call us | cuDNN call us | rel err vs cuDNN |\n");
+    printf("|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n");
     fflush(stdout);
 
     static struct row rows[MAX_ROWS * 6];
@@ -810,21 +897,26 @@ int main(int argc, char **argv)
                          r->cudnn_us / r->ours_us);
                 snprintf(err, sizeof(err), isnan(r->rel_err) ? "n/a" : "%.1e%s", r->rel_err,
                          r->ok ? "" : " WRONG");
-                printf("| %s | %s | %s | %s | %.1f | %s | %s | %.1f | %.2f | %s | %s |\n", r->shape,
-                       convd_dtype_name(r->dtype), convd_layout_name(r->layout), r->kernel,
-                       r->ours_us, cud, sp, r->floor_us, r->frac, r->bound, err);
+                printf("| %s | %s | %s | %s | %.1f | %s | %s | %.1f | %.2f | %s | %.1f | %.1f | %s |\n",
+                       r->shape, convd_dtype_name(r->dtype), convd_layout_name(r->layout),
+                       r->kernel, r->ours_us, cud, sp, r->floor_us, r->frac, r->bound,
+                       r->ours_call_us, r->cudnn_call_us, err);
                 fflush(stdout);
             }
         }
     }
     summary(rows, nrows, &ce);
+    printf("\nPlans:\n");
+    for (int i = 0; i < nrows; i++)
+        printf("- %s %s %s: %s\n", rows[i].shape, convd_dtype_name(rows[i].dtype),
+               convd_layout_name(rows[i].layout), rows[i].plan);
 
     if (o.csv_out != NULL) {
         FILE *f = fopen(o.csv_out, "w");
         if (f == NULL)
             die("cannot write %s", o.csv_out);
         fprintf(f, "shape,dtype,layout,kernel,ours_us,cudnn_us,speedup,floor_us,frac,bound,"
-                   "rel_err,ok\n");
+                   "rel_err,ok,ours_call_us,cudnn_call_us\n");
         for (int i = 0; i < nrows; i++) {
             const struct row *r = &rows[i];
             fprintf(f, "%s,%s,%s,%s,%.2f,%.2f,%.3f,%.2f,%.3f,%s,%.3g,%d\n", r->shape,

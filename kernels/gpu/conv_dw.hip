@@ -2,12 +2,13 @@
  * Depthwise and channel-multiplier convolution (cpg = 1, kpg 1 or 2): memory bound, so the
  * kernels are judged in GB/s.
  *
- * NHWC: each thread owns a vector of V adjacent input channels (16 bytes: 8 fp16/bf16 or 4 fp32)
- * and a strip of P output pixels along W; it produces the V*kpg adjacent output channels of those
- * pixels. Lanes are arranged 4 channel vectors x 8 strips so that a warp's loads are 64-byte
- * contiguous runs and its weight reads from shared memory hit only 4 addresses (broadcast).
- * With unit stride and dilation along W, the input columns of a filter row are loaded once into
- * a register window and reused by every tap (SMAX is the widest filter the window serves).
+ * NHWC: a block copies the input halo of a spatial tile for 32 (fp32) or 64 (fp16/bf16) adjacent
+ * channels into shared memory with 16-byte cp.async, then each lane owns 1 or 2 channels and a
+ * strip of P output pixels along W and produces their kpg outputs. With unit stride and dilation
+ * along W, a filter row's input columns are read once into a register window and reused by every
+ * tap (SMAX is the widest filter the window serves). The first version read global memory
+ * straight into registers and ran at 1-2 blocks per SM for lack of registers (0.05-0.4 of the
+ * bandwidth); the shared-memory tile keeps many loads in flight with few registers.
  *
  * NCHW: one block per (image, channel) plane and tile of output rows. The input rows the tile
  * needs go to shared memory as fp32 (converted once, zero padded), then each thread computes a
@@ -17,188 +18,202 @@
 
 #define DW_P 4
 
-/* 16-byte vector load/store of V elements of DT, converted to/from fp32. */
-template <class DT, int V> struct dw_vec;
+/* Asynchronous 16-byte copy global -> shared, zero-filled when !valid: cp.async on NVIDIA
+ * (sm_80+), a plain vector load and store elsewhere. */
+GPU_D void dw_cp16(void *dst, const void *src, bool valid)
+{
+#if defined(CONVD_DEVICE_SM80)
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+#else
+    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
+}
 
-template <> struct dw_vec<dt_f32, 4> {
-    static GPU_D void load(const float *p, float *v)
+GPU_D void dw_cp_wait_all()
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+#endif
+}
+
+/* CPL adjacent channels of one pixel from the shared halo, as fp32. */
+template <class DT, int CPL> struct dw_px;
+template <> struct dw_px<dt_f32, 1> {
+    static GPU_D void load(const uint8_t *p, float *v)
     {
-        float4 q = *(const float4 *)p;
-        v[0] = q.x;
-        v[1] = q.y;
-        v[2] = q.z;
-        v[3] = q.w;
+        v[0] = *(const float *)p;
     }
-    static GPU_D void store(float *p, const float *v)
+};
+template <class DT> struct dw_px16 {
+    static GPU_D void load(const uint8_t *p, float *v)
     {
-        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+        const uint32_t u = *(const uint32_t *)p;
+        v[0] = DT::load((uint16_t)(u & 0xffffu));
+        v[1] = DT::load((uint16_t)(u >> 16));
     }
+};
+template <> struct dw_px<dt_f16, 2> : dw_px16<dt_f16> {
+};
+template <> struct dw_px<dt_bf16, 2> : dw_px16<dt_bf16> {
 };
 
-template <class DT> struct dw_vec16 {
-    static GPU_D void load(const uint16_t *p, float *v)
-    {
-        uint4 q = *(const uint4 *)p;
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+/* Stores N adjacent output channels (N = CPL * KPG: 1, 2 or 4). */
+template <class DT, int N> GPU_D void dw_store(typename DT::T *p, const float *v)
+{
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            v[2 * i] = DT::load((uint16_t)(u[i] & 0xffffu));
-            v[2 * i + 1] = DT::load((uint16_t)(u[i] >> 16));
-        }
-    }
-    static GPU_D void store(uint16_t *p, const float *v)
-    {
-        uint32_t u[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            u[i] = (uint32_t)DT::store(v[2 * i]) | ((uint32_t)DT::store(v[2 * i + 1]) << 16);
-        *(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
-    }
-};
-template <> struct dw_vec<dt_f16, 8> : dw_vec16<dt_f16> {
-};
-template <> struct dw_vec<dt_bf16, 8> : dw_vec16<dt_bf16> {
+    for (int i = 0; i < N; i++)
+        p[i] = DT::store(v[i]);
+}
+
+struct dwt_args {
+    int cb, cblocks, th, tw, tiles_h, tiles_w, ih, iw, ps;
 };
 
 /*
- * NHWC. Block: ncg groups of 4 channel vectors x nsg groups of 8 strips (one warp each).
- * grid.x = strip blocks * channel blocks, grid.z = problem.
+ * NHWC. A block owns a tile of th x tw output pixels of one image and cb = 32 * CPL channels
+ * (CPL = 2 for 16-bit types, 1 for fp32: one warp spans the channels, so shared-memory reads
+ * are conflict-free 4-byte accesses). The input halo arrives by 16-byte cp.async (zero-filled at
+ * the borders), the block's weights as fp32 [tap][channel]. Each warp then walks strips of P
+ * output pixels along W; with unit stride and dilation along W a row's input columns are read
+ * once into a register window and reused by every tap (SMAX is the widest filter it serves).
  */
-template <class DT, int V, int KPG, int SMAX>
+template <class DT, int CPL, int KPG, int P, int SMAX>
 __global__ void __launch_bounds__(256)
-    dw_nhwc_kernel(const struct gpu_geom g, const struct gpu_batch b, int ncg, int nsg,
-                   int cblocks, int64_t strips)
+    dw_nhwc_kernel(const struct gpu_geom g, const struct gpu_batch b, const struct dwt_args a)
 {
     typedef typename DT::T T;
-    extern __shared__ float dw_smem[];
+    extern __shared__ __align__(16) uint8_t dwt_smem[];
     const int prob = blockIdx.z;
     const T *x = (const T *)b.x[prob];
     const T *w = (const T *)b.w[prob];
     const T *bias = (const T *)b.b[prob];
     T *y = (T *)b.y[prob];
+    const int es = (int)sizeof(T);
 
-    const int cvb = 4 * ncg;            /* channel vectors per block */
-    const int kpb = cvb * V * KPG;      /* output channels per block */
-    const int cblk = blockIdx.x % cblocks;
-    const int64_t sblk = blockIdx.x / cblocks;
+    const int cblk = blockIdx.x % a.cblocks;
+    int tile = blockIdx.x / a.cblocks;
+    const int tw_i = tile % a.tiles_w;
+    tile /= a.tiles_w;
+    const int th_i = tile % a.tiles_h;
+    const int n = tile / a.tiles_h;
+    const int oh0 = th_i * a.th, ow0 = tw_i * a.tw;
+    const int ih0 = oh0 * g.sh - g.pt, iw0 = ow0 * g.sw - g.pl;
+    const int c0 = cblk * a.cb;
+    const int cbn = min(a.cb, g.c - c0);
     const int rs = g.r * g.s;
+    const int hpix = a.ih * a.iw;
 
-    /* Weights of the block's output channels as fp32, [tap][k]. */
-    for (int e = threadIdx.x; e < rs * kpb; e += blockDim.x) {
-        const int tap = e / kpb, kl = e - tap * kpb;
-        const int k = cblk * kpb + kl;
-        dw_smem[e] = k < g.k ? DT::load(w[k * rs + tap]) : 0.0f;
+    uint8_t *halo = dwt_smem;
+    float *wts = (float *)(dwt_smem + ((hpix * a.ps + 15) & ~15));
+
+    /* Halo: 16-byte vectors of the block's channels (C is a multiple of the vector). */
+    const int vpp = (cbn * es) >> 4;
+    for (int v = threadIdx.x; v < hpix * vpp; v += blockDim.x) {
+        const int pix = v / vpp, cv = v - pix * vpp;
+        const int ihl = pix / a.iw, iwl = pix - ihl * a.iw;
+        const int ih = ih0 + ihl, iw = iw0 + iwl;
+        const bool valid = convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
+        const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 + cv * (16 / es)
+                             : x;
+        dw_cp16(halo + pix * a.ps + cv * 16, src, valid);
     }
+    /* Weights (K, R, S, 1) of outputs [c0 * KPG, (c0 + cb) * KPG) as fp32 [tap][k]. */
+    const int kb = a.cb * KPG;
+    for (int e = threadIdx.x; e < rs * kb; e += blockDim.x) {
+        const int tap = e / kb, kl = e - tap * kb;
+        const int k = c0 * KPG + kl;
+        wts[e] = kl < cbn * KPG ? DT::load(w[(size_t)k * rs + tap]) : 0.0f;
+    }
+    dw_cp_wait_all();
     __syncthreads();
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int cg = warp % ncg, sg = warp / ncg;
-    const int cvl = cg * 4 + (lane & 3);
-    const int cv = cblk * cvb + cvl;
-    const int64_t st = sblk * (nsg * 8) + sg * 8 + (lane >> 2);
-    const int sxw = (g.wo + DW_P - 1) / DW_P;
-    if (cv * V >= g.c || st >= strips)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane * CPL >= cbn)
         return;
-    const int sx = (int)(st % sxw);
-    const int64_t t2 = st / sxw;
-    const int oh = (int)(t2 % g.ho);
-    const int n = (int)(t2 / g.ho);
-    const int ow0 = sx * DW_P;
-
-    float acc[DW_P][V * KPG];
+    const int spr = a.tw / P; /* strips per tile row */
+    const float *wl = wts + lane * CPL * KPG;
+    float bv[CPL * KPG];
 #pragma unroll
-    for (int o = 0; o < DW_P; o++)
-#pragma unroll
-        for (int i = 0; i < V * KPG; i++)
-            acc[o][i] = 0.0f;
+    for (int i = 0; i < CPL * KPG; i++)
+        bv[i] = g.bias ? DT::load(bias[(c0 + lane * CPL) * KPG + i]) : 0.0f;
 
-    const float *wl = dw_smem + cvl * V * KPG;
-    for (int r = 0; r < g.r; r++) {
-        const int ih = convd_math_in_coord(oh, r, g.sh, g.pt, g.dh);
-        if (!convd_math_inside(ih, g.h))
+    for (int st = warp; st < a.th * spr; st += nwarps) {
+        const int tr = st / spr, sxi = st - tr * spr;
+        const int oh = oh0 + tr, ow = ow0 + sxi * P;
+        if (oh >= g.ho || ow >= g.wo)
             continue;
-        const T *row = x + (size_t)(n * g.h + ih) * g.w * g.c + cv * V;
-        if (SMAX > 0) {
-            float win[DW_P + (SMAX > 0 ? SMAX : 1) - 1][V];
+        float acc[P][CPL * KPG];
 #pragma unroll
-            for (int j = 0; j < DW_P + SMAX - 1; j++) {
-                const int iw = ow0 - g.pl + j;
-                if (j < DW_P + g.s - 1 && convd_math_inside(iw, g.w)) {
-                    dw_vec<DT, V>::load(row + (size_t)iw * g.c, win[j]);
-                } else {
+        for (int o = 0; o < P; o++)
 #pragma unroll
-                    for (int v = 0; v < V; v++)
-                        win[j][v] = 0.0f;
-                }
-            }
+            for (int i = 0; i < CPL * KPG; i++)
+                acc[o][i] = 0.0f;
+        for (int r = 0; r < g.r; r++) {
+            const uint8_t *hrow =
+                halo + ((tr * g.sh + r * g.dh) * a.iw + sxi * P * g.sw) * a.ps + lane * CPL * es;
+            if (SMAX > 0) {
+                float win[P + (SMAX > 0 ? SMAX : 1) - 1][CPL];
 #pragma unroll
-            for (int s = 0; s < SMAX; s++) {
-                if (s < g.s) {
-                    const float *wt = wl + (r * g.s + s) * kpb;
-                    float wv[V * KPG];
+                for (int j = 0; j < P + SMAX - 1; j++) {
+                    if (j < P + g.s - 1) {
+                        dw_px<DT, CPL>::load(hrow + j * a.ps, win[j]);
+                    } else {
 #pragma unroll
-                    for (int i = 0; i < V * KPG; i += 4) {
-                        float4 q = *(const float4 *)(wt + i);
-                        wv[i] = q.x;
-                        wv[i + 1] = q.y;
-                        wv[i + 2] = q.z;
-                        wv[i + 3] = q.w;
+                        for (int c = 0; c < CPL; c++)
+                            win[j][c] = 0.0f;
                     }
+                }
 #pragma unroll
-                    for (int o = 0; o < DW_P; o++)
+                for (int s = 0; s < SMAX; s++) {
+                    if (s < g.s) {
+                        const float *wt = wl + (r * g.s + s) * kb;
+                        float wv[CPL * KPG];
 #pragma unroll
-                        for (int v = 0; v < V; v++)
+                        for (int i = 0; i < CPL * KPG; i++)
+                            wv[i] = wt[i];
+#pragma unroll
+                        for (int o = 0; o < P; o++)
+#pragma unroll
+                            for (int c = 0; c < CPL; c++)
+#pragma unroll
+                                for (int q = 0; q < KPG; q++)
+                                    acc[o][c * KPG + q] =
+                                        fmaf(win[o + s][c], wv[c * KPG + q], acc[o][c * KPG + q]);
+                    }
+                }
+            } else {
+                for (int s = 0; s < g.s; s++) {
+                    const float *wt = wl + (r * g.s + s) * kb;
+                    float wv[CPL * KPG];
+#pragma unroll
+                    for (int i = 0; i < CPL * KPG; i++)
+                        wv[i] = wt[i];
+#pragma unroll
+                    for (int o = 0; o < P; o++) {
+                        float xv[CPL];
+                        dw_px<DT, CPL>::load(hrow + (o * g.sw + s * g.dw) * a.ps, xv);
+#pragma unroll
+                        for (int c = 0; c < CPL; c++)
 #pragma unroll
                             for (int q = 0; q < KPG; q++)
-                                acc[o][v * KPG + q] =
-                                    fmaf(win[o + s][v], wv[v * KPG + q], acc[o][v * KPG + q]);
-                }
-            }
-        } else {
-            for (int s = 0; s < g.s; s++) {
-                const float *wt = wl + (r * g.s + s) * kpb;
-                float wv[V * KPG];
-#pragma unroll
-                for (int i = 0; i < V * KPG; i += 4) {
-                    float4 q = *(const float4 *)(wt + i);
-                    wv[i] = q.x;
-                    wv[i + 1] = q.y;
-                    wv[i + 2] = q.z;
-                    wv[i + 3] = q.w;
-                }
-#pragma unroll
-                for (int o = 0; o < DW_P; o++) {
-                    const int iw = convd_math_in_coord(ow0 + o, s, g.sw, g.pl, g.dw);
-                    if (!convd_math_inside(iw, g.w))
-                        continue;
-                    float xv[V];
-                    dw_vec<DT, V>::load(row + (size_t)iw * g.c, xv);
-#pragma unroll
-                    for (int v = 0; v < V; v++)
-#pragma unroll
-                        for (int q = 0; q < KPG; q++)
-                            acc[o][v * KPG + q] = fmaf(xv[v], wv[v * KPG + q], acc[o][v * KPG + q]);
+                                acc[o][c * KPG + q] = fmaf(xv[c], wv[c * KPG + q], acc[o][c * KPG + q]);
+                    }
                 }
             }
         }
-    }
-
-    float bv[V * KPG];
+        T *out = y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + (c0 + lane * CPL) * KPG;
 #pragma unroll
-    for (int i = 0; i < V * KPG; i++)
-        bv[i] = g.bias ? DT::load(bias[cv * V * KPG + i]) : 0.0f;
-    T *out = y + ((size_t)(n * g.ho + oh) * g.wo + ow0) * g.k + cv * V * KPG;
+        for (int o = 0; o < P; o++) {
+            if (ow + o >= g.wo)
+                break;
+            float ov[CPL * KPG];
 #pragma unroll
-    for (int o = 0; o < DW_P; o++) {
-        if (ow0 + o >= g.wo)
-            break;
-        float ov[V * KPG];
-#pragma unroll
-        for (int i = 0; i < V * KPG; i++)
-            ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
-#pragma unroll
-        for (int i = 0; i < KPG; i++)
-            dw_vec<DT, V>::store(out + (size_t)o * g.k + i * V, ov + i * V);
+            for (int i = 0; i < CPL * KPG; i++)
+                ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+            dw_store<DT, CPL * KPG>(out + (size_t)o * g.k, ov);
+        }
     }
 }
 
@@ -229,12 +244,25 @@ __global__ void __launch_bounds__(256)
     float *w_s = dw_smem + ir * icols;
 
     const T *xp = x + (size_t)plane * g.h * g.w;
-    for (int e = threadIdx.x; e < ir * icols; e += blockDim.x) {
-        const int rr = e / icols, cc = e - rr * icols;
-        const int ih = ih0 + rr, iw = cc - g.pl;
-        in_s[e] = (convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w))
-                      ? DT::load(xp[ih * g.w + iw])
-                      : 0.0f;
+    /* Eight loads in flight per thread before the first store. */
+    const int nel = ir * icols;
+    for (int base = threadIdx.x; base < nel; base += 8 * (int)blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int e = base + u * (int)blockDim.x;
+            const int rr = e / icols, cc = e - rr * icols;
+            const int ih = ih0 + rr, iw = cc - g.pl;
+            v[u] = (e < nel && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w))
+                       ? DT::load(xp[ih * g.w + iw])
+                       : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int e = base + u * (int)blockDim.x;
+            if (e < nel)
+                in_s[e] = v[u];
+        }
     }
     for (int e = threadIdx.x; e < g.kpg * rs; e += blockDim.x)
         w_s[e] = DT::load(w[(size_t)c * g.kpg * rs + e]);
@@ -310,42 +338,67 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
     pl.unit = dw_smax(p);
     const int rs = g->r * g->s;
     if (p->layout == CONVD_LAYOUT_NHWC) {
-        pl.vec = p->dtype == CONVD_DTYPE_FP32 ? 4 : 8;
+        const int es = (int)convd_dtype_size(p->dtype);
+        pl.vec = 16 / es;
         if (g->c % pl.vec != 0) {
             snprintf(why, why_len, "depthwise: C=%d is not a multiple of the %d-channel vector",
                      g->c, pl.vec);
             return CONVD_EUNSUPPORTED;
         }
-        if (g->kpg == 2 && pl.unit == 7) {
-            /* Two outputs per channel and a 7-wide window exceed the register budget. */
-            pl.unit = 0;
+        const int cpl = es == 2 ? 2 : 1;
+        const int P = pl.unit == 7 && g->kpg == 1 ? 8 : 4;
+        if (g->kpg == 2 && pl.unit == 7)
+            pl.unit = 0; /* two outputs per channel and a 7-wide window: too many registers */
+        const int cb = 32 * cpl;
+        /* Tile width: a multiple of P that wastes least of the row, at most 8 strips. */
+        const int wr = (g->wo + P - 1) / P * P;
+        int tw = P, best = 1 << 30;
+        for (int k = 1; k <= 8; k++) {
+            const int t = k * P;
+            const int waste = ((wr + t - 1) / t) * t - g->wo;
+            if (waste < best || (waste == best && t > tw)) {
+                best = waste;
+                tw = t;
+            }
+            if (t >= wr)
+                break;
         }
-        const int cv = g->c / pl.vec;
-        int ncg = (cv + 3) / 4;
-        if (ncg > 8)
-            ncg = 8;
-        while (ncg > 1 && rs * 4 * ncg * pl.vec * g->kpg * 4 > 48 * 1024)
-            ncg--;
-        if (rs * 4 * pl.vec * g->kpg * 4 > 48 * 1024) {
-            snprintf(why, why_len, "depthwise: %dx%d filter too large for shared memory", g->r,
-                     g->s);
-            return CONVD_EUNSUPPORTED;
+        int th = (32 * P) / tw;
+        if (th < 1)
+            th = 1;
+        if (th > g->ho)
+            th = g->ho;
+        for (;;) {
+            const int ih = (th - 1) * g->sh + (g->r - 1) * g->dh + 1;
+            const int iw = (tw - 1) * g->sw + (g->s - 1) * g->dw + 1;
+            const int ps = cb * es;
+            const int bytes = ((ih * iw * ps + 15) & ~15) + rs * cb * g->kpg * 4;
+            if (bytes <= 100 * 1024) {
+                pl.in_rows = ih;
+                pl.in_cols = iw;
+                pl.smem = bytes;
+                break;
+            }
+            if (th == 1) {
+                snprintf(why, why_len, "depthwise: halo tile too large for shared memory");
+                return CONVD_EUNSUPPORTED;
+            }
+            th = (th + 1) / 2;
         }
-        int nsg = 8 / ncg;
-        if (nsg < 1)
-            nsg = 1;
-        pl.cvb = ncg;     /* stored as channel groups of 4 vectors */
-        pl.strips = nsg;  /* stored as strip groups of 8 */
-        pl.threads = 32 * ncg * nsg;
-        pl.smem = rs * 4 * ncg * pl.vec * g->kpg * (int)sizeof(float);
-        const int cblocks = (cv + 4 * ncg - 1) / (4 * ncg);
-        const int64_t strips = (int64_t)g->n * g->ho * ((g->wo + DW_P - 1) / DW_P);
-        const int64_t sblocks = (strips + nsg * 8 - 1) / (nsg * 8);
-        if (sblocks * cblocks > 0x7fffffff) {
+        pl.cvb = cb;
+        pl.strips = th;
+        pl.tw = tw;
+        pl.p = P;
+        pl.threads = 256;
+        pl.tiles_h = (g->ho + th - 1) / th;
+        pl.tiles_w = (g->wo + tw - 1) / tw;
+        const int64_t blocks =
+            (int64_t)g->n * pl.tiles_h * pl.tiles_w * ((g->c + cb - 1) / cb);
+        if (blocks > 0x7fffffff) {
             snprintf(why, why_len, "depthwise: grid too large");
             return CONVD_EUNSUPPORTED;
         }
-        pl.blocks_per_problem = (int)(sblocks * cblocks);
+        pl.blocks_per_problem = (int)blocks;
     } else {
         const int sx = (g->wo + DW_P - 1) / DW_P;
         if (sx > 256) {
@@ -385,34 +438,47 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
     return 0;
 }
 
-template <class DT, int V>
+template <class DT, int CPL>
 static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                           hipStream_t stream)
 {
     const struct gpu_geom *g = &pl->g;
-    const int ncg = pl->cvb, nsg = pl->strips;
-    const int cv = g->c / V;
-    const int cblocks = (cv + 4 * ncg - 1) / (4 * ncg);
-    const int64_t strips = (int64_t)g->n * g->ho * ((g->wo + DW_P - 1) / DW_P);
+    struct dwt_args a;
+    a.cb = pl->cvb;
+    a.cblocks = (g->c + a.cb - 1) / a.cb;
+    a.th = pl->strips;
+    a.tw = pl->tw;
+    a.tiles_h = pl->tiles_h;
+    a.tiles_w = pl->tiles_w;
+    a.ih = pl->in_rows;
+    a.iw = pl->in_cols;
+    a.ps = a.cb * (int)sizeof(typename DT::T);
     dim3 grid((unsigned)pl->blocks_per_problem, 1, (unsigned)count);
     dim3 block((unsigned)pl->threads);
-#define DW_GO(KPG, SMAX)                                                                           \
-    hipLaunchKernelGGL((dw_nhwc_kernel<DT, V, KPG, SMAX>), grid, block, pl->smem, stream, *g, *b,   \
-                       ncg, nsg, cblocks, strips)
+    int rc = 0;
+#define DW_GO(KPG, P, SMAX)                                                                        \
+    do {                                                                                           \
+        rc = gpu_allow_smem((const void *)dw_nhwc_kernel<DT, CPL, KPG, P, SMAX>, pl->smem);        \
+        if (rc == 0)                                                                               \
+            hipLaunchKernelGGL((dw_nhwc_kernel<DT, CPL, KPG, P, SMAX>), grid, block, pl->smem,     \
+                               stream, *g, *b, a);                                                 \
+    } while (0)
     if (g->kpg == 1) {
         if (pl->unit == 3)
-            DW_GO(1, 3);
+            DW_GO(1, 4, 3);
         else if (pl->unit == 7)
-            DW_GO(1, 7);
+            DW_GO(1, 8, 7);
         else
-            DW_GO(1, 0);
+            DW_GO(1, 4, 0);
     } else {
         if (pl->unit == 3)
-            DW_GO(2, 3);
+            DW_GO(2, 4, 3);
         else
-            DW_GO(2, 0);
+            DW_GO(2, 4, 0);
     }
 #undef DW_GO
+    if (rc != 0)
+        return rc;
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
@@ -444,13 +510,13 @@ int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int c
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
-        return nhwc ? dw_launch_nhwc<dt_f32, 4>(pl, b, count, stream)
+        return nhwc ? dw_launch_nhwc<dt_f32, 1>(pl, b, count, stream)
                     : dw_launch_nchw<dt_f32>(pl, b, count, stream);
     case CONVD_DTYPE_FP16:
-        return nhwc ? dw_launch_nhwc<dt_f16, 8>(pl, b, count, stream)
+        return nhwc ? dw_launch_nhwc<dt_f16, 2>(pl, b, count, stream)
                     : dw_launch_nchw<dt_f16>(pl, b, count, stream);
     case CONVD_DTYPE_BF16:
-        return nhwc ? dw_launch_nhwc<dt_bf16, 8>(pl, b, count, stream)
+        return nhwc ? dw_launch_nhwc<dt_bf16, 2>(pl, b, count, stream)
                     : dw_launch_nchw<dt_bf16>(pl, b, count, stream);
     }
     return CONVD_EINVAL;

@@ -18,6 +18,7 @@
 
 #define FMA_TM   8
 #define FMA_SMAX 7
+#define FMA_U    8
 
 template <int TN> struct fma_wvec {
     static GPU_D void load(const float *p, float *v)
@@ -101,6 +102,7 @@ struct fma_args {
     int nch, bn, gpb, nsplit, nblk;
     int sx, th, tiles_w, tiles_h;
     int ih, iw, kc, cbc, ps, bnp;
+    int out_nchw; /* NHWC input (a transposed copy), NCHW output */
 };
 
 template <class DT, int NHWC, int TN, int UNIT>
@@ -141,7 +143,8 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
     const int hpix = a.ih * a.iw;
 
     float *halo = fma_smem;
-    float *wts = fma_smem + hpix * a.ps;
+    /* Weights start 16-byte aligned: they are read as float2/float4. */
+    float *wts = fma_smem + ((hpix * a.ps + 3) & ~3);
 
     const int t = threadIdx.x;
     const int nc = t % a.nch;
@@ -160,53 +163,119 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
 
     for (int c0 = 0; c0 < g.cpg; c0 += a.kc) {
         const int kcn = min(a.kc, g.cpg - c0);
-        /* Halo of the chunk: [pixel][group-local * kc + c]. */
-        const int nel = hpix * a.cbc;
-        for (int e = t; e < nel; e += blockDim.x) {
-            int pix, cb;
-            if (NHWC) {
-                pix = e / a.cbc;
-                cb = e - pix * a.cbc;
-            } else {
-                cb = e / hpix;
-                pix = e - cb * hpix;
+        /* Halo of the chunk: [pixel][group-local * kc + c]. Loads are issued FMA_U at a time so
+         * that their latencies overlap (a load-then-store loop would wait for each), and index
+         * math is per halo row rather than per element. */
+        if (NHWC) {
+            /* Row by row: elements (iwl, cb) of a row, channels fastest (contiguous in memory
+             * when the chunk is the whole group). */
+            const int rowel = a.iw * a.cbc;
+            for (int ihl = 0; ihl < a.ih; ihl++) {
+                const int ih = ih0 + ihl;
+                if (!convd_math_inside(ih, g.h)) {
+                    for (int q = t; q < rowel; q += blockDim.x) {
+                        const int iwl = q / a.cbc;
+                        halo[(ihl * a.iw + iwl) * a.ps + q - iwl * a.cbc] = 0.0f;
+                    }
+                    continue;
+                }
+                const T *xrow = x + (size_t)(n * g.h + ih) * g.w * g.c + grp0 * g.cpg + c0;
+                for (int base = t; base < rowel; base += FMA_U * (int)blockDim.x) {
+                    float v[FMA_U];
+                    int dst[FMA_U];
+#pragma unroll
+                    for (int u = 0; u < FMA_U; u++) {
+                        const int q = base + u * (int)blockDim.x;
+                        v[u] = 0.0f;
+                        dst[u] = -1;
+                        if (q < rowel) {
+                            const int iwl = q / a.cbc, cb = q - iwl * a.cbc;
+                            const int gi = a.kc == g.cpg ? 0 : cb / a.kc;
+                            const int c = a.kc == g.cpg ? cb : cb - gi * a.kc;
+                            const int iw = iw0 + iwl;
+                            dst[u] = (ihl * a.iw + iwl) * a.ps + cb;
+                            const bool ok = a.kc == g.cpg ? cb < ngrp * g.cpg
+                                                           : (gi < ngrp && c < kcn);
+                            if (ok && convd_math_inside(iw, g.w))
+                                v[u] = DT::load(xrow[(size_t)iw * g.c + gi * g.cpg + c]);
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < FMA_U; u++)
+                        if (dst[u] >= 0)
+                            halo[dst[u]] = v[u];
+                }
             }
-            const int gi = cb / a.kc, c = cb - gi * a.kc;
-            const int ihl = pix / a.iw, iwl = pix - ihl * a.iw;
-            const int ih = ih0 + ihl, iw = iw0 + iwl;
-            float v = 0.0f;
-            if (gi < ngrp && c < kcn && n < g.n && convd_math_inside(ih, g.h) &&
-                convd_math_inside(iw, g.w)) {
-                const int ci = (grp0 + gi) * g.cpg + c0 + c;
-                const size_t xi = NHWC ? ((size_t)(n * g.h + ih) * g.w + iw) * g.c + ci
-                                       : ((size_t)(n * g.c + ci) * g.h + ih) * g.w + iw;
-                v = DT::load(x[xi]);
+        } else {
+            /* Units of (channel, halo row), one per warp, lanes across columns. */
+            const int lane = t & 31, wid = t >> 5, nw = ((int)blockDim.x + 31) >> 5;
+            const int units = a.cbc * a.ih;
+            for (int col0 = 0; col0 < a.iw; col0 += 32) {
+                for (int u0 = wid; u0 < units; u0 += FMA_U * nw) {
+                    float v[FMA_U];
+                    int dst[FMA_U];
+#pragma unroll
+                    for (int r = 0; r < FMA_U; r++) {
+                        const int u = u0 + r * nw;
+                        const int col = col0 + lane;
+                        v[r] = 0.0f;
+                        dst[r] = -1;
+                        if (u < units && col < a.iw) {
+                            const int cb = u / a.ih, ihl = u - cb * a.ih;
+                            const int gi = cb / a.kc, c = cb - gi * a.kc;
+                            const int ih = ih0 + ihl, iw = iw0 + col;
+                            dst[r] = (ihl * a.iw + col) * a.ps + cb;
+                            if (gi < ngrp && c < kcn && convd_math_inside(ih, g.h) &&
+                                convd_math_inside(iw, g.w))
+                                v[r] = DT::load(
+                                    x[((size_t)(n * g.c + (grp0 + gi) * g.cpg + c0 + c) * g.h + ih) *
+                                          g.w +
+                                      iw]);
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < FMA_U; r++)
+                        if (dst[r] >= 0)
+                            halo[dst[r]] = v[r];
+                }
             }
-            halo[pix * a.ps + cb] = v;
         }
         /* Weights of the chunk: [tap][c][n]. */
         const int nw = a.bn * rs * a.kc;
-        for (int e = t; e < nw; e += blockDim.x) {
-            int nl, tap, c;
-            if (NHWC) {
-                c = e % a.kc;
-                const int q = e / a.kc;
-                tap = q % rs;
-                nl = q / rs;
-            } else {
-                tap = e % rs;
-                const int q = e / rs;
-                c = q % a.kc;
-                nl = q / a.kc;
+        for (int base = t; base < nw; base += FMA_U * (int)blockDim.x) {
+            float v[FMA_U];
+            int dst[FMA_U];
+#pragma unroll
+            for (int u = 0; u < FMA_U; u++) {
+                const int e = base + u * (int)blockDim.x;
+                v[u] = 0.0f;
+                dst[u] = -1;
+                if (e < nw) {
+                    int nl, tap, c;
+                    if (NHWC) {
+                        c = e % a.kc;
+                        const int q = e / a.kc;
+                        tap = q % rs;
+                        nl = q / rs;
+                    } else {
+                        tap = e % rs;
+                        const int q = e / rs;
+                        c = q % a.kc;
+                        nl = q / a.kc;
+                    }
+                    dst[u] = (tap * a.kc + c) * a.bnp + nl;
+                    const int k = k0 + nl;
+                    if (k < kend && c < kcn) {
+                        const size_t wi = NHWC ? ((size_t)k * rs + tap) * g.cpg + c0 + c
+                                               : ((size_t)k * g.cpg + c0 + c) * rs + tap;
+                        v[u] = DT::load(w[wi]);
+                    }
+                }
             }
-            const int k = k0 + nl;
-            float v = 0.0f;
-            if (k < kend && c < kcn) {
-                const size_t wi = NHWC ? ((size_t)k * rs + tap) * g.cpg + c0 + c
-                                       : ((size_t)k * g.cpg + c0 + c) * rs + tap;
-                v = DT::load(w[wi]);
-            }
-            wts[(tap * a.kc + c) * a.bnp + nl] = v;
+#pragma unroll
+            for (int u = 0; u < FMA_U; u++)
+                if (dst[u] >= 0)
+                    wts[dst[u]] = v[u];
         }
         __syncthreads();
 
@@ -271,7 +340,7 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
 #pragma unroll
         for (int i = 0; i < TN; i++)
             ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
-        if (NHWC) {
+        if (NHWC && !a.out_nchw) {
             fma_out<DT, TN>::store(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + kt, ov);
         } else {
 #pragma unroll
@@ -283,38 +352,47 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
 
 #define FMA_SMEM_MAX (64 * 1024)
 
-int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, char *why,
-                      size_t why_len)
+int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
+                      char *why, size_t why_len)
 {
     struct gpu_fma_plan pl;
     memset(&pl, 0, sizeof(pl));
     gpu_geom_from_problem(p, &pl.g);
     pl.dtype = p->dtype;
     pl.layout = p->layout;
+    pl.out_nchw = out_nchw;
     const struct gpu_geom *g = &pl.g;
 
     pl.tn = g->kpg % 8 == 0 ? 8 : g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
     pl.unit = g->sw == 1 && g->dw == 1 && g->s <= FMA_SMAX;
     const int per_group = g->kpg / pl.tn;
-    if (per_group >= 4) {
-        int nch = per_group;
-        while (nch > 16) {
-            int d = 0;
-            for (int f = 2; f <= nch; f++)
-                if (nch % f == 0) {
-                    d = f;
-                    break;
-                }
-            nch /= d;
-        }
+    /* Spatial tile first (about 32 strips of FMA_TM pixels), then enough output-channel chunks
+     * to fill 256 threads: whole groups (a power of two of them) when a group has few chunks,
+     * else a divisor of the group's chunks. */
+    int sx = (g->wo + FMA_TM - 1) / FMA_TM;
+    if (sx > 8)
+        sx = 8;
+    int th = 32 / sx;
+    if (th < 1)
+        th = 1;
+    if (th > g->ho)
+        th = g->ho;
+    int nch_target = 256 / (sx * th);
+    if (nch_target < 1)
+        nch_target = 1;
+    if (per_group >= nch_target) {
+        int nch = 1;
+        for (int d = 1; d <= nch_target; d++)
+            if (per_group % d == 0)
+                nch = d;
         pl.nch = nch;
         pl.nsplit = per_group / nch;
         pl.gpb = pl.nsplit == 1 ? 1 : 0;
         pl.bn = nch * pl.tn;
     } else {
-        int gpb = 8 / per_group;
-        if (gpb > g->g)
-            gpb = g->g;
+        int gpb = 1;
+        while (gpb * 2 * per_group <= nch_target && gpb * 2 <= g->g)
+            gpb *= 2;
         pl.gpb = gpb;
         pl.nsplit = 1;
         pl.nch = gpb * per_group;
@@ -323,14 +401,6 @@ int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, c
     pl.nblk = pl.gpb > 0 ? (g->g + pl.gpb - 1) / pl.gpb : g->g * pl.nsplit;
     pl.bnp = (pl.bn + 3) & ~3;
 
-    int sx = (g->wo + FMA_TM - 1) / FMA_TM;
-    if (sx > 8)
-        sx = 8;
-    int th = 256 / (pl.nch * sx);
-    if (th < 1)
-        th = 1;
-    if (th > g->ho)
-        th = g->ho;
     const int rs = g->r * g->s;
     const int groups_in_block = pl.gpb > 0 ? pl.gpb : 1;
     for (;;) {
@@ -340,7 +410,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, c
         for (;;) {
             const int cbc = groups_in_block * kc;
             const int ps = cbc | 1;
-            const long bytes = ((long)ih * iw * ps + (long)rs * kc * pl.bnp) * (long)sizeof(float);
+            const long bytes =
+                ((((long)ih * iw * ps + 3) & ~3L) + (long)rs * kc * pl.bnp) * (long)sizeof(float);
             if (bytes <= FMA_SMEM_MAX) {
                 pl.ih = ih;
                 pl.iw = iw;
@@ -368,7 +439,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, c
     pl.sx = sx;
     pl.th = th;
     pl.nchunks = (g->cpg + pl.kc - 1) / pl.kc;
-    pl.threads = pl.nch * sx * th;
+    /* Whole warps: the NCHW halo loader hands a warp's lanes a row of columns. */
+    pl.threads = (pl.nch * sx * th + 31) & ~31;
     pl.tiles_w = (g->wo + sx * FMA_TM - 1) / (sx * FMA_TM);
     pl.tiles_h = (g->ho + th - 1) / th;
     const int64_t blocks = (int64_t)g->n * pl.tiles_h * pl.tiles_w * pl.nblk;
@@ -447,6 +519,7 @@ int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int
     a.cbc = pl->cbc;
     a.ps = pl->ps;
     a.bnp = pl->bnp;
+    a.out_nchw = pl->out_nchw;
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
         return fma_launch_dt<dt_f32>(pl, &a, b, count, stream);

@@ -28,6 +28,8 @@
 
 #include "gpu_internal.h"
 
+#define MMA_U 8
+
 struct mma_args {
     struct gpu_geom g;
     int gm, cpgm, kpgm, bn, sgb, nsplit, nblk, gms;
@@ -35,6 +37,7 @@ struct mma_args {
     int ih, iw, kc, nchunks, noct, nk16, cbc, ps, brs;
     int off_a0, off_a1, off_b0, off_b1, off_oct, off_stage, stage_sep;
     int fast_w;
+    int out_nchw; /* NHWC input (a transposed copy), NCHW output */
     int64_t items;
 };
 
@@ -169,6 +172,24 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
     if (NHWC) {
         const int vpp = a.cbc >> 3;
         const uint32_t abase = mma_smem_addr(abuf);
+        if (nthr % vpp == 0) {
+            /* Each thread keeps one channel vector and walks pixels: one decode per pixel. */
+            const int cv = tid % vpp;
+            const int sgl = cv / kc8, c = c0 + (cv - sgl * kc8) * 8;
+            const bool cvalid = sgl < it.nsg && c < a.cpgm;
+            const T *xc = x + it.ch0 + sgl * a.cpgm + c;
+            const int pstep = nthr / vpp;
+            for (int pix = tid / vpp; pix < hpix; pix += pstep) {
+                const int img = pix / ihw, rem = pix - img * ihw;
+                const int ihl = rem / a.iw, iwl = rem - ihl * a.iw;
+                const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
+                const bool valid = cvalid && n < g.n && convd_math_inside(ih, g.h) &&
+                                   convd_math_inside(iw, g.w);
+                const T *src = valid ? xc + ((size_t)(n * g.h + ih) * g.w + iw) * g.c : x;
+                mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
+            }
+            return;
+        }
         for (int v = tid; v < hpix * vpp; v += nthr) {
             const int pix = v / vpp, cv = v - pix * vpp;
             const int sgl = cv / kc8, c = c0 + (cv - sgl * kc8) * 8;
@@ -183,17 +204,47 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
             mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
         }
     } else {
-        for (int e = tid; e < hpix * a.cbc; e += nthr) {
-            const int cb = e / hpix, pix = e - cb * hpix;
-            const int sgl = cb / a.kc, c = c0 + cb - sgl * a.kc;
-            const int img = pix / ihw, rem = pix - img * ihw;
-            const int ihl = rem / a.iw, iwl = rem - ihl * a.iw;
-            const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
-            T v = 0;
-            if (n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w) &&
-                sgl < it.nsg && c < a.cpgm)
-                v = x[((size_t)(n * g.c + it.ch0 + sgl * a.cpgm + c) * g.h + ih) * g.w + iw];
-            *(T *)(abuf + pix * a.ps + cb * 2) = v;
+        /* NCHW: the layout is transposed on the way in. A warp takes (channel, image, halo row)
+         * units, its lanes the row's columns (coalesced loads); four units' loads are in flight
+         * before the first shared-memory store, and index math is per unit, not per element. */
+        const int lane = tid & 31, wid = tid >> 5, nw = nthr >> 5;
+        const int rows = a.imgs * a.ih, units = a.cbc * rows;
+        for (int cb0 = 0; cb0 < a.iw; cb0 += 64) {
+            for (int u0 = wid; u0 < units; u0 += 4 * nw) {
+                T v[4][2];
+                int dst[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const int u = u0 + r * nw;
+                    v[r][0] = v[r][1] = 0;
+                    dst[r] = -1;
+                    if (u < units) {
+                        const int cb = u / rows, rr = u - cb * rows;
+                        const int img = rr / a.ih, ihl = rr - img * a.ih;
+                        const int sgl = cb / a.kc, c = c0 + cb - sgl * a.kc;
+                        const int n = it.n0 + img, ih = ih0 + ihl;
+                        dst[r] = rr * a.iw * a.ps + cb * 2;
+                        if (n < g.n && convd_math_inside(ih, g.h) && sgl < it.nsg && c < a.cpgm) {
+                            const T *row =
+                                x + ((size_t)(n * g.c + it.ch0 + sgl * a.cpgm + c) * g.h + ih) * g.w;
+#pragma unroll
+                            for (int j = 0; j < 2; j++) {
+                                const int col = cb0 + lane + 32 * j, iw = iw0 + col;
+                                if (col < a.iw && convd_math_inside(iw, g.w))
+                                    v[r][j] = row[iw];
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int col = cb0 + lane + 32 * j;
+                        if (dst[r] >= 0 && col < a.iw)
+                            *(T *)(abuf + dst[r] + col * a.ps) = v[r][j];
+                    }
+            }
         }
     }
 }
@@ -222,27 +273,41 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
             mma_cp16(bbase + nl * a.brs + (q >> 3) * 16, src, valid);
         }
     } else {
-        for (int e = tid; e < a.bn * kt; e += nthr) {
-            const int nl = e / kt, q = e - nl * kt;
-            const int tap = q / a.kc, cc = c0 + q - tap * a.kc;
-            const int k = it.k0 + nl;
-            T v = 0;
-            if (k < it.kend && q < kflat && cc < a.cpgm) {
-                const int sub = cc / g.cpg;
-                if (sub == (k % a.kpgm) / g.kpg) {
-                    const int c = cc - sub * g.cpg;
-                    v = NHWC ? w[((size_t)k * rs + tap) * g.cpg + c]
-                             : w[((size_t)k * g.cpg + c) * rs + tap];
+        const int nel = a.bn * kt;
+        for (int base = tid; base < nel; base += MMA_U * nthr) {
+            T v[MMA_U];
+            int dst[MMA_U];
+#pragma unroll
+            for (int u = 0; u < MMA_U; u++) {
+                const int e = base + u * nthr;
+                v[u] = 0;
+                dst[u] = -1;
+                if (e < nel) {
+                    const int nl = e / kt, q = e - nl * kt;
+                    const int tap = q / a.kc, cc = c0 + q - tap * a.kc;
+                    const int k = it.k0 + nl;
+                    dst[u] = nl * a.brs + q * 2;
+                    if (k < it.kend && q < kflat && cc < a.cpgm) {
+                        const int sub = cc / g.cpg;
+                        if (sub == (k % a.kpgm) / g.kpg) {
+                            const int c = cc - sub * g.cpg;
+                            v[u] = NHWC ? w[((size_t)k * rs + tap) * g.cpg + c]
+                                        : w[((size_t)k * g.cpg + c) * rs + tap];
+                        }
+                    }
                 }
             }
-            *(T *)(bbuf + nl * a.brs + q * 2) = v;
+#pragma unroll
+            for (int u = 0; u < MMA_U; u++)
+                if (dst[u] >= 0)
+                    *(T *)(bbuf + dst[u]) = v[u];
         }
     }
 }
 
-/* 256-thread configurations are held to 128 registers (2 blocks per SM), 128-thread ones to 168
- * (3 blocks): the persistent grid relies on a second resident block to overlap one block's
- * epilogue and barriers with another's tensor-core work. */
+/* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
+ * the persistent grid relies on a second resident block to overlap one block's epilogue and
+ * barriers with another's tensor-core work. */
 template <class DT, int NHWC, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     mma_kernel(const struct mma_args a, const struct gpu_batch b)
@@ -393,7 +458,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             }
             __syncthreads();
             const int tslots = a.th * a.tw;
-            if (NHWC) {
+            if (NHWC && !a.out_nchw) {
                 const int vpr = a.bn >> 3;
                 for (int v = tid; v < bm * vpr; v += nthr) {
                     const int m = v / vpr, c8 = v - m * vpr;
@@ -555,6 +620,7 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.off_stage = pl->off_stage;
     a.stage_sep = pl->off_stage != pl->off_a0;
     a.fast_w = pl->fast_w;
+    a.out_nchw = pl->out_nchw;
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
@@ -579,16 +645,38 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
 
 #endif
 
+void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
+{
+    int per_sm = 0;
+#if defined(CONVD_GPU_NVIDIA)
+    static const void *fns[] = {
+        (const void *)mma_kernel<dt_f16, 1, 7, 1, 1, 8>, (const void *)mma_kernel<dt_f16, 1, 7, 1, 1, 4>,
+        (const void *)mma_kernel<dt_f16, 1, 7, 2, 1, 4>, (const void *)mma_kernel<dt_f16, 1, 7, 3, 1, 2>,
+        (const void *)mma_kernel<dt_f16, 1, 4, 4, 2, 2>, (const void *)mma_kernel<dt_f16, 1, 2, 4, 2, 2>,
+        (const void *)mma_kernel<dt_f16, 1, 4, 5, 2, 2>,
+    };
+    if (pl->cfg >= 0 && pl->cfg < MMA_NCFG && gpu_allow_smem(fns[pl->cfg], pl->smem) == 0)
+        (void)mma_blocks_per_sm(fns[pl->cfg], pl->threads, pl->smem, &per_sm);
+#endif
+    snprintf(buf, len,
+             "mma cfg %d gm %d bm %d bn %d sgb %d nsplit %d tile %dx%dx%d halo %dx%d kc %d/%d "
+             "k16 %d threads %d smem %d blocks/SM %d items %d",
+             pl->cfg, pl->gm, pl->bm, pl->bn, pl->sgb, pl->nsplit, pl->imgs, pl->th, pl->tw,
+             pl->ih, pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
+             pl->tiles * pl->nblk);
+}
+
 /* ---- planning (host) ---- */
 
 /* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
- * 1152 elements. Depends on cpgm and R*S only, so the accumulation order of an output does not
+ * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an output does not
  * depend on how many groups the problem has. */
 static int mma_pick_kc(int cpgm, int rs)
 {
     int kc = cpgm;
     if (rs * kc > 1152) {
-        kc = (1152 / rs) & ~7;
+        /* Streamed in chunks: halo and weights are double-buffered, so take half as much. */
+        kc = (576 / rs) & ~7;
         if (kc < 8)
             kc = 8;
     }
@@ -637,12 +725,13 @@ static int mma_tiles(const struct gpu_geom *g, int bm, struct mma_tile *out, int
     return n;
 }
 
-int gpu_mma_plan_make(const struct convd_problem *p, struct gpu_mma_plan *ret, char *why,
-                      size_t why_len)
+int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
+                      char *why, size_t why_len)
 {
 #if !defined(CONVD_GPU_NVIDIA)
     (void)p;
     (void)ret;
+    (void)out_nchw;
     snprintf(why, why_len, "mma: no tensor-core kernel for AMD yet (MFMA); FMA family used");
     return CONVD_EUNSUPPORTED;
 #else
@@ -665,7 +754,7 @@ int gpu_mma_plan_make(const struct convd_problem *p, struct gpu_mma_plan *ret, c
         return CONVD_EUNSUPPORTED;
     }
     /* A 1x1, stride-1, unpadded NHWC problem is one long row of pixels: no halo, no tile waste. */
-    if (p->layout == CONVD_LAYOUT_NHWC && g.r == 1 && g.s == 1 && g.sh == 1 && g.sw == 1 &&
+    if (p->layout == CONVD_LAYOUT_NHWC && !out_nchw && g.r == 1 && g.s == 1 && g.sh == 1 && g.sw == 1 &&
         g.pt == 0 && g.pl == 0 && g.ho == g.h && g.wo == g.w) {
         g.w = g.wo = g.n * g.h * g.w;
         g.h = g.ho = 1;
@@ -779,6 +868,7 @@ int gpu_mma_plan_make(const struct convd_problem *p, struct gpu_mma_plan *ret, c
     bp.nk16 = nk16;
     bp.brs = brs;
     bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
+    bp.out_nchw = out_nchw;
     /* Shared-memory layout: A0 A1 B0 [B1] oct [stage]. */
     int off = 0;
     bp.off_a0 = off;
@@ -812,5 +902,6 @@ extern "C" int convd_gpu_tune_mma_cfg(int cfg)
     if (cfg < -1 || cfg >= MMA_NCFG)
         return CONVD_EINVAL;
     mma_forced_cfg = cfg;
+    gpu_plan_cache_invalidate();
     return 0;
 }

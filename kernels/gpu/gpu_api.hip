@@ -112,6 +112,7 @@ void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g)
 
 struct gpu_plan {
     enum convd_gpu_family family;
+    int transposed; /* NCHW problem run as NHWC on transposed copies in the workspace */
     union {
         struct gpu_dw_plan dw;
         struct gpu_fma_plan fma;
@@ -120,17 +121,31 @@ struct gpu_plan {
     } u;
 };
 
-static int plan_family(const struct convd_problem *p, enum convd_gpu_family family,
+/* ws_ok: the caller has workspace for transposed copies, so NCHW problems on the mma and fma
+ * families run as NHWC (input and weights transposed first, output written NCHW by the
+ * epilogue); without it they gather NCHW directly, which is slower. */
+static int plan_family(const struct convd_problem *p, enum convd_gpu_family family, int ws_ok,
                        struct gpu_plan *ret, char *why, size_t why_len)
 {
     ret->family = family;
+    ret->transposed = 0;
+    const int tr = ws_ok && p->layout == CONVD_LAYOUT_NCHW &&
+                   (family == CONVD_GPU_FAMILY_MMA || family == CONVD_GPU_FAMILY_FMA);
+    struct convd_problem q = *p;
+    if (tr)
+        q.layout = CONVD_LAYOUT_NHWC;
+    int rc;
     switch (family) {
     case CONVD_GPU_FAMILY_DEPTHWISE:
         return gpu_dw_plan_make(p, &ret->u.dw, why, why_len);
     case CONVD_GPU_FAMILY_FMA:
-        return gpu_fma_plan_make(p, &ret->u.fma, why, why_len);
+        rc = gpu_fma_plan_make(&q, tr, &ret->u.fma, why, why_len);
+        ret->transposed = rc == 0 && tr;
+        return rc;
     case CONVD_GPU_FAMILY_MMA:
-        return gpu_mma_plan_make(p, &ret->u.mma, why, why_len);
+        rc = gpu_mma_plan_make(&q, tr, &ret->u.mma, why, why_len);
+        ret->transposed = rc == 0 && tr;
+        return rc;
     case CONVD_GPU_FAMILY_GENERIC:
         return gpu_generic_plan_make(p, &ret->u.gen);
     case CONVD_GPU_FAMILY_AUTO:
@@ -141,15 +156,28 @@ static int plan_family(const struct convd_problem *p, enum convd_gpu_family fami
 }
 
 /* The router: first family in preference order whose plan accepts the problem. */
-static int plan_auto(const struct convd_problem *p, struct gpu_plan *ret)
+static int plan_auto(const struct convd_problem *p, int ws_ok, struct gpu_plan *ret)
 {
     static const enum convd_gpu_family order[] = {CONVD_GPU_FAMILY_DEPTHWISE, CONVD_GPU_FAMILY_MMA,
                                                   CONVD_GPU_FAMILY_FMA, CONVD_GPU_FAMILY_GENERIC};
     char why[160];
     for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
-        if (plan_family(p, order[i], ret, why, sizeof(why)) == 0)
+        if (plan_family(p, order[i], ws_ok, ret, why, sizeof(why)) == 0)
             return 0;
     return CONVD_EUNSUPPORTED;
+}
+
+/* Workspace bytes of one problem's transposed copies: input, then weights, 256-byte aligned. */
+static size_t ws_slot(const struct convd_problem *p, size_t *ret_w_off)
+{
+    struct convd_problem_sizes z;
+    if (convd_problem_sizes(p, &z, NULL, 0) != 0)
+        return 0;
+    const size_t in = ((size_t)z.input_bytes + 255) & ~(size_t)255;
+    const size_t w = ((size_t)z.weight_bytes + 255) & ~(size_t)255;
+    if (ret_w_off != NULL)
+        *ret_w_off = in;
+    return in + w;
 }
 
 static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why_len)
@@ -185,13 +213,121 @@ static int plan_launch(const struct gpu_plan *pl, const struct gpu_batch *b, int
     return CONVD_EINVAL;
 }
 
+/*
+ * Plans are cached: planning walks tile candidates and reads device limits, which costs more host
+ * time than a small convolution takes on the device. The cache is keyed by device, problem,
+ * requested family and tuning generation; a small array with round-robin replacement.
+ */
+#define PLAN_CACHE_SIZE 64
+struct plan_entry {
+    int used, dev, tune_gen, ws_ok;
+    enum convd_gpu_family req;
+    struct convd_problem p;
+    struct gpu_plan plan;
+};
+static struct plan_entry plan_cache[PLAN_CACHE_SIZE];
+static int plan_cache_next;
+static pthread_mutex_t plan_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static int plan_tune_gen;
+
+void gpu_plan_cache_invalidate(void)
+{
+    pthread_mutex_lock(&plan_cache_lock);
+    plan_tune_gen++;
+    pthread_mutex_unlock(&plan_cache_lock);
+}
+
+static int plan_cached(const struct convd_problem *p, enum convd_gpu_family req, int ws_ok,
+                       struct gpu_plan *ret)
+{
+    int dev = 0;
+    if (hipGetDevice(&dev) != hipSuccess) {
+        (void)hipGetLastError();
+        dev = -1;
+    }
+    pthread_mutex_lock(&plan_cache_lock);
+    const int gen = plan_tune_gen;
+    for (int i = 0; i < PLAN_CACHE_SIZE; i++) {
+        const struct plan_entry *e = &plan_cache[i];
+        if (e->used && e->dev == dev && e->req == req && e->tune_gen == gen && e->ws_ok == ws_ok &&
+            convd_problem_same(&e->p, p)) {
+            *ret = e->plan;
+            pthread_mutex_unlock(&plan_cache_lock);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&plan_cache_lock);
+    char why[160];
+    int rc = req == CONVD_GPU_FAMILY_AUTO ? plan_auto(p, ws_ok, ret)
+                                          : plan_family(p, req, ws_ok, ret, why, sizeof(why));
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&plan_cache_lock);
+    struct plan_entry *e = &plan_cache[plan_cache_next];
+    plan_cache_next = (plan_cache_next + 1) % PLAN_CACHE_SIZE;
+    e->used = 1;
+    e->dev = dev;
+    e->req = req;
+    e->tune_gen = gen;
+    e->ws_ok = ws_ok;
+    e->p = *p;
+    e->plan = *ret;
+    pthread_mutex_unlock(&plan_cache_lock);
+    return 0;
+}
+
+extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_family family,
+                                  char *buf, size_t len)
+{
+    if (p == NULL || buf == NULL || len == 0)
+        return CONVD_EINVAL;
+    int rc = gpu_limits_check(p, buf, len);
+    if (rc != 0)
+        return rc;
+    struct gpu_plan pl;
+    rc = plan_cached(p, family, 1, &pl);
+    if (rc != 0) {
+        snprintf(buf, len, "unsupported");
+        return rc;
+    }
+    char extra[32] = "";
+    if (pl.transposed)
+        snprintf(extra, sizeof(extra), " (NCHW via NHWC copies)");
+    switch (pl.family) {
+    case CONVD_GPU_FAMILY_DEPTHWISE:
+        snprintf(buf, len, "depthwise vec %d window %d threads %d smem %d blocks %d",
+                 pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.threads, pl.u.dw.smem,
+                 pl.u.dw.blocks_per_problem);
+        break;
+    case CONVD_GPU_FAMILY_FMA:
+        snprintf(buf, len, "fma tn %d unit %d nch %d bn %d gpb %d tile %dx%d kc %d/%d threads %d "
+                           "smem %d blocks %d",
+                 pl.u.fma.tn, pl.u.fma.unit, pl.u.fma.nch, pl.u.fma.bn, pl.u.fma.gpb, pl.u.fma.th,
+                 pl.u.fma.sx * 8, pl.u.fma.kc, pl.u.fma.g.cpg, pl.u.fma.threads, pl.u.fma.smem,
+                 pl.u.fma.tiles * pl.u.fma.nblk);
+        break;
+    case CONVD_GPU_FAMILY_MMA:
+        gpu_mma_describe(&pl.u.mma, buf, len);
+        break;
+    default:
+        snprintf(buf, len, "%s", convd_gpu_family_name(pl.family));
+        break;
+    }
+    if (extra[0] != '\0') {
+        size_t l = strlen(buf);
+        snprintf(buf + l, len - l, "%s", extra);
+    }
+    return 0;
+}
+
 static int aligned16(const void *ptr)
 {
     return ((uintptr_t)ptr & 15u) == 0;
 }
 
 static int run(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
-               void *stream, enum convd_gpu_family family)
+               void *workspace, size_t workspace_bytes, void *stream,
+               enum convd_gpu_family family)
 {
     char why[160];
     if (p == NULL || (t == NULL && count > 0))
@@ -211,20 +347,21 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
         return 0;
 
     struct gpu_plan pl;
-    if (family == CONVD_GPU_FAMILY_AUTO) {
-        if (!all_aligned)
-            rc = plan_family(p, CONVD_GPU_FAMILY_GENERIC, &pl, why, sizeof(why));
-        else
-            rc = plan_auto(p, &pl);
-    } else {
-        if (!all_aligned && family != CONVD_GPU_FAMILY_GENERIC)
-            return CONVD_EUNSUPPORTED;
-        rc = plan_family(p, family, &pl, why, sizeof(why));
-    }
+    if (family != CONVD_GPU_FAMILY_AUTO && !all_aligned && family != CONVD_GPU_FAMILY_GENERIC)
+        return CONVD_EUNSUPPORTED;
+    if (family == CONVD_GPU_FAMILY_AUTO && !all_aligned)
+        family = CONVD_GPU_FAMILY_GENERIC;
+    size_t w_off = 0;
+    const size_t slot = ws_slot(p, &w_off);
+    const size_t per_launch = count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX;
+    const int ws_ok = workspace != NULL && aligned16(workspace) &&
+                      workspace_bytes >= slot * per_launch;
+    rc = plan_cached(p, family, ws_ok, &pl);
     if (rc != 0)
         return rc;
 
     hipStream_t s = (hipStream_t)stream;
+    const size_t es = convd_dtype_size(p->dtype);
     for (size_t base = 0; base < count; base += CONVD_GPU_BATCH_MAX) {
         const int n = (int)(count - base < CONVD_GPU_BATCH_MAX ? count - base : CONVD_GPU_BATCH_MAX);
         struct gpu_batch b;
@@ -234,6 +371,27 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             b.w[i] = t[base + i].weight;
             b.b[i] = t[base + i].bias;
             b.y[i] = t[base + i].output;
+        }
+        if (pl.transposed) {
+            /* NCHW -> NHWC copies of inputs and weights in the workspace, then the NHWC kernel,
+             * whose epilogue writes NCHW. */
+            const void *src_x[CONVD_GPU_BATCH_MAX], *src_w[CONVD_GPU_BATCH_MAX];
+            void *dst_x[CONVD_GPU_BATCH_MAX], *dst_w[CONVD_GPU_BATCH_MAX];
+            for (int i = 0; i < n; i++) {
+                uint8_t *slot_base = (uint8_t *)workspace + (size_t)i * slot;
+                src_x[i] = b.x[i];
+                src_w[i] = b.w[i];
+                dst_x[i] = slot_base;
+                dst_w[i] = slot_base + w_off;
+                b.x[i] = dst_x[i];
+                b.w[i] = dst_w[i];
+            }
+            rc = gpu_transpose_launch(src_x, dst_x, n, p->n, p->c, p->h * p->w, (int)es, s);
+            if (rc == 0)
+                rc = gpu_transpose_launch(src_w, dst_w, n, p->k, p->c / p->groups, p->r * p->s,
+                                          (int)es, s);
+            if (rc != 0)
+                return rc;
         }
         rc = plan_launch(&pl, &b, n, s);
         if (rc != 0)
@@ -253,23 +411,27 @@ extern "C" int convd_gpu_check(const struct convd_problem *p, char *why, size_t 
 
 extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, size_t *ret_bytes)
 {
-    (void)count;
     if (p == NULL || ret_bytes == NULL)
         return CONVD_EINVAL;
     int rc = gpu_limits_check(p, NULL, 0);
     if (rc != 0)
         return rc;
-    /* Every family reads and writes both layouts natively: no scratch memory. */
-    *ret_bytes = 0;
+    /* NCHW problems on the mma and fma families run faster on NHWC copies of input and weights;
+     * everything else needs no scratch memory. With less workspace than this they still run. */
+    size_t bytes = 0;
+    if (p->layout == CONVD_LAYOUT_NCHW) {
+        struct gpu_plan pl;
+        if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, 1, &pl) == 0 && pl.transposed)
+            bytes = ws_slot(p, NULL) * (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
+    }
+    *ret_bytes = bytes;
     return 0;
 }
 
 extern "C" int convd_gpu_conv(const struct convd_problem *p, const struct convd_tensors *t,
                               size_t count, void *workspace, size_t workspace_bytes, void *stream)
 {
-    (void)workspace;
-    (void)workspace_bytes;
-    return run(p, t, count, stream, CONVD_GPU_FAMILY_AUTO);
+    return run(p, t, count, workspace, workspace_bytes, stream, CONVD_GPU_FAMILY_AUTO);
 }
 
 extern "C" const char *convd_gpu_kernel_name(const struct convd_problem *p)
@@ -313,7 +475,7 @@ extern "C" int convd_gpu_family_parse(const char *name, enum convd_gpu_family *r
 extern "C" enum convd_gpu_family convd_gpu_route(const struct convd_problem *p)
 {
     struct gpu_plan pl;
-    if (plan_auto(p, &pl) != 0)
+    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, 1, &pl) != 0)
         return CONVD_GPU_FAMILY_GENERIC;
     return pl.family;
 }
@@ -327,16 +489,14 @@ extern "C" int convd_gpu_family_check(const struct convd_problem *p, enum convd_
     if (rc != 0 || family == CONVD_GPU_FAMILY_AUTO)
         return rc;
     struct gpu_plan pl;
-    return plan_family(p, family, &pl, why, why_len);
+    return plan_family(p, family, 0, &pl, why, why_len);
 }
 
 extern "C" int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,
                                      size_t count, void *workspace, size_t workspace_bytes,
                                      void *stream, enum convd_gpu_family family)
 {
-    (void)workspace;
-    (void)workspace_bytes;
-    return run(p, t, count, stream, family);
+    return run(p, t, count, workspace, workspace_bytes, stream, family);
 }
 
 extern "C" int convd_gpu_device_count(int *ret_count)

@@ -125,7 +125,8 @@ struct gpu_dw_plan {
     int blocks_per_problem;
     int smem;
     int tiles_h;          /* NCHW: row tiles per plane */
-    int in_rows, in_cols; /* NCHW: shared-memory input rows, padded row length */
+    int in_rows, in_cols; /* shared-memory input rows, padded row length (NHWC: halo) */
+    int tw, p, tiles_w;   /* NHWC: tile width, outputs per strip, tiles along W */
 };
 int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
                      size_t why_len);
@@ -151,9 +152,12 @@ struct gpu_fma_plan {
     int ps;  /* halo pixel stride in floats */
     int bnp; /* weight row length in floats (bn padded) */
     int threads, smem;
+    int out_nchw;
 };
-int gpu_fma_plan_make(const struct convd_problem *p, struct gpu_fma_plan *ret, char *why,
-                      size_t why_len);
+/* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
+ * the workspace; the kernel writes the output in NCHW. */
+int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
+                      char *why, size_t why_len);
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
                    hipStream_t stream);
 
@@ -180,11 +184,24 @@ struct gpu_mma_plan {
     int smem;
     int threads;
     int fast_w; /* weights copied with 16-byte cp.async (NHWC, gm == 1) */
+    int out_nchw;
 };
-int gpu_mma_plan_make(const struct convd_problem *p, struct gpu_mma_plan *ret, char *why,
-                      size_t why_len);
+int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
+                      char *why, size_t why_len);
 int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
                    hipStream_t stream);
+
+/* One line about a plan: configuration, tile, occupancy. */
+void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len);
+
+/* Forgets cached plans (after a tuning change). */
+void gpu_plan_cache_invalidate(void);
+
+/* Batched layout change: src[i] is [outer][rows][cols], dst[i] becomes [outer][cols][rows];
+ * elem_bytes 2 or 4. NCHW -> NHWC for inputs (outer N, rows C, cols H*W) and for weights (outer
+ * K, rows C/G, cols R*S). */
+int gpu_transpose_launch(const void *const *src, void *const *dst, int count, int outer, int rows,
+                         int cols, int elem_bytes, hipStream_t stream);
 
 struct gpu_generic_plan {
     struct gpu_geom g;

@@ -53,6 +53,11 @@ int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tens
                           size_t count, void *workspace, size_t workspace_bytes, void *stream,
                           enum convd_gpu_family family);
 
+/* One line describing how `family` (AUTO: the router's choice) would run p: tile shapes, threads,
+ * shared memory, grid. For benchmarks and logs. Returns 0 or the family's refusal code. */
+int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_family family, char *buf,
+                       size_t len);
+
 /* Device helpers for tests and benchmarks. All return 0 or CONVD_EDEVICE (CONVD_EINVAL for bad
  * arguments); they act on the current device and, where asynchronous, the default stream. */
 int convd_gpu_device_count(int *ret_count);

@@ -54,6 +54,8 @@ struct tcase {
     void *hx, *hw, *hb, *hy;
     float *ref;
     void *dx, *dw, *db, *dy;
+    void *ws;        /* room for NHWC copies of input and weights (NCHW problems) */
+    size_t ws_bytes;
 };
 
 static void tc_init(struct tcase *c, const struct convd_problem *p)
@@ -79,6 +81,8 @@ static void tc_init(struct tcase *c, const struct convd_problem *p)
     assert_int_equal(convd_gpu_alloc(c->z.weight_bytes, &c->dw), 0);
     assert_int_equal(convd_gpu_alloc(c->z.bias_bytes ? c->z.bias_bytes : 16, &c->db), 0);
     assert_int_equal(convd_gpu_alloc(c->z.output_bytes, &c->dy), 0);
+    c->ws_bytes = c->z.input_bytes + c->z.weight_bytes + 512;
+    assert_int_equal(convd_gpu_alloc(c->ws_bytes, &c->ws), 0);
     assert_int_equal(convd_gpu_upload(c->dx, c->hx, c->z.input_bytes), 0);
     assert_int_equal(convd_gpu_upload(c->dw, c->hw, c->z.weight_bytes), 0);
     if (p->has_bias)
@@ -96,6 +100,7 @@ static void tc_free(struct tcase *c)
     convd_gpu_free(c->dw);
     convd_gpu_free(c->db);
     convd_gpu_free(c->dy);
+    convd_gpu_free(c->ws);
 }
 
 /* Reference output as float: the CPU backend's convolution when it is linked, else the naive
@@ -115,18 +120,28 @@ static void tc_reference(struct tcase *c)
 #endif
 }
 
-/* Poisons the device output, runs the family, downloads into hy. Returns the API's code. */
-static int tc_run(struct tcase *c, enum convd_gpu_family fam)
+/* Poisons the device output, runs the family, downloads into hy. Returns the API's code. With
+ * use_ws the workspace is offered (NCHW problems then run on NHWC copies), else not (NCHW read
+ * directly). */
+static int tc_run_ws(struct tcase *c, enum convd_gpu_family fam, int use_ws)
 {
     assert_int_equal(convd_gpu_fill_bytes(c->dy, 0xff, c->z.output_bytes), 0);
     struct convd_tensors t = {c->dx, c->dw, c->p.has_bias ? c->db : NULL, c->dy};
-    int rc = fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_conv(&c->p, &t, 1, NULL, 0, NULL)
-                                          : convd_gpu_conv_family(&c->p, &t, 1, NULL, 0, NULL, fam);
+    void *ws = use_ws ? c->ws : NULL;
+    size_t wsb = use_ws ? c->ws_bytes : 0;
+    int rc = fam == CONVD_GPU_FAMILY_AUTO
+                 ? convd_gpu_conv(&c->p, &t, 1, ws, wsb, NULL)
+                 : convd_gpu_conv_family(&c->p, &t, 1, ws, wsb, NULL, fam);
     if (rc != 0)
         return rc;
     assert_int_equal(convd_gpu_synchronize(), 0);
     assert_int_equal(convd_gpu_download(c->hy, c->dy, c->z.output_bytes), 0);
     return 0;
+}
+
+static int tc_run(struct tcase *c, enum convd_gpu_family fam)
+{
+    return tc_run_ws(c, fam, 1);
 }
 
 static int n_checked;
@@ -145,24 +160,33 @@ static int check_problem(const struct convd_problem *p, enum convd_gpu_family fa
     struct tcase c;
     tc_init(&c, p);
     tc_reference(&c);
-    int rc = tc_run(&c, fam);
-    if (rc != 0) {
-        tc_free(&c);
-        fail_msg("%s: family %s returned %s", desc, convd_gpu_family_name(fam), convd_strerror(rc));
-    }
-    size_t bad = 0;
-    double err = tu_rel_error(p->dtype, c.hy, c.ref, c.z.output_elems, &bad);
-    double tol = tu_tolerance(p->dtype);
-    if (!(err <= tol)) {
-        float got = tu_load(p->dtype, c.hy, bad), want = c.ref[bad];
-        tc_free(&c);
-        fail_msg("%s [%s -> %s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc,
-                 convd_gpu_family_name(fam),
-                 fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_kernel_name(p) : "forced", err, tol, bad,
-                 (double)got, (double)want);
+    /* NCHW runs twice where it matters: on NHWC copies (workspace given) and gathered directly. */
+    const int variants = p->layout == CONVD_LAYOUT_NCHW &&
+                                 (fam == CONVD_GPU_FAMILY_MMA || fam == CONVD_GPU_FAMILY_FMA ||
+                                  fam == CONVD_GPU_FAMILY_AUTO)
+                             ? 2
+                             : 1;
+    for (int v = 0; v < variants; v++) {
+        int rc = tc_run_ws(&c, fam, v == 0);
+        if (rc != 0) {
+            tc_free(&c);
+            fail_msg("%s: family %s returned %s", desc, convd_gpu_family_name(fam),
+                     convd_strerror(rc));
+        }
+        size_t bad = 0;
+        double err = tu_rel_error(p->dtype, c.hy, c.ref, c.z.output_elems, &bad);
+        double tol = tu_tolerance(p->dtype);
+        if (!(err <= tol)) {
+            float got = tu_load(p->dtype, c.hy, bad), want = c.ref[bad];
+            tc_free(&c);
+            fail_msg("%s [%s -> %s%s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc,
+                     convd_gpu_family_name(fam),
+                     fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_kernel_name(p) : "forced",
+                     v == 0 ? "" : ", no workspace", err, tol, bad, (double)got, (double)want);
+        }
+        n_checked++;
     }
     tc_free(&c);
-    n_checked++;
     return 1;
 }
 
@@ -246,7 +270,7 @@ static void test_fma(void **state)
     sweep(mk(2, 10, 10, 48, 48, 3, 3, 2, 2, 1, 1, 0, 0), F, 1, 0); /* cpg 24, stride 2 */
     sweep(mk(1, 9, 9, 64, 64, 3, 3, 1, 1, 1, 2, 0, 0), F, 1, 0);   /* dense, dilation 2 */
     sweep(mk(1, 7, 7, 256, 16, 3, 3, 1, 1, 1, 1, 0, 0), F, 1, 0);  /* chunked channels */
-    sweep(mk(2, 6, 6, 24, 256, 1, 1, 3, 1, 0, 1, 0, 0), F, 1, 0);  /* kpg > block: split */
+    sweep(mk(2, 6, 6, 24, 264, 1, 1, 3, 1, 0, 1, 0, 0), F, 1, 0);  /* kpg > block: split */
     sweep(mk(1, 40, 45, 12, 12, 3, 3, 3, 1, 1, 1, 0, 0), F, 1, 0); /* many tiles */
     sweep(mk(3, 5, 5, 7, 14, 2, 4, 7, 1, 1, 1, 0, 0), F, 1, 0);    /* depthwise x2, 2x4 */
     sweep(mk(1, 12, 12, 4, 12, 1, 9, 1, 1, 0, 1, 0, 0), F, 1, 0);  /* S > 7: no window */
@@ -461,12 +485,19 @@ static void batch_case(struct convd_problem p, enum convd_gpu_family fam, int co
     }
     size_t ws = 1;
     assert_int_equal(convd_gpu_workspace(&p, (size_t)count, &ws), 0);
-    assert_int_equal(ws, 0);
+    if (p.layout == CONVD_LAYOUT_NHWC)
+        assert_int_equal(ws, 0);
+    /* The same per-problem room as the single runs get, so both take the same path. */
+    const size_t slot = cs[0].ws_bytes;
+    ws = slot * (size_t)(count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
+    void *dws = NULL;
+    assert_int_equal(convd_gpu_alloc(ws, &dws), 0);
     int rc = fam == CONVD_GPU_FAMILY_AUTO
-                 ? convd_gpu_conv(&p, ts, (size_t)count, NULL, 0, NULL)
-                 : convd_gpu_conv_family(&p, ts, (size_t)count, NULL, 0, NULL, fam);
+                 ? convd_gpu_conv(&p, ts, (size_t)count, dws, ws, NULL)
+                 : convd_gpu_conv_family(&p, ts, (size_t)count, dws, ws, NULL, fam);
     assert_int_equal(rc, 0);
     assert_int_equal(convd_gpu_synchronize(), 0);
+    convd_gpu_free(dws);
     void *batched = malloc(cs[0].z.output_bytes);
     assert_non_null(batched);
     for (int i = 0; i < count; i++) {
