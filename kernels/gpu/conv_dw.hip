@@ -246,16 +246,24 @@ __global__ void __launch_bounds__(256)
     const T *xp = x + (size_t)plane * g.h * g.w;
     /* Eight loads in flight per thread before the first store. */
     const int nel = ir * icols;
-    for (int base = threadIdx.x; base < nel; base += 8 * (int)blockDim.x) {
+    const int bd = (int)blockDim.x, dr = bd / icols, dc = bd - dr * icols;
+    int rr = (int)threadIdx.x / icols, cc = (int)threadIdx.x - rr * icols;
+    for (int base = threadIdx.x; base < nel; base += 8 * bd) {
         float v[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            const int e = base + u * (int)blockDim.x;
-            const int rr = e / icols, cc = e - rr * icols;
+            const int e = base + u * bd;
+            /* (rr, cc) of e, stepped without a division. */
             const int ih = ih0 + rr, iw = cc - g.pl;
             v[u] = (e < nel && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w))
                        ? DT::load(xp[ih * g.w + iw])
                        : 0.0f;
+            cc += dc;
+            rr += dr;
+            if (cc >= icols) {
+                cc -= icols;
+                rr++;
+            }
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -346,7 +354,7 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
             return CONVD_EUNSUPPORTED;
         }
         const int cpl = es == 2 ? 2 : 1;
-        const int P = pl.unit == 7 && g->kpg == 1 ? 8 : 4;
+        const int P = pl.unit != 0 && g->kpg == 1 ? 8 : 4;
         if (g->kpg == 2 && pl.unit == 7)
             pl.unit = 0; /* two outputs per channel and a 7-wide window: too many registers */
         const int cb = 32 * cpl;
@@ -363,7 +371,8 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
             if (t >= wr)
                 break;
         }
-        int th = (32 * P) / tw;
+        /* About 32 strips for small filters, 16 for wide ones (smaller halo, more blocks). */
+        int th = ((g->s > 3 ? 16 : 32) * P) / tw;
         if (th < 1)
             th = 1;
         if (th > g->ho)
@@ -465,7 +474,7 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
     } while (0)
     if (g->kpg == 1) {
         if (pl->unit == 3)
-            DW_GO(1, 4, 3);
+            DW_GO(1, 8, 3);
         else if (pl->unit == 7)
             DW_GO(1, 8, 7);
         else

@@ -398,6 +398,18 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
         pl.nch = gpb * per_group;
         pl.bn = gpb * g->kpg;
     }
+    /* At least two blocks per SM: fewer groups per block when the grid would be too small. */
+    {
+        struct gpu_device_info dev;
+        const int64_t sms = gpu_device_info_get(&dev) == 0 ? dev.sm_count : 132;
+        const int64_t tiles = (int64_t)g->n * ((g->ho + th - 1) / th) *
+                              ((g->wo + sx * FMA_TM - 1) / (sx * FMA_TM));
+        while (pl.gpb > 1 && tiles * ((g->g + pl.gpb - 1) / pl.gpb) < 2 * sms) {
+            pl.gpb /= 2;
+            pl.nch = pl.gpb * per_group;
+            pl.bn = pl.gpb * g->kpg;
+        }
+    }
     pl.nblk = pl.gpb > 0 ? (g->g + pl.gpb - 1) / pl.gpb : g->g * pl.nsplit;
     pl.bnp = (pl.bn + 3) & ~3;
 

@@ -38,7 +38,7 @@ struct mma_args {
     int off_a0, off_a1, off_b0, off_b1, off_oct, off_stage, stage_sep;
     int fast_w;
     int out_nchw; /* NHWC input (a transposed copy), NCHW output */
-    int64_t items;
+    int items;    /* count * nblk * tiles < 2^31 (tiles and outputs are bounded by it) */
 };
 
 struct mma_cfg {
@@ -128,13 +128,13 @@ struct mma_item {
     int k0, kend, ch0, nsg;
 };
 
-GPU_D struct mma_item mma_decode(const struct mma_args &a, int64_t item)
+GPU_D struct mma_item mma_decode(const struct mma_args &a, int item)
 {
     struct mma_item it;
-    int tile = (int)(item % a.tiles);
-    const int64_t q = item / a.tiles;
-    const int nb = (int)(q % a.nblk);
-    it.prob = (int)(q / a.nblk);
+    int tile = item % a.tiles;
+    const int q = item / a.tiles;
+    const int nb = q % a.nblk;
+    it.prob = q / a.nblk;
     const int tw_i = tile % a.tiles_w;
     tile /= a.tiles_w;
     const int th_i = tile % a.tiles_h;
@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     const int wm = warp % WM, wn = warp / WM;
     const int bm = MT * WM * 16;
 
-    const int64_t it_begin = (int64_t)blockIdx.x * a.items / gridDim.x;
-    const int64_t it_end = (int64_t)(blockIdx.x + 1) * a.items / gridDim.x;
+    const int it_begin = (int)((int64_t)blockIdx.x * a.items / gridDim.x);
+    const int it_end = (int)((int64_t)(blockIdx.x + 1) * a.items / gridDim.x);
     if (it_begin >= it_end)
         return;
 
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     const int bko = (lane >> 3) & 1;
 
     const bool resident = a.nchunks == 1;
-    const int64_t nstages = (it_end - it_begin) * a.nchunks;
+    const int nstages = (it_end - it_begin) * a.nchunks;
     /* Buffer selection by arithmetic, not by a pointer array (which would live in local memory). */
 #define MMA_ABUF(i) (mma_smem + ((i) ? a.off_a1 : a.off_a0))
 #define MMA_BBUF(i) (mma_smem + ((i) ? a.off_b1 : a.off_b0))
@@ -369,12 +369,11 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     }
 
     float acc[MT][NT][4];
-    for (int64_t st = 0; st < nstages; st++) {
-        const int64_t item = it_begin + st / a.nchunks;
-        const int chunk = (int)(st % a.nchunks);
+    int item = it_begin, chunk = 0;
+    for (int st = 0; st < nstages; st++) {
         const bool has_next = st + 1 < nstages;
-        const int64_t nitem = it_begin + (st + 1) / a.nchunks;
-        const int nchunk = (int)((st + 1) % a.nchunks);
+        const int nitem = chunk + 1 == a.nchunks ? item + 1 : item;
+        const int nchunk = chunk + 1 == a.nchunks ? 0 : chunk + 1;
         const bool key_change = has_next && (nitem / a.tiles) != (item / a.tiles);
         const bool prefetch = has_next && (!resident || !key_change);
         if (prefetch) {
@@ -493,6 +492,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         ab ^= 1;
         if (!resident)
             bb ^= 1;
+        item = nitem;
+        chunk = nchunk;
     }
 #undef MMA_ABUF
 #undef MMA_BBUF
@@ -550,7 +551,7 @@ static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struc
     rc = gpu_device_info_get(&dev);
     if (rc != 0)
         return rc;
-    a->items = (int64_t)count * pl->nblk * pl->tiles;
+    a->items = count * pl->nblk * pl->tiles;
     int64_t grid = (int64_t)dev.sm_count * per_sm;
     if (grid > a->items)
         grid = a->items;
