@@ -562,8 +562,15 @@ static void conn_on_poll(uv_poll_t *h, int status, int events)
 {
     struct conn *c = h->data;
     if (status < 0) {
+        /* libuv reports EPOLLERR as UV_EBADF; the socket's own error says what happened
+         * (usually a reset: the client went away with replies unread). */
+        int err = 0;
+        socklen_t len = sizeof(err);
         char reason[96];
-        snprintf(reason, sizeof(reason), "poll error: %s", uv_strerror(status));
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0)
+            snprintf(reason, sizeof(reason), "connection error: %s", strerror(err));
+        else
+            snprintf(reason, sizeof(reason), "connection error: %s", uv_strerror(status));
         conn_shutdown(c, false, reason);
         return;
     }
