@@ -13,6 +13,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "why.h"
 #include "config.h"
 #include "convd/convd.h"
 #include "convd/status.h"
@@ -84,20 +85,6 @@ static const struct cfg_option cfg_options[] = {
 };
 
 #define N_OPTIONS (sizeof(cfg_options) / sizeof(cfg_options[0]))
-
-static int cfg_fail(char *why, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int cfg_fail(char *why, size_t len, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return CONVD_EINVAL;
-}
 
 void config_defaults(struct convd_config *c)
 {
@@ -218,13 +205,15 @@ static int cfg_parse_id_list(const char *key, const char *value, bool group, uin
         char name[256];
         size_t len = (size_t)(e - p);
         if (len >= sizeof(name))
-            return cfg_fail(why, why_len, "%s: name '%.40s...' is too long", key, p);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: name '%.40s...' is too long", key, p);
         memcpy(name, p, len);
         name[len] = '\0';
         if (n == CONFIG_MAX_IDS)
-            return cfg_fail(why, why_len, "%s: more than %d entries", key, CONFIG_MAX_IDS);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: more than %d entries", key,
+                            CONFIG_MAX_IDS);
         if (cfg_parse_id(name, group, &tmp[n]) != 0)
-            return cfg_fail(why, why_len, "%s: '%s' is not a known %s name or a number", key, name,
+            return why_fail(why, why_len, CONVD_EINVAL,
+                            "%s: '%s' is not a known %s name or a number", key, name,
                             group ? "group" : "user");
         n++;
         p = e;
@@ -238,10 +227,10 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
                size_t why_len)
 {
     if (c == NULL || key == NULL || value == NULL)
-        return cfg_fail(why, why_len, "missing key or value");
+        return why_fail(why, why_len, CONVD_EINVAL, "missing key or value");
     const struct cfg_option *o = cfg_find(key);
     if (o == NULL)
-        return cfg_fail(why, why_len, "unknown option '%s'", key);
+        return why_fail(why, why_len, CONVD_EINVAL, "unknown option '%s'", key);
     char *field = (char *)c + o->offset;
     uint64_t v;
 
@@ -249,9 +238,9 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
     case CFG_PATH: {
         size_t len = strlen(value);
         if (len == 0)
-            return cfg_fail(why, why_len, "%s: empty path", key);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: empty path", key);
         if (len >= CONFIG_PATH_BYTES)
-            return cfg_fail(why, why_len,
+            return why_fail(why, why_len, CONVD_EINVAL,
                             "%s: path of %zu bytes is longer than the %d a Unix "
                             "socket address holds",
                             key, len, CONFIG_PATH_BYTES - 1);
@@ -268,14 +257,15 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
         else if (strcasecmp(value, "gpu") == 0)
             b = CONFIG_BACKEND_GPU;
         else
-            return cfg_fail(why, why_len, "%s: '%s' is not auto, cpu or gpu", key, value);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: '%s' is not auto, cpu or gpu", key,
+                            value);
         c->backend = b;
         return 0;
     }
     case CFG_LOG_LEVEL: {
         int level;
         if (convd_log_parse_level(value, &level) != 0)
-            return cfg_fail(why, why_len,
+            return why_fail(why, why_len, CONVD_EINVAL,
                             "%s: '%s' is not err, warning, notice, info, debug or 0-7", key, value);
         c->log_level = level;
         return 0;
@@ -283,11 +273,11 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
     case CFG_INT: {
         bool neg = value[0] == '-';
         if (cfg_parse_u64(value + neg, 10, false, &v) != 0 || v > (uint64_t)INT32_MAX)
-            return cfg_fail(why, why_len, "%s: '%s' is not a number", key, value);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: '%s' is not a number", key, value);
         int64_t s = neg ? -(int64_t)v : (int64_t)v;
         if (s < o->min || s > (int64_t)o->max)
-            return cfg_fail(why, why_len, "%s: %lld is out of range (%lld to %llu)", key,
-                            (long long)s, (long long)o->min, (unsigned long long)o->max);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: %lld is out of range (%lld to %llu)",
+                            key, (long long)s, (long long)o->min, (unsigned long long)o->max);
         *(int *)(void *)field = (int)s;
         return 0;
     }
@@ -296,16 +286,17 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
     case CFG_BYTES:
     case CFG_MODE:
         if (cfg_parse_u64(value, o->type == CFG_MODE ? 8 : 10, o->type == CFG_BYTES, &v) != 0)
-            return cfg_fail(why, why_len, "%s: '%s' is not %s", key, value,
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: '%s' is not %s", key, value,
                             o->type == CFG_MODE    ? "an octal mode"
                             : o->type == CFG_BYTES ? "a byte count (suffixes K, M, G, T)"
                                                    : "a non-negative number");
         if (v < (uint64_t)o->min || v > o->max) {
             if (o->type == CFG_MODE)
-                return cfg_fail(why, why_len, "%s: %llo is out of range (0 to 0777)", key,
-                                (unsigned long long)v);
-            return cfg_fail(why, why_len, "%s: %llu is out of range (%lld to %llu)", key,
-                            (unsigned long long)v, (long long)o->min, (unsigned long long)o->max);
+                return why_fail(why, why_len, CONVD_EINVAL, "%s: %llo is out of range (0 to 0777)",
+                                key, (unsigned long long)v);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: %llu is out of range (%lld to %llu)",
+                            key, (unsigned long long)v, (long long)o->min,
+                            (unsigned long long)o->max);
         }
         if (o->type == CFG_U32 || o->type == CFG_MODE)
             *(uint32_t *)(void *)field = (uint32_t)v;
@@ -319,8 +310,8 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
             return 0;
         }
         if (cfg_parse_id(value, true, &gid) != 0)
-            return cfg_fail(why, why_len, "%s: '%s' is not a known group name or a number", key,
-                            value);
+            return why_fail(why, why_len, CONVD_EINVAL,
+                            "%s: '%s' is not a known group name or a number", key, value);
         c->socket_group = gid;
         c->socket_group_set = true;
         return 0;
@@ -330,7 +321,7 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
     case CFG_GIDS:
         return cfg_parse_id_list(key, value, true, c->allow_gids, &c->n_allow_gids, why, why_len);
     }
-    return cfg_fail(why, why_len, "%s: option of unknown type", key);
+    return why_fail(why, why_len, CONVD_EINVAL, "%s: option of unknown type", key);
 }
 
 static bool cfg_space(char ch)
@@ -350,24 +341,26 @@ static int cfg_split_line(const char *line, size_t len, char *key, size_t key_ca
         return 0;
     for (const char *q = p; q < end; q++)
         if (*q == '\0' || (iscntrl((unsigned char)*q) && *q != '\t' && *q != '\r'))
-            return cfg_fail(why, why_len, "control character in line"), -1;
+            return why_fail(why, why_len, CONVD_EINVAL, "control character in line"), -1;
     const char *eq = memchr(p, '=', (size_t)(end - p));
     if (eq == NULL)
-        return cfg_fail(why, why_len, "expected 'key = value', got '%.*s'", (int)(end - p), p), -1;
+        return why_fail(why, why_len, CONVD_EINVAL, "expected 'key = value', got '%.*s'",
+                        (int)(end - p), p),
+               -1;
     const char *ke = eq;
     while (ke > p && cfg_space(ke[-1]))
         ke--;
     if (ke == p)
-        return cfg_fail(why, why_len, "missing key before '='"), -1;
+        return why_fail(why, why_len, CONVD_EINVAL, "missing key before '='"), -1;
     for (const char *q = p; q < ke; q++)
         if (!(isalnum((unsigned char)*q) || *q == '_' || *q == '-'))
-            return cfg_fail(why, why_len,
+            return why_fail(why, why_len, CONVD_EINVAL,
                             "key '%.*s' has a character other than letters, "
                             "digits, '_' and '-'",
                             (int)(ke - p), p),
                    -1;
     if ((size_t)(ke - p) >= key_cap)
-        return cfg_fail(why, why_len, "key '%.40s...' is too long", p), -1;
+        return why_fail(why, why_len, CONVD_EINVAL, "key '%.40s...' is too long", p), -1;
 
     const char *v = eq + 1, *ve = end;
     while (v < ve && cfg_space(*v))
@@ -375,12 +368,12 @@ static int cfg_split_line(const char *line, size_t len, char *key, size_t key_ca
     if (v < ve && *v == '"') {
         const char *close = memchr(v + 1, '"', (size_t)(ve - v - 1));
         if (close == NULL)
-            return cfg_fail(why, why_len, "unterminated quote"), -1;
+            return why_fail(why, why_len, CONVD_EINVAL, "unterminated quote"), -1;
         const char *rest = close + 1;
         while (rest < ve && cfg_space(*rest))
             rest++;
         if (rest < ve && *rest != '#')
-            return cfg_fail(why, why_len, "text after the closing quote"), -1;
+            return why_fail(why, why_len, CONVD_EINVAL, "text after the closing quote"), -1;
         v++;
         ve = close;
     } else {
@@ -394,7 +387,7 @@ static int cfg_split_line(const char *line, size_t len, char *key, size_t key_ca
             ve--;
     }
     if ((size_t)(ve - v) >= value_cap)
-        return cfg_fail(why, why_len, "value is too long"), -1;
+        return why_fail(why, why_len, CONVD_EINVAL, "value is too long"), -1;
 
     size_t kl = (size_t)(ke - p);
     for (size_t i = 0; i < kl; i++)
@@ -409,7 +402,7 @@ int config_parse_text(struct convd_config *c, const char *text, size_t len, cons
                       char *why, size_t why_len)
 {
     if (c == NULL || (text == NULL && len > 0))
-        return cfg_fail(why, why_len, "no configuration text");
+        return why_fail(why, why_len, CONVD_EINVAL, "no configuration text");
     if (source == NULL)
         source = "config";
     const char *p = text, *end = text + len;
@@ -420,13 +413,13 @@ int config_parse_text(struct convd_config *c, const char *text, size_t len, cons
         int kind = cfg_split_line(p, (size_t)(le - p), key, sizeof(key), value, sizeof(value), err,
                                   sizeof(err));
         if (kind < 0)
-            return cfg_fail(why, why_len, "%s:%u: %s", source, lineno, err);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s:%u: %s", source, lineno, err);
         if (kind > 0) {
             if (strcmp(key, "config") == 0)
-                return cfg_fail(why, why_len, "%s:%u: 'config' is a command-line option only",
-                                source, lineno);
+                return why_fail(why, why_len, CONVD_EINVAL,
+                                "%s:%u: 'config' is a command-line option only", source, lineno);
             if (config_set(c, key, value, err, sizeof(err)) != 0)
-                return cfg_fail(why, why_len, "%s:%u: %s", source, lineno, err);
+                return why_fail(why, why_len, CONVD_EINVAL, "%s:%u: %s", source, lineno, err);
         }
         p = nl != NULL ? nl + 1 : end;
     }
@@ -440,23 +433,23 @@ int config_load_file(struct convd_config *c, const char *path, char *why, size_t
     FILE *f = fopen(path, "re");
     if (f == NULL) {
         int err = errno;
-        cfg_fail(why, why_len, "cannot open %s: %s", path, strerror(err));
+        why_fail(why, why_len, CONVD_EINVAL, "cannot open %s: %s", path, strerror(err));
         return CONVD_EIO;
     }
     int rc = CONVD_EIO;
     char *buf = malloc(MAX_FILE + 1);
     if (buf == NULL) {
-        cfg_fail(why, why_len, "out of memory reading %s", path);
+        why_fail(why, why_len, CONVD_EINVAL, "out of memory reading %s", path);
         rc = CONVD_ENOMEM;
         goto out;
     }
     size_t n = fread(buf, 1, MAX_FILE + 1, f);
     if (ferror(f)) {
-        cfg_fail(why, why_len, "cannot read %s", path);
+        why_fail(why, why_len, CONVD_EINVAL, "cannot read %s", path);
         goto out;
     }
     if (n > MAX_FILE) {
-        rc = cfg_fail(why, why_len, "%s is larger than %d bytes", path, MAX_FILE);
+        rc = why_fail(why, why_len, CONVD_EINVAL, "%s is larger than %d bytes", path, MAX_FILE);
         goto out;
     }
     rc = config_parse_text(c, buf, n, path, why, why_len);
@@ -477,10 +470,10 @@ int config_from_args(int argc, char *const argv[], struct convd_config *ret_conf
                      enum config_action *ret_action, char *why, size_t why_len)
 {
     if (argc < 1 || argv == NULL || ret_config == NULL || ret_action == NULL)
-        return cfg_fail(why, why_len, "no arguments");
+        return why_fail(why, why_len, CONVD_EINVAL, "no arguments");
     struct cfg_arg *args = calloc((size_t)argc, sizeof(*args));
     if (args == NULL)
-        return cfg_fail(why, why_len, "out of memory");
+        return why_fail(why, why_len, CONVD_EINVAL, "out of memory");
     size_t n_args = 0;
     const char *config_path = NULL;
     enum config_action action = CONFIG_RUN;
@@ -503,7 +496,7 @@ int config_from_args(int argc, char *const argv[], struct convd_config *ret_conf
             continue;
         }
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
-            cfg_fail(why, why_len, "unexpected argument '%s' (see --help)", a);
+            why_fail(why, why_len, CONVD_EINVAL, "unexpected argument '%s' (see --help)", a);
             goto out;
         }
         const char *name = a + 2;
@@ -514,7 +507,7 @@ int config_from_args(int argc, char *const argv[], struct convd_config *ret_conf
             value = eq + 1;
         } else {
             if (i + 1 >= argc) {
-                cfg_fail(why, why_len, "option --%s needs a value", name);
+                why_fail(why, why_len, CONVD_EINVAL, "option --%s needs a value", name);
                 goto out;
             }
             value = argv[++i];
@@ -547,19 +540,21 @@ int config_from_args(int argc, char *const argv[], struct convd_config *ret_conf
     for (size_t i = 0; i < n_args; i++) {
         char key[64], err[384];
         if (args[i].key_len >= sizeof(key)) {
-            cfg_fail(why, why_len, "unknown option --%.*s", (int)args[i].key_len, args[i].key_src);
+            why_fail(why, why_len, CONVD_EINVAL, "unknown option --%.*s", (int)args[i].key_len,
+                     args[i].key_src);
             goto out;
         }
         for (size_t k = 0; k < args[i].key_len; k++)
             key[k] = args[i].key_src[k] == '-' ? '_' : args[i].key_src[k];
         key[args[i].key_len] = '\0';
         if (cfg_find(key) == NULL) {
-            cfg_fail(why, why_len, "unknown option --%.*s (see --help)", (int)args[i].key_len,
-                     args[i].key_src);
+            why_fail(why, why_len, CONVD_EINVAL, "unknown option --%.*s (see --help)",
+                     (int)args[i].key_len, args[i].key_src);
             goto out;
         }
         if (config_set(&c, key, args[i].value, err, sizeof(err)) != 0) {
-            cfg_fail(why, why_len, "--%.*s: %s", (int)args[i].key_len, args[i].key_src, err);
+            why_fail(why, why_len, CONVD_EINVAL, "--%.*s: %s", (int)args[i].key_len,
+                     args[i].key_src, err);
             goto out;
         }
     }

@@ -11,6 +11,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "why.h"
 #include "clock.h"
 #include "connection.h"
 #include "convd/convd.h"
@@ -20,20 +21,6 @@
 #include "sdnotify.h"
 
 #define STATUS_INTERVAL_MS 5000
-
-static int dmn_fail(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int dmn_fail(char *why, size_t len, int code, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* --- backend ------------------------------------------------------------------------------ */
 
@@ -73,20 +60,20 @@ static int dmn_open_backend(struct convd_daemon *d, char *why, size_t why_len)
         if (rc == 0)
             return 0;
         if (d->cfg.backend == CONFIG_BACKEND_GPU)
-            return dmn_fail(why, why_len, rc, "the GPU backend did not start: %s",
+            return why_fail(why, why_len, rc, "the GPU backend did not start: %s",
                             be_why[0] ? be_why : convd_strerror(rc));
         log_notice("no usable GPU (%s); serving from the CPU backend",
                    be_why[0] ? be_why : convd_strerror(rc));
 #else
         if (d->cfg.backend == CONFIG_BACKEND_GPU)
-            return dmn_fail(why, why_len, CONVD_EUNSUPPORTED,
+            return why_fail(why, why_len, CONVD_EUNSUPPORTED,
                             "this convd was built without GPU support (CONVD_GPU=off); use "
                             "--backend cpu or auto");
 #endif
     }
     rc = dmn_try_backend(d, &convd_cpu_backend_ops, be_why, sizeof(be_why));
     if (rc != 0)
-        return dmn_fail(why, why_len, rc, "the CPU backend did not start: %s",
+        return why_fail(why, why_len, rc, "the CPU backend did not start: %s",
                         be_why[0] ? be_why : convd_strerror(rc));
     return 0;
 }
@@ -462,7 +449,7 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
                             (uv_handle_t *)&d->deadline_timer};
         for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)
             uv_close(h[i], NULL);
-        return dmn_fail(why, why_len, CONVD_EINTERNAL, "cannot set up the event loop");
+        return why_fail(why, why_len, CONVD_EINTERNAL, "cannot set up the event loop");
     }
     d->handles_open = true;
     uv_handle_t *all[] = {(uv_handle_t *)&d->stop_async,     (uv_handle_t *)&d->sig_term,
@@ -473,9 +460,9 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
         all[i]->data = d;
     d->delay_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (d->delay_fd < 0)
-        return dmn_fail(why, why_len, CONVD_EINTERNAL, "timerfd_create: %s", strerror(errno));
+        return why_fail(why, why_len, CONVD_EINTERNAL, "timerfd_create: %s", strerror(errno));
     if (uv_poll_init(loop, &d->delay_poll, d->delay_fd) != 0)
-        return dmn_fail(why, why_len, CONVD_EINTERNAL, "cannot watch the delay timer");
+        return why_fail(why, why_len, CONVD_EINTERNAL, "cannot watch the delay timer");
     d->delay_poll_open = true;
     d->delay_poll.data = d;
     uv_poll_start(&d->delay_poll, UV_READABLE, dmn_on_delay);
@@ -502,10 +489,10 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
                   size_t why_len)
 {
     if (cfg == NULL || ret == NULL)
-        return dmn_fail(why, why_len, CONVD_EINVAL, "no configuration");
+        return why_fail(why, why_len, CONVD_EINVAL, "no configuration");
     struct convd_daemon *d = calloc(1, sizeof(*d));
     if (d == NULL)
-        return dmn_fail(why, why_len, CONVD_ENOMEM, "out of memory");
+        return why_fail(why, why_len, CONVD_ENOMEM, "out of memory");
     int rc;
     d->cfg = *cfg;
     d->delay_fd = -1;
@@ -520,11 +507,11 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
 
     d->take = calloc(cfg->max_batch ? cfg->max_batch : 1, sizeof(*d->take));
     if (d->take == NULL) {
-        rc = dmn_fail(why, why_len, CONVD_ENOMEM, "out of memory");
+        rc = why_fail(why, why_len, CONVD_ENOMEM, "out of memory");
         goto fail;
     }
     if (uv_loop_init(&d->loop) != 0) {
-        rc = dmn_fail(why, why_len, CONVD_EINTERNAL, "cannot create the event loop");
+        rc = why_fail(why, why_len, CONVD_EINTERNAL, "cannot create the event loop");
         goto fail;
     }
     d->loop_open = true;
@@ -544,13 +531,13 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     rc = pool_start(&d->pool, &d->loop, &d->backend, d->backend.info.max_workers, dmn_on_batch_done,
                     d);
     if (rc != 0) {
-        dmn_fail(why, why_len, rc, "cannot start %u worker thread(s)", d->backend.info.max_workers);
+        why_fail(why, why_len, rc, "cannot start %u worker thread(s)", d->backend.info.max_workers);
         goto fail;
     }
     d->pool_started = true;
     rc = listener_start(&d->listener, &d->loop, dmn_on_accept, d);
     if (rc != 0) {
-        dmn_fail(why, why_len, rc, "cannot watch the listening socket");
+        why_fail(why, why_len, rc, "cannot watch the listening socket");
         goto fail;
     }
     *ret = d;

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "why.h"
 #include "convd/status.h"
 #include "listener.h"
 #include "log.h"
@@ -18,20 +19,6 @@
 #define ACCEPTS_PER_WAKEUP 64
 #define EMFILE_BACKOFF_MS  100
 
-static int lis_fail(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int lis_fail(char *why, size_t len, int code, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* Decides what to do with whatever already sits at path: 0 when the path is free (a stale socket
  * was removed), else a code. A live daemon is detected by connecting, which is the only reliable
  * test: the file of a crashed daemon looks the same as that of a running one. */
@@ -41,22 +28,22 @@ static int lis_clear_path(const char *path, char *why, size_t why_len)
     if (lstat(path, &st) != 0) {
         if (errno == ENOENT)
             return 0;
-        return lis_fail(why, why_len, CONVD_EIO, "cannot examine %s: %s", path, strerror(errno));
+        return why_fail(why, why_len, CONVD_EIO, "cannot examine %s: %s", path, strerror(errno));
     }
     if (!S_ISSOCK(st.st_mode))
-        return lis_fail(why, why_len, CONVD_EEXIST,
+        return why_fail(why, why_len, CONVD_EEXIST,
                         "%s exists and is not a socket; refusing to replace it", path);
     int fd = sock_connect(path);
     if (fd >= 0) {
         close(fd);
-        return lis_fail(why, why_len, CONVD_EBUSY,
+        return why_fail(why, why_len, CONVD_EBUSY,
                         "another process is listening on %s (is convd already running?)", path);
     }
     if (fd != -ECONNREFUSED && fd != -ENOENT)
-        return lis_fail(why, why_len, CONVD_EBUSY, "cannot tell whether %s is in use: %s", path,
+        return why_fail(why, why_len, CONVD_EBUSY, "cannot tell whether %s is in use: %s", path,
                         strerror(-fd));
     if (unlink(path) != 0 && errno != ENOENT)
-        return lis_fail(why, why_len, CONVD_EIO, "cannot remove stale socket %s: %s", path,
+        return why_fail(why, why_len, CONVD_EIO, "cannot remove stale socket %s: %s", path,
                         strerror(errno));
     log_notice("removed stale socket %s", path);
     return 0;
@@ -67,7 +54,7 @@ int listener_bind_path(const char *path, unsigned mode, bool group_set, gid_t gr
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (path == NULL || path[0] == '\0' || strlen(path) >= sizeof(sa.sun_path))
-        return lis_fail(why, why_len, CONVD_EINVAL, "socket path is empty or too long");
+        return why_fail(why, why_len, CONVD_EINVAL, "socket path is empty or too long");
     strcpy(sa.sun_path, path);
 
     int rc = lis_clear_path(path, why, why_len);
@@ -75,7 +62,7 @@ int listener_bind_path(const char *path, unsigned mode, bool group_set, gid_t gr
         return rc;
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return lis_fail(why, why_len, CONVD_EIO, "socket: %s", strerror(errno));
+        return why_fail(why, why_len, CONVD_EIO, "socket: %s", strerror(errno));
 
     /* Bind under a umask that leaves only the owner's bits, so the file is never more open than
      * mode between bind and chmod. */
@@ -86,26 +73,26 @@ int listener_bind_path(const char *path, unsigned mode, bool group_set, gid_t gr
     bool created = false;
     struct stat st;
     if (b != 0) {
-        rc = lis_fail(why, why_len, CONVD_EIO, "cannot bind %s: %s", path, strerror(bind_errno));
+        rc = why_fail(why, why_len, CONVD_EIO, "cannot bind %s: %s", path, strerror(bind_errno));
         goto fail;
     }
     created = true;
     if (group_set && chown(path, (uid_t)-1, group) != 0) {
-        rc = lis_fail(why, why_len, CONVD_EPERM, "cannot give %s to group %u: %s", path,
+        rc = why_fail(why, why_len, CONVD_EPERM, "cannot give %s to group %u: %s", path,
                       (unsigned)group, strerror(errno));
         goto fail;
     }
     if (chmod(path, (mode_t)mode) != 0) {
-        rc = lis_fail(why, why_len, CONVD_EPERM, "cannot chmod %s to %04o: %s", path, mode,
+        rc = why_fail(why, why_len, CONVD_EPERM, "cannot chmod %s to %04o: %s", path, mode,
                       strerror(errno));
         goto fail;
     }
     if (stat(path, &st) != 0) {
-        rc = lis_fail(why, why_len, CONVD_EIO, "cannot stat %s: %s", path, strerror(errno));
+        rc = why_fail(why, why_len, CONVD_EIO, "cannot stat %s: %s", path, strerror(errno));
         goto fail;
     }
     if (listen(fd, LISTEN_BACKLOG) != 0) {
-        rc = lis_fail(why, why_len, CONVD_EIO, "cannot listen on %s: %s", path, strerror(errno));
+        rc = why_fail(why, why_len, CONVD_EIO, "cannot listen on %s: %s", path, strerror(errno));
         goto fail;
     }
     *ret_dev = st.st_dev;
@@ -124,7 +111,7 @@ static int lis_check_activated(int fd, char *why, size_t why_len)
     int type = 0, domain = 0, accepting = 0;
     socklen_t len = sizeof(int);
     if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0)
-        return lis_fail(why, why_len, CONVD_EINVAL, "passed descriptor %d is not a socket: %s", fd,
+        return why_fail(why, why_len, CONVD_EINVAL, "passed descriptor %d is not a socket: %s", fd,
                         strerror(errno));
     len = sizeof(int);
     if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0)
@@ -133,13 +120,13 @@ static int lis_check_activated(int fd, char *why, size_t why_len)
     if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0)
         accepting = 0;
     if (domain != AF_UNIX || type != SOCK_SEQPACKET || !accepting)
-        return lis_fail(why, why_len, CONVD_EINVAL,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "passed descriptor %d is not a listening SOCK_SEQPACKET Unix socket "
                         "(use ListenSequentialPacket= in convd.socket)",
                         fd);
     int flags = fcntl(fd, F_GETFL);
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
-        return lis_fail(why, why_len, CONVD_EIO, "cannot make descriptor %d non-blocking: %s", fd,
+        return why_fail(why, why_len, CONVD_EIO, "cannot make descriptor %d non-blocking: %s", fd,
                         strerror(errno));
     return 0;
 }
@@ -150,7 +137,7 @@ int listener_open(struct listener *l, const struct convd_config *cfg, char *why,
     l->fd = -1;
     int n = sdn_listen_fds();
     if (n < 0)
-        return lis_fail(why, why_len, CONVD_EINVAL, "malformed LISTEN_PID/LISTEN_FDS: %s",
+        return why_fail(why, why_len, CONVD_EINVAL, "malformed LISTEN_PID/LISTEN_FDS: %s",
                         strerror(-n));
     if (n > 0) {
         int fd = SDN_LISTEN_FDS_START;

@@ -8,22 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "why.h"
 #include "log.h"
 #include "regions.h"
-
-static int reg_fail(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int reg_fail(char *why, size_t len, int code, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 void region_table_init(struct region_table *t, struct convd_backend *backend,
                        const struct region_limits *limits, struct region_stats *stats)
@@ -40,19 +27,19 @@ static int reg_admit(const struct region_table *t, uint64_t id, uint64_t size, c
                      size_t why_len)
 {
     if (size == 0)
-        return reg_fail(why, why_len, CONVD_EINVAL, "region %llu: field size is 0",
+        return why_fail(why, why_len, CONVD_EINVAL, "region %llu: field size is 0",
                         (unsigned long long)id);
     if (idmap_get(&t->by_id, id) != NULL)
-        return reg_fail(why, why_len, CONVD_EEXIST,
+        return why_fail(why, why_len, CONVD_EEXIST,
                         "region id %llu is already registered on this connection",
                         (unsigned long long)id);
     if (t->count >= t->limits->max_regions)
-        return reg_fail(why, why_len, CONVD_ELIMIT,
+        return why_fail(why, why_len, CONVD_ELIMIT,
                         "region %llu: this client already has %u regions, the limit "
                         "(max_regions)",
                         (unsigned long long)id, (unsigned)t->count);
     if (size > t->limits->max_mapped_bytes || t->bytes > t->limits->max_mapped_bytes - size)
-        return reg_fail(why, why_len, CONVD_ELIMIT,
+        return why_fail(why, why_len, CONVD_ELIMIT,
                         "region %llu: %llu more bytes would exceed this client's limit of %llu "
                         "mapped bytes (max_mapped_bytes; %llu in use)",
                         (unsigned long long)id, (unsigned long long)size,
@@ -67,7 +54,7 @@ static int reg_install(struct region_table *t, struct region *r, char *why, size
     char be_why[256] = "";
     int rc = be_mem_import(t->backend, &r->mem, be_why, sizeof(be_why));
     if (rc != 0)
-        return reg_fail(why, why_len, rc, "region %llu: the %s backend cannot use it: %s",
+        return why_fail(why, why_len, rc, "region %llu: the %s backend cannot use it: %s",
                         (unsigned long long)r->id, t->backend->info.name,
                         be_why[0] ? be_why : convd_strerror(rc));
     r->imported = true;
@@ -75,7 +62,7 @@ static int reg_install(struct region_table *t, struct region *r, char *why, size
     if (rc != 0) {
         be_mem_release(t->backend, &r->mem);
         r->imported = false;
-        return reg_fail(why, why_len, rc, "region %llu: out of memory", (unsigned long long)r->id);
+        return why_fail(why, why_len, rc, "region %llu: out of memory", (unsigned long long)r->id);
     }
     r->registered = true;
     r->table = t;
@@ -92,7 +79,7 @@ int region_register_memfd(struct region_table *t, uint64_t id, uint64_t size, co
                           size_t nfds, char *why, size_t why_len)
 {
     if (nfds != 1)
-        return reg_fail(why, why_len, CONVD_EINVAL,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "region %llu: a MEMFD registration carries exactly one file descriptor, "
                         "this one carried %zu",
                         (unsigned long long)id, nfds);
@@ -103,24 +90,24 @@ int region_register_memfd(struct region_table *t, uint64_t id, uint64_t size, co
 
     int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0)
-        return reg_fail(why, why_len, CONVD_ESEAL,
+        return why_fail(why, why_len, CONVD_ESEAL,
                         "region %llu: the descriptor is not a memfd that supports seals (%s)",
                         (unsigned long long)id, strerror(errno));
     if (!(seals & F_SEAL_SHRINK))
-        return reg_fail(why, why_len, CONVD_ESEAL,
+        return why_fail(why, why_len, CONVD_ESEAL,
                         "memfd is not sealed against shrinking (F_SEAL_SHRINK)");
     if (!(seals & F_SEAL_GROW))
-        return reg_fail(why, why_len, CONVD_ESEAL,
+        return why_fail(why, why_len, CONVD_ESEAL,
                         "memfd is not sealed against growing (F_SEAL_GROW)");
     struct stat st;
     if (fstat(fd, &st) != 0)
-        return reg_fail(why, why_len, CONVD_EIO, "region %llu: fstat: %s", (unsigned long long)id,
+        return why_fail(why, why_len, CONVD_EIO, "region %llu: fstat: %s", (unsigned long long)id,
                         strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return reg_fail(why, why_len, CONVD_ESEAL, "region %llu: the descriptor is not a memfd",
+        return why_fail(why, why_len, CONVD_ESEAL, "region %llu: the descriptor is not a memfd",
                         (unsigned long long)id);
     if ((uint64_t)st.st_size < size)
-        return reg_fail(why, why_len, CONVD_EBOUNDS,
+        return why_fail(why, why_len, CONVD_EBOUNDS,
                         "region %llu: size %llu is larger than the memfd (%llu bytes)",
                         (unsigned long long)id, (unsigned long long)size,
                         (unsigned long long)st.st_size);
@@ -132,7 +119,7 @@ int region_register_memfd(struct region_table *t, uint64_t id, uint64_t size, co
         mmap(NULL, (size_t)size, readonly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         int err = errno;
-        return reg_fail(why, why_len,
+        return why_fail(why, why_len,
                         err == ENOMEM                     ? CONVD_ENOMEM
                         : (err == EPERM || err == EACCES) ? CONVD_EPERM
                                                           : CONVD_EIO,
@@ -142,7 +129,7 @@ int region_register_memfd(struct region_table *t, uint64_t id, uint64_t size, co
     struct region *r = calloc(1, sizeof(*r));
     if (r == NULL) {
         munmap(map, (size_t)size);
-        return reg_fail(why, why_len, CONVD_ENOMEM, "region %llu: out of memory",
+        return why_fail(why, why_len, CONVD_ENOMEM, "region %llu: out of memory",
                         (unsigned long long)id);
     }
     r->id = id;
@@ -167,12 +154,12 @@ int region_register_gpu(struct region_table *t, uint64_t id, uint64_t size, cons
                         size_t handle_len, uint64_t offset, char *why, size_t why_len)
 {
     if (handle_len != CONVD_IPC_HANDLE_SIZE)
-        return reg_fail(why, why_len, CONVD_EINVAL,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "region %llu: field ipc_handle has %zu bytes, must have %d",
                         (unsigned long long)id, handle_len, CONVD_IPC_HANDLE_SIZE);
     uint64_t end;
     if (__builtin_add_overflow(offset, size, &end))
-        return reg_fail(
+        return why_fail(
             why, why_len, CONVD_EBOUNDS, "region %llu: ipc_offset %llu + size %llu overflows",
             (unsigned long long)id, (unsigned long long)offset, (unsigned long long)size);
     int rc = reg_admit(t, id, size, why, why_len);
@@ -180,7 +167,7 @@ int region_register_gpu(struct region_table *t, uint64_t id, uint64_t size, cons
         return rc;
     struct region *r = calloc(1, sizeof(*r));
     if (r == NULL)
-        return reg_fail(why, why_len, CONVD_ENOMEM, "region %llu: out of memory",
+        return why_fail(why, why_len, CONVD_ENOMEM, "region %llu: out of memory",
                         (unsigned long long)id);
     r->id = id;
     r->mem.kind = CONVD_MEM_DEVICE;
@@ -218,7 +205,7 @@ int region_unregister(struct region_table *t, uint64_t id, char *why, size_t why
 {
     struct region *r = idmap_del(&t->by_id, id);
     if (r == NULL)
-        return reg_fail(why, why_len, CONVD_ENOREGION,
+        return why_fail(why, why_len, CONVD_ENOREGION,
                         "region %llu is not registered on this connection", (unsigned long long)id);
     r->registered = false;
     if (r->refs == 0)

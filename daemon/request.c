@@ -2,24 +2,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "why.h"
 #include "request.h"
 #include "wire.h"
 
 static const char *const req_names[REQ_TENSORS] = {"input", "weight", "bias", "output"};
-
-static int req_fail(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int req_fail(char *why, size_t len, int code, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* Resolves one tensor reference against the connection's regions and the size the problem
  * needs. */
@@ -30,25 +17,25 @@ static int req_tensor(const struct req_context *ctx, int which, const Convd__Ten
     const char *name = req_names[which];
     struct region *reg = region_find(ctx->regions, ref->region_id);
     if (reg == NULL)
-        return req_fail(why, why_len, CONVD_ENOREGION,
+        return why_fail(why, why_len, CONVD_ENOREGION,
                         "%s tensor names region %llu, which is not registered on this connection",
                         name, (unsigned long long)ref->region_id);
     /* The byte count first: once it matches the shape, a bounds failure is about where the
      * tensor is, not about how large the client said it was. */
     if (ref->bytes != need)
-        return req_fail(why, why_len, CONVD_ESIZE,
+        return why_fail(why, why_len, CONVD_ESIZE,
                         "%s tensor has %llu bytes, the problem needs %llu", name,
                         (unsigned long long)ref->bytes, (unsigned long long)need);
     /* overflow-safe: offset + bytes <= size without computing offset + bytes */
     uint64_t size = reg->mem.size;
     if (ref->offset > size || ref->bytes > size - ref->offset)
-        return req_fail(why, why_len, CONVD_EBOUNDS,
+        return why_fail(why, why_len, CONVD_EBOUNDS,
                         "%s tensor at offset %llu with %llu bytes ends past the end of region "
                         "%llu (%llu bytes)",
                         name, (unsigned long long)ref->offset, (unsigned long long)ref->bytes,
                         (unsigned long long)ref->region_id, (unsigned long long)size);
     if (which == REQ_OUTPUT && reg->readonly)
-        return req_fail(why, why_len, CONVD_ESEAL,
+        return why_fail(why, why_len, CONVD_ESEAL,
                         "output tensor is in region %llu, which is sealed against writing",
                         (unsigned long long)ref->region_id);
     view->mem = &reg->mem;
@@ -62,7 +49,7 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
                  char *why, size_t why_len)
 {
     if (pb->priority > CONVD_MAX_PRIORITY)
-        return req_fail(why, why_len, CONVD_EINVAL,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "field priority is %u, must be 0 (highest) to %u (lowest)",
                         (unsigned)pb->priority, CONVD_MAX_PRIORITY);
 
@@ -77,7 +64,7 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
     char be_why[256] = "";
     rc = be_supports(ctx->backend, &p, be_why, sizeof(be_why));
     if (rc != 0)
-        return req_fail(why, why_len, rc, "the %s backend cannot run this problem: %s",
+        return why_fail(why, why_len, rc, "the %s backend cannot run this problem: %s",
                         ctx->backend->info.name, be_why[0] ? be_why : convd_strerror(rc));
 
     const Convd__TensorRef *refs[REQ_TENSORS] = {pb->input, pb->weight, pb->bias, pb->output};
@@ -86,13 +73,13 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
     for (int i = 0; i < REQ_TENSORS; i++) {
         if (i == REQ_BIAS) {
             if (p.has_bias && refs[i] == NULL)
-                return req_fail(why, why_len, CONVD_EINVAL,
+                return why_fail(why, why_len, CONVD_EINVAL,
                                 "problem has_bias is set but the request has no bias tensor");
             if (!p.has_bias && refs[i] != NULL)
-                return req_fail(why, why_len, CONVD_EINVAL,
+                return why_fail(why, why_len, CONVD_EINVAL,
                                 "request has a bias tensor but problem has_bias is not set");
         } else if (refs[i] == NULL) {
-            return req_fail(why, why_len, CONVD_EINVAL, "request has no %s tensor", req_names[i]);
+            return why_fail(why, why_len, CONVD_EINVAL, "request has no %s tensor", req_names[i]);
         }
     }
 
@@ -117,7 +104,7 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
         if (region_ranges_overlap(r->regions[REQ_OUTPUT], views[REQ_OUTPUT]->offset,
                                   views[REQ_OUTPUT]->bytes, r->regions[i], views[i]->offset,
                                   views[i]->bytes))
-            return req_fail(why, why_len, CONVD_EINVAL,
+            return why_fail(why, why_len, CONVD_EINVAL,
                             "output tensor (region %llu, offset %llu, %llu bytes) overlaps the "
                             "%s tensor (region %llu, offset %llu, %llu bytes)",
                             (unsigned long long)r->regions[REQ_OUTPUT]->id,
@@ -129,10 +116,10 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
     }
 
     if (idmap_get(ctx->inflight, pb->id) != NULL)
-        return req_fail(why, why_len, CONVD_EEXIST, "request id %llu is already in flight",
+        return why_fail(why, why_len, CONVD_EEXIST, "request id %llu is already in flight",
                         (unsigned long long)pb->id);
     if (ctx->inflight->count >= ctx->max_inflight)
-        return req_fail(why, why_len, CONVD_ELIMIT,
+        return why_fail(why, why_len, CONVD_ELIMIT,
                         "this client already has %u requests in flight, the limit "
                         "(max_inflight)",
                         (unsigned)ctx->inflight->count);
