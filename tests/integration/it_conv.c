@@ -199,6 +199,64 @@ static void test_pipelined_hundreds(void **state)
     convd_close(c);
 }
 
+/* Thousands of small requests back to back, alternating between shapes that split into few and
+ * many parallel tasks on the CPU backend, each output checked: the daemon's worker runs one
+ * problem after another with no pause, the pattern that races a thread pool's run hand-over. */
+static void test_thousands_back_to_back(void **state)
+{
+    (void)state;
+    convd_client *c = it_connect(&daemon_, "it-back-to-back");
+    enum { SLOTS = 32, TOTAL = 3000 };
+    struct convd_problem shapes[2];
+    convd_problem_init(&shapes[0], 1, 4, 4, 4, 4, 1, 1, 1);
+    convd_problem_init(&shapes[1], 2, 12, 12, 16, 16, 3, 3, 4);
+    shapes[1].pad_top = shapes[1].pad_bottom = shapes[1].pad_left = shapes[1].pad_right = 1;
+    shapes[1].layout = CONVD_LAYOUT_NHWC;
+    struct it_case cases[SLOTS];
+    uint64_t ids[SLOTS], total = 0;
+    for (int i = 0; i < SLOTS; i++)
+        total += it_case_span(&shapes[i % 2]);
+    convd_region *r = NULL;
+    assert_int_equal(convd_region_create(c, total, &r), 0);
+    uint64_t off = 0;
+    for (int i = 0; i < SLOTS; i++) {
+        it_case_init(&cases[i], r, off, &shapes[i % 2], it_rng());
+        off += cases[i].span;
+    }
+    int submitted = 0, completed = 0;
+    for (; submitted < SLOTS; submitted++) {
+        struct convd_conv_args a;
+        it_case_args(&cases[submitted], &a);
+        assert_int_equal(convd_conv_submit(c, &a, &ids[submitted]), 0);
+    }
+    while (completed < TOTAL) {
+        struct convd_completion done;
+        int rc = convd_wait_any(c, IT_TIMEOUT_MS, &done);
+        if (rc != 0)
+            fail_msg("after %d of %d completions: %s (%s)", completed, TOTAL, convd_status_name(rc),
+                     convd_errstr(c));
+        int i = 0;
+        while (i < SLOTS && ids[i] != done.id)
+            i++;
+        assert_true(i < SLOTS);
+        if (done.status != 0)
+            fail_msg("request %d: %s (%s)", completed, convd_status_name(done.status), done.error);
+        it_case_check(&cases[i]);
+        completed++;
+        if (submitted < TOTAL) {
+            tu_poison((uint8_t *)convd_region_data(r) + cases[i].off_out, cases[i].sz.output_bytes);
+            struct convd_conv_args a;
+            it_case_args(&cases[i], &a);
+            assert_int_equal(convd_conv_submit(c, &a, &ids[i]), 0);
+            submitted++;
+        }
+    }
+    for (int i = 0; i < SLOTS; i++)
+        it_case_fini(&cases[i]);
+    assert_int_equal(convd_region_free(r), 0);
+    convd_close(c);
+}
+
 /* The event-loop interface: poll() on convd_client_fd, convd_client_process, convd_poll. */
 static void test_event_loop_interface(void **state)
 {
@@ -758,6 +816,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_every_dtype_layout_epilogue),
         cmocka_unit_test(test_pipelined_hundreds),
+        cmocka_unit_test(test_thousands_back_to_back),
         cmocka_unit_test(test_event_loop_interface),
         cmocka_unit_test(test_blocking_conv),
         cmocka_unit_test(test_region_cycles),
