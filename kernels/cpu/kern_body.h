@@ -682,7 +682,7 @@ static ALWAYS_INLINE void KERN(interleave)(vf *acc, vf *out, const int M)
 
 /* The multiply-adds of one tap for P pixels: rotations for whole groups (MI > 1), one
  * accumulator per group output for a multiplier. */
-static ALWAYS_INLINE void KERN(cv_fmas)(vf acc[4][8], const vf *xv, const float *w, const int MI,
+static ALWAYS_INLINE void KERN(cv_fmas)(vf acc[4][16], const vf *xv, const float *w, const int MI,
                                         const int NA, const int P)
 {
     if (MI > 1) {
@@ -718,7 +718,7 @@ static ALWAYS_INLINE void KERN(cv_block)(const struct cpu_plan *pl, const void *
     const int NA = MI > 1 ? 1 : MO; /* accumulators per pixel */
     if (FULL)
         ncl = VL;
-    vf acc[4][8];
+    vf acc[4][16];
 #pragma GCC unroll 16
     for (int a = 0; a < NA; a++)
 #pragma GCC unroll 16
@@ -738,7 +738,7 @@ static ALWAYS_INLINE void KERN(cv_block)(const struct cpu_plan *pl, const void *
         if (SHIFT) {
             /* stride 1, no dilation: tap s + 1 of pixel q is tap s of pixel q + 1, so the
              * window of inputs shifts by one pixel per tap and only one new vector is loaded */
-            vf xv[8];
+            vf xv[16];
             ptrdiff_t eq = e;
 #pragma GCC unroll 16
             for (int q = 0; q < P; q++, eq += C)
@@ -756,16 +756,23 @@ static ALWAYS_INLINE void KERN(cv_block)(const struct cpu_plan *pl, const void *
             continue;
         }
         for (int s = 0; s < S; s++, e += dstep, w += wtap) {
-            if (CHECK) {
-                const int iw = iw0 + s * p->dil_w;
-                if (iw < 0 || iw >= W)
-                    continue;
-            }
-            vf xv[8];
+            vf xv[16];
             ptrdiff_t eq = e;
+            if (CHECK) {
+                /* border block: a tap outside the image contributes zero */
+                const int iws = iw0 + s * p->dil_w;
+                if (iws + (P - 1) * p->stride_w < 0 || iws >= W)
+                    continue;
 #pragma GCC unroll 16
-            for (int q = 0; q < P; q++, eq += step)
-                xv[q] = KERN(vload)(DT, x, (size_t)eq, ncl);
+                for (int q = 0; q < P; q++, eq += step) {
+                    const int iw = iws + q * p->stride_w;
+                    xv[q] = iw >= 0 && iw < W ? KERN(vload)(DT, x, (size_t)eq, ncl) : (vf){0};
+                }
+            } else {
+#pragma GCC unroll 16
+                for (int q = 0; q < P; q++, eq += step)
+                    xv[q] = KERN(vload)(DT, x, (size_t)eq, ncl);
+            }
             KERN(cv_fmas)(acc, xv, w, MI, NA, P);
         }
     }
@@ -793,9 +800,15 @@ static ALWAYS_INLINE void KERN(cv_block)(const struct cpu_plan *pl, const void *
     }
 }
 
-/* One output row over channel vectors [v0, v1): interior pixels in blocks of P, the rest one by
- * one with checks. The channel vectors are the innermost loop, so that the pixels of a block are
- * read whole (all their channels) while they are in L1. */
+/* One output row over channel vectors [v0, v1). Interior pixels (every tap inside the image)
+ * run in register blocks of P, then 4, then 1; border pixels in blocks of 4 (then 1) whose
+ * taps outside the image read zeros. Enough independent accumulators keep the FMA pipes busy
+ * at the borders too, which matters for large filters (7x7 has 6 border pixels per row). The
+ * channel vectors are the innermost loop, so that a block's pixels are read whole (all their
+ * channels) while they are in L1. */
+#define KERN_CV_BLOCK(PP, CHECK, FULL, SHIFT)                                                      \
+    KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, PP, CHECK, FULL, SHIFT)
+
 static ALWAYS_INLINE void KERN(cv_row)(const struct cpu_plan *pl, const void *x, const float *wp,
                                        const vf *bias, void *y, int n, int oh, int v0, int v1,
                                        const enum convd_dtype DT, const int MI, const int MO,
@@ -808,27 +821,31 @@ static ALWAYS_INLINE void KERN(cv_row)(const struct cpu_plan *pl, const void *x,
     const bool shift = p->stride_w == 1 && p->dil_w == 1;
     int ow = 0;
     while (ow < pl->ow) {
-        const bool check = ow < lo || ow >= hi;
-        const bool block = !check && ow + P <= hi;
+        /* a full block of P interior pixels, else a checked block of 4 (or 1 at the very end)
+         * that may reach into the interior: the borders and the interior's remainder */
+        const bool border = !(ow >= lo && ow + P <= hi);
+        const int pp = border ? (ow + 4 <= pl->ow ? 4 : 1) : P;
         for (int v = v0; v < v1; v++) {
             const int c0 = v * VL, k0 = c0 * (MI > 1 ? 1 : MO);
             const int ncl = p->c - c0 < VL ? p->c - c0 : VL;
             const float *w = wp + (size_t)(v - v0) * wvec;
             const vf *b = bias + (size_t)(v - v0) * MO;
             const bool full = v - v0 < nfull;
-            if (block && full && shift)
-                KERN(cv_block)
-            (pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P, false, true, true);
-            else if (block && full) KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI,
-                                                   MO, P, false, true, false);
-            else if (block) KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, P,
-                                           false, false, false);
-            else KERN(cv_block)(pl, x, w, b, y, n, oh, ow, c0, k0, ncl, DT, MI, MO, 1, check, false,
-                                false);
+            if (border && pp == 4)
+                KERN_CV_BLOCK(4, true, false, false);
+            else if (border)
+                KERN_CV_BLOCK(1, true, false, false);
+            else if (full && shift)
+                KERN_CV_BLOCK(P, false, true, true);
+            else if (full)
+                KERN_CV_BLOCK(P, false, true, false);
+            else
+                KERN_CV_BLOCK(P, false, false, false);
         }
-        ow += block ? P : 1;
+        ow += pp;
     }
 }
+#undef KERN_CV_BLOCK
 
 /* Weights of channel vector `cv` in kernel order [tap][d or j][VL] as fp32, and its bias. */
 static ALWAYS_INLINE void KERN(cv_pack_dt)(const struct cpu_plan *pl, const void *w,
@@ -877,6 +894,7 @@ static ALWAYS_INLINE void KERN(cv_task_m)(const struct cpu_job_ctx *j, size_t ta
     const int oh1 = pl->oh - oh0 < pl->bh ? pl->oh : oh0 + pl->bh;
     const int nvec = (p->c + VL - 1) / VL; /* vectors over the input channels */
     const int v0 = cblk * pl->cb, v1 = v0 + pl->cb < nvec ? v0 + pl->cb : nvec;
+    /* pixels per register block: P accumulators (times MO) and P inputs in registers */
     const int P = MI > 1 ? (VL == 16 ? 8 : 4) : (MO == 1 ? (VL == 16 ? 8 : 6) : 4);
     const int m = MI > 1 ? MI : MO;
     /* scratch: biases (MO vectors per channel vector) | weights */
