@@ -32,8 +32,10 @@ struct bench_ref {
 
 struct bench_opts {
     const char *shapes;
-    const char *pytorch;
+    const char *pytorch; /* comma-separated CSVs; the fastest per row counts */
     const char *pytorch_label;
+    const char *ours; /* report these CSVs of earlier --csv passes instead of timing */
+    bool csv;
     const char *only;
     const char *isa;
     enum cpu_algo algo;
@@ -47,21 +49,25 @@ struct bench_opts {
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f, "usage: convd-bench-cpu [options]\n"
-               "  --shapes FILE     shapes CSV (default bench/shapes.csv)\n"
-               "  --n N             batch size (default 1; 0 keeps the CSV's)\n"
-               "  --dtype T         fp32, fp16 or bf16 (default fp32)\n"
-               "  --layouts L       nchw,nhwc (default both)\n"
-               "  --threads T       threads (default 2; 0: one per CPU)\n"
-               "  --runs N          timed runs, the median is reported (default 15)\n"
-               "  --warmup N        untimed runs first (default 3)\n"
-               "  --pytorch FILE    PyTorch times (CSV from pytorch_cpu.py) to compare with\n"
-               "  --pytorch-label S where those times come from (printed under the table)\n"
-               "  --only NAME       only this shape\n"
-               "  --isa NAME        kernel variant: avx512, avx2 or generic (default: the best)\n"
-               "  --algo A          force an algorithm: planar or cv (default: the planner's)\n"
-               "  --min             report the fastest run instead of the median (for A/B work\n"
-               "                    on a busy machine; the PyTorch column stays a median)\n");
+    fprintf(f,
+            "usage: convd-bench-cpu [options]\n"
+            "  --shapes FILE     shapes CSV (default bench/shapes.csv)\n"
+            "  --n N             batch size (default 1; 0 keeps the CSV's)\n"
+            "  --dtype T         fp32, fp16 or bf16 (default fp32)\n"
+            "  --layouts L       nchw,nhwc (default both)\n"
+            "  --threads T       threads (default 2; 0: one per CPU)\n"
+            "  --runs N          timed runs, the median is reported (default 15)\n"
+            "  --warmup N        untimed runs first (default 3)\n"
+            "  --pytorch F[,F]   PyTorch times (CSVs from pytorch_cpu.py) to compare with;\n"
+            "                    with several passes the fastest per row counts\n"
+            "  --csv             print CSV rows (as pytorch_cpu.py does) instead of the table\n"
+            "  --ours F[,F]      report earlier --csv passes (fastest per row) instead of timing\n"
+            "  --pytorch-label S where those times come from (printed under the table)\n"
+            "  --only NAME       only this shape\n"
+            "  --isa NAME        kernel variant: avx512, avx2 or generic (default: the best)\n"
+            "  --algo A          force an algorithm: planar or cv (default: the planner's)\n"
+            "  --min             report the fastest run instead of the median (for A/B work\n"
+            "                    on a busy machine; the PyTorch column stays a median)\n");
 }
 
 static double bench_now_ms(void)
@@ -173,13 +179,34 @@ static int bench_read_refs(const char *path, struct bench_ref *refs, int max)
     return count;
 }
 
+/* Fastest time for (shape, layout) over all rows, or 0 when there is none. */
 static double bench_ref_ms(const struct bench_ref *refs, int nrefs, const char *shape,
                            const char *layout)
 {
+    double best = 0.0;
     for (int i = 0; i < nrefs; i++)
-        if (strcmp(refs[i].shape, shape) == 0 && strcmp(refs[i].layout, layout) == 0)
-            return refs[i].ms;
-    return 0.0;
+        if (strcmp(refs[i].shape, shape) == 0 && strcmp(refs[i].layout, layout) == 0 &&
+            refs[i].ms > 0 && (best == 0.0 || refs[i].ms < best))
+            best = refs[i].ms;
+    return best;
+}
+
+/* Reads every CSV of a comma-separated list into refs; returns the row count or -1. */
+static int bench_read_ref_list(const char *list, struct bench_ref *refs, int max, int *ret_files)
+{
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", list);
+    int total = 0, files = 0;
+    for (char *save = NULL, *path = strtok_r(buf, ",", &save); path != NULL;
+         path = strtok_r(NULL, ",", &save)) {
+        int n = bench_read_refs(path, refs + total, max - total);
+        if (n < 0)
+            return -1;
+        total += n;
+        files++;
+    }
+    *ret_files = files;
+    return total;
 }
 
 /* Times one shape in one layout; returns the median ms or a negative value on error. */
@@ -252,6 +279,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         {"warmup", required_argument, NULL, 'w'},
         {"pytorch", required_argument, NULL, 'p'},
         {"pytorch-label", required_argument, NULL, 'L'},
+        {"csv", no_argument, NULL, 'c'},
+        {"ours", required_argument, NULL, 'O'},
         {"only", required_argument, NULL, 'o'},
         {"isa", required_argument, NULL, 'i'},
         {"min", no_argument, NULL, 'm'},
@@ -302,6 +331,12 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         case 'L':
             o->pytorch_label = optarg;
             break;
+        case 'c':
+            o->csv = true;
+            break;
+        case 'O':
+            o->ours = optarg;
+            break;
         case 'o':
             o->only = optarg;
             break;
@@ -349,16 +384,23 @@ int main(int argc, char **argv)
     }
 
     static struct bench_shape shapes[BENCH_MAX_SHAPES];
-    static struct bench_ref refs[BENCH_MAX_REFS];
+    static struct bench_ref refs[BENCH_MAX_REFS], ours[BENCH_MAX_REFS];
     int nshapes = bench_read_shapes(o.shapes, shapes, BENCH_MAX_SHAPES);
     if (nshapes < 0)
         return 1;
-    int nrefs = 0;
-    if (o.pytorch != NULL && (nrefs = bench_read_refs(o.pytorch, refs, BENCH_MAX_REFS)) < 0)
+    int nrefs = 0, nours = 0, ref_passes = 0, our_passes = 0;
+    if (o.pytorch != NULL &&
+        (nrefs = bench_read_ref_list(o.pytorch, refs, BENCH_MAX_REFS, &ref_passes)) < 0)
+        return 1;
+    if (o.ours != NULL &&
+        (nours = bench_read_ref_list(o.ours, ours, BENCH_MAX_REFS, &our_passes)) < 0)
         return 1;
 
-    printf("| shape | layout | ms | GFLOP/s | PyTorch ms | ratio |\n");
-    printf("|---|---|---:|---:|---:|---:|\n");
+    if (o.csv)
+        printf("shape,layout,dtype,n,threads,ms,gflops\n");
+    else
+        printf("| shape | layout | ms | GFLOP/s | PyTorch ms | ratio |\n"
+               "|---|---|---:|---:|---:|---:|\n");
     double ratios_grouped[2 * BENCH_MAX_SHAPES], ratios_all[2 * BENCH_MAX_SHAPES];
     int ngrouped = 0, nall = 0;
     for (int i = 0; i < nshapes; i++) {
@@ -376,14 +418,26 @@ int main(int argc, char **argv)
             p.dil_h = p.dil_w = s->dil;
             p.dtype = o.dtype;
             p.layout = (enum convd_layout)lay;
-            double ms = bench_time(&o, &p, isa);
+            const char *ln = convd_layout_name(p.layout);
+            double ms =
+                o.ours != NULL ? bench_ref_ms(ours, nours, s->name, ln) : bench_time(&o, &p, isa);
             if (ms < 0)
                 return 1;
+            if (ms == 0) {
+                fprintf(stderr, "convd-bench-cpu: no time for %s %s in %s\n", s->name, ln, o.ours);
+                continue;
+            }
             struct convd_problem_sizes z;
             convd_problem_sizes(&p, &z, NULL, 0);
-            const char *ln = convd_layout_name(p.layout);
+            const double gflops = (double)z.flops / (ms * 1e6);
+            if (o.csv) {
+                printf("%s,%s,%s,%d,%d,%.4f,%.1f\n", s->name, ln, convd_dtype_name(o.dtype), p.n,
+                       o.threads, ms, gflops);
+                fflush(stdout);
+                continue;
+            }
             double ref = bench_ref_ms(refs, nrefs, s->name, ln);
-            printf("| %s | %s | %.3f | %.1f |", s->name, ln, ms, (double)z.flops / (ms * 1e6));
+            printf("| %s | %s | %.3f | %.1f |", s->name, ln, ms, gflops);
             if (ref > 0) {
                 double ratio = ref / ms;
                 printf(" %.3f | %.2f |\n", ref, ratio);
@@ -396,16 +450,24 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
     }
+    if (o.csv)
+        return 0;
     printf("\nconvd: %s kernels, %d thread%s, %s, ", isa->name, o.threads,
            o.threads == 1 ? "" : "s", convd_dtype_name(o.dtype));
     if (o.n > 0)
         printf("N=%d,", o.n);
     else
         printf("N from the CSV,");
-    printf(" %s of %d runs after %d warm-ups.", o.use_min ? "fastest" : "median", o.runs, o.warmup);
+    printf(" %s of %d runs after %d warm-ups", o.use_min ? "fastest" : "median", o.runs, o.warmup);
+    if (our_passes > 1)
+        printf(", the faster of %d such passes", our_passes);
+    printf(".");
     if (nall > 0) {
-        printf(" PyTorch: %s.\n", o.pytorch_label != NULL ? o.pytorch_label : o.pytorch);
-        printf("Median ratio (PyTorch ms / convd ms): grouped shapes %.2f (%d), all %.2f (%d).\n",
+        printf(" PyTorch: %s", o.pytorch_label != NULL ? o.pytorch_label : o.pytorch);
+        if (ref_passes > 1)
+            printf(", the faster of %d passes", ref_passes);
+        printf(".\nMedian ratio (PyTorch ms / convd ms): grouped shapes %.2f (%d), all %.2f "
+               "(%d).\n",
                ngrouped > 0 ? bench_median(ratios_grouped, ngrouped) : 0.0, ngrouped,
                bench_median(ratios_all, nall), nall);
     } else {
