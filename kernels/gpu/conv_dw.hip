@@ -110,6 +110,21 @@ __global__ void __launch_bounds__(256)
 
     /* Halo: 16-byte vectors of the block's channels (C is a multiple of the vector). */
     const int vpp = (cbn * es) >> 4;
+    if ((int)blockDim.x % vpp == 0) {
+        /* Fixed 16-byte column per thread, pixels walked (row, column) without divisions. */
+        const int cv = threadIdx.x % vpp, pstep = blockDim.x / vpp;
+        struct gpu_walk wk;
+        gpu_walk_init(&wk, threadIdx.x / vpp, pstep, a.ih, a.iw);
+        for (int pix = threadIdx.x / vpp; pix < hpix;
+             pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
+            const int ih = ih0 + wk.mid, iw = iw0 + wk.lo;
+            const bool valid = convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
+            const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 +
+                                       cv * (16 / es)
+                                 : x;
+            dw_cp16(halo + pix * a.ps + cv * 16, src, valid);
+        }
+    } else
     for (int v = threadIdx.x; v < hpix * vpp; v += blockDim.x) {
         const int pix = v / vpp, cv = v - pix * vpp;
         const int ihl = pix / a.iw, iwl = pix - ihl * a.iw;

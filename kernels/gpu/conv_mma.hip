@@ -179,10 +179,10 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
             const bool cvalid = sgl < it.nsg && c < a.cpgm;
             const T *xc = x + it.ch0 + sgl * a.cpgm + c;
             const int pstep = nthr / vpp;
-            for (int pix = tid / vpp; pix < hpix; pix += pstep) {
-                const int img = pix / ihw, rem = pix - img * ihw;
-                const int ihl = rem / a.iw, iwl = rem - ihl * a.iw;
-                const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
+            struct gpu_walk wk;
+            gpu_walk_init(&wk, tid / vpp, pstep, a.ih, a.iw);
+            for (int pix = tid / vpp; pix < hpix; pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
+                const int n = it.n0 + wk.hi, ih = ih0 + wk.mid, iw = iw0 + wk.lo;
                 const bool valid = cvalid && n < g.n && convd_math_inside(ih, g.h) &&
                                    convd_math_inside(iw, g.w);
                 const T *src = valid ? xc + ((size_t)(n * g.h + ih) * g.w + iw) * g.c : x;
@@ -457,7 +457,19 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             }
             __syncthreads();
             const int tslots = a.th * a.tw;
-            if (NHWC && !a.out_nchw) {
+            if (NHWC && !a.out_nchw && nthr % (a.bn >> 3) == 0) {
+                /* Each thread keeps one 8-channel column and walks output pixels. */
+                const int vpr = a.bn >> 3, c8 = tid % vpr, mstep = nthr / vpr;
+                const int k = it.k0 + c8 * 8;
+                struct gpu_walk wk;
+                gpu_walk_init(&wk, tid / vpr, mstep, a.th, a.tw);
+                for (int m = tid / vpr; m < bm; m += mstep, gpu_walk_step(&wk, a.th, a.tw)) {
+                    const int n = it.n0 + wk.hi, oh = it.oh0 + wk.mid, ow = it.ow0 + wk.lo;
+                    if (wk.hi < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
+                        *(uint4 *)(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + k) =
+                            *(const uint4 *)(stage + m * pitch + c8 * 16);
+                }
+            } else if (NHWC && !a.out_nchw) {
                 const int vpr = a.bn >> 3;
                 for (int v = tid; v < bm * vpr; v += nthr) {
                     const int m = v / vpr, c8 = v - m * vpr;

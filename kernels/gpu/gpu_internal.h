@@ -96,6 +96,44 @@ GPU_D float gpu_epilogue(float acc, float bias, int relu)
     return (relu && acc < 0.0f) ? 0.0f : acc;
 }
 
+/*
+ * A flat index walked with a fixed stride and kept decoded as (hi, mid, lo) with lo < nlo and
+ * mid < nmid: the decode costs divisions once, every step only adds and carries. Loops over
+ * halo pixels and output pixels use it instead of dividing per element.
+ */
+struct gpu_walk {
+    int hi, mid, lo;
+    int shi, smid, slo;
+};
+
+GPU_D void gpu_walk_init(struct gpu_walk *w, int start, int step, int nmid, int nlo)
+{
+    const int plane = nmid * nlo;
+    w->hi = start / plane;
+    const int r = start - w->hi * plane;
+    w->mid = r / nlo;
+    w->lo = r - w->mid * nlo;
+    w->shi = step / plane;
+    const int sr = step - w->shi * plane;
+    w->smid = sr / nlo;
+    w->slo = sr - w->smid * nlo;
+}
+
+GPU_D void gpu_walk_step(struct gpu_walk *w, int nmid, int nlo)
+{
+    w->lo += w->slo;
+    w->mid += w->smid;
+    w->hi += w->shi;
+    if (w->lo >= nlo) {
+        w->lo -= nlo;
+        w->mid++;
+    }
+    if (w->mid >= nmid) {
+        w->mid -= nmid;
+        w->hi++;
+    }
+}
+
 /* Device limits, read once per device. */
 struct gpu_device_info {
     int sm_count;
