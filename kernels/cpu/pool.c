@@ -45,6 +45,10 @@ struct cpu_pool {
     _Atomic size_t next; /* next task to hand out */
     _Atomic size_t done; /* tasks finished */
     _Atomic int in_run;  /* workers inside the run (changed under mu) */
+    /* True from the start of a run until its caller has seen it finish (both under mu). A worker
+     * that wakes late must not join a finished run: its fn and arg may already be freed, and the
+     * task counter may already belong to the next run. */
+    bool open;
 };
 
 int cpu_scratch_reserve(struct cpu_scratch *s, size_t bytes)
@@ -128,6 +132,10 @@ static void *pool_main(void *opaque)
             break;
         }
         seen = atomic_load_explicit(&pool->gen, memory_order_relaxed);
+        if (!pool->open) {
+            pthread_mutex_unlock(&pool->mu);
+            continue;
+        }
         cpu_task_fn fn = pool->fn;
         void *arg = pool->arg;
         size_t ntasks = pool->ntasks;
@@ -256,21 +264,24 @@ void cpu_pool_run(struct cpu_pool *pool, cpu_task_fn fn, void *arg, size_t ntask
     pool->ntasks = ntasks;
     atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
+    pool->open = true;
     atomic_fetch_add_explicit(&pool->gen, 1, memory_order_release);
     pthread_cond_broadcast(&pool->cv_work);
     pthread_mutex_unlock(&pool->mu);
 
     pool_work(pool, fn, arg, ntasks, 0);
 
+    /* Spin briefly for the workers still on their last task, then close the run under the
+     * mutex so that no late worker can join it, and wait for those inside to leave. */
     uint64_t t0 = pool_now_ns();
     for (unsigned i = 0; !pool_finished(pool, ntasks); i++) {
-        if ((i & 63) == 63 && pool_now_ns() - t0 > POOL_SPIN_NS) {
-            pthread_mutex_lock(&pool->mu);
-            while (!pool_finished(pool, ntasks))
-                pthread_cond_wait(&pool->cv_done, &pool->mu);
-            pthread_mutex_unlock(&pool->mu);
+        if ((i & 63) == 63 && pool_now_ns() - t0 > POOL_SPIN_NS)
             break;
-        }
         pool_relax();
     }
+    pthread_mutex_lock(&pool->mu);
+    pool->open = false;
+    while (!pool_finished(pool, ntasks))
+        pthread_cond_wait(&pool->cv_done, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
 }
