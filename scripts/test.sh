@@ -4,7 +4,7 @@
 # the GPU tests.
 #
 #   scripts/test.sh                      build/ with the default GPU setting (nvcc if found)
-#   scripts/test.sh --sanitize           build-asan/ with ASan + UBSan, GPU off
+#   scripts/test.sh --sanitize           build-asan/ with ASan + UBSan, GPU and benchmarks off
 #   scripts/test.sh --gpu off            any CMake GPU setting: auto, nvidia, amd, off
 #   scripts/test.sh --build-dir DIR      another build folder
 #   scripts/test.sh -- -L integration    arguments after -- go to ctest
@@ -33,7 +33,8 @@ done
 cmake_args=()
 if [[ $sanitize -eq 1 ]]; then
     build_dir=${build_dir:-$root/build-asan}
-    cmake_args+=(-DCONVD_SANITIZE=ON)
+    # Benchmarks are not tests: skip building them with the (slow) sanitizer instrumentation.
+    cmake_args+=(-DCONVD_SANITIZE=ON -DCONVD_BUILD_BENCH=OFF)
     gpu=${gpu:-off}
 fi
 build_dir=${build_dir:-$root/build}
