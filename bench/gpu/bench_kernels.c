@@ -897,7 +897,8 @@ int main(int argc, char **argv)
                          r->cudnn_us / r->ours_us);
                 snprintf(err, sizeof(err), isnan(r->rel_err) ? "n/a" : "%.1e%s", r->rel_err,
                          r->ok ? "" : " WRONG");
-                printf("| %s | %s | %s | %s | %.1f | %s | %s | %.1f | %.2f | %s | %.1f | %.1f | %s |\n",
+                printf("| %s | %s | %s | %s | %.1f | %s | %s | %.1f | %.2f | %s | %.1f | %.1f | %s "
+                       "|\n",
                        r->shape, convd_dtype_name(r->dtype), convd_layout_name(r->layout),
                        r->kernel, r->ours_us, cud, sp, r->floor_us, r->frac, r->bound,
                        r->ours_call_us, r->cudnn_call_us, err);

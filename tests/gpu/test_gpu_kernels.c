@@ -54,7 +54,7 @@ struct tcase {
     void *hx, *hw, *hb, *hy;
     float *ref;
     void *dx, *dw, *db, *dy;
-    void *ws;        /* room for NHWC copies of input and weights (NCHW problems) */
+    void *ws; /* room for NHWC copies of input and weights (NCHW problems) */
     size_t ws_bytes;
 };
 
@@ -129,9 +129,8 @@ static int tc_run_ws(struct tcase *c, enum convd_gpu_family fam, int use_ws)
     struct convd_tensors t = {c->dx, c->dw, c->p.has_bias ? c->db : NULL, c->dy};
     void *ws = use_ws ? c->ws : NULL;
     size_t wsb = use_ws ? c->ws_bytes : 0;
-    int rc = fam == CONVD_GPU_FAMILY_AUTO
-                 ? convd_gpu_conv(&c->p, &t, 1, ws, wsb, NULL)
-                 : convd_gpu_conv_family(&c->p, &t, 1, ws, wsb, NULL, fam);
+    int rc = fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_conv(&c->p, &t, 1, ws, wsb, NULL)
+                                          : convd_gpu_conv_family(&c->p, &t, 1, ws, wsb, NULL, fam);
     if (rc != 0)
         return rc;
     assert_int_equal(convd_gpu_synchronize(), 0);
