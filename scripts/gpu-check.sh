@@ -91,11 +91,61 @@ if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
         "$OUT/profile.txt" | head -40
 fi
 
-# ---- daemon benchmark: added here by the lead (convctl bench against a running convd) ----
-# ---- end of the daemon benchmark ----
+# The daemon on the GPU (DAEMON=0 skips it): correctness through the whole serving path
+# (convctl verify, PyTorch's conv2d through convctl conv), then the load benchmark: P client
+# processes, each doing batch-1 resnext convolutions (fp16 NHWC, host memory) with D in flight,
+# the same workload as the "many processes, one GPU" table of the cuDNN baseline.
+daemon_rc=0
+if [ "${DAEMON:-1}" = 1 ]; then
+    step "daemon on the GPU"
+    sock=/tmp/convd-gpu-check.sock
+    rm -f "$sock"
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info >"$OUT/daemon.log" 2>&1 &
+    dpid=$!
+    ctl() { "$BUILD/bin/convctl" --socket "$sock" "$@"; }
+    for _ in $(seq 1 120); do ctl ping >/dev/null 2>&1 && break; sleep 0.5; done
+    ctl status | tee "$OUT/daemon-status.txt"
+    {
+        for spec in "latency_b1_resnext fp16 nhwc" "resnext50_l2 bf16 nhwc" \
+            "mbv2_dw_s2 fp32 nchw" "cpg2_hero fp16 nchw" "dense_resnet50_l1 bf16 nhwc"; do
+            set -- $spec
+            ctl verify --shape "$1" --csv "$SHAPES" --dtype "$2" --layout "$3" --bias --relu \
+                --repeat 2 || daemon_rc=1
+        done
+    } >"$OUT/daemon-verify.log" 2>&1
+    grep -E "PASS|FAIL" "$OUT/daemon-verify.log" | head -12
+    if command -v python3 >/dev/null && python3 -c 'import torch, numpy' 2>/dev/null; then
+        python3 scripts/torch-check.py --convctl "$BUILD/bin/convctl" --socket "$sock" \
+            --count 8 >"$OUT/torch-check.log" 2>&1 || daemon_rc=1
+        tail -1 "$OUT/torch-check.log"
+    fi
+    {
+        echo "| clients | depth | requests/s | images/s | p50 | p99 | mean batch |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|"
+        for cd in "1 1" "4 1" "16 1" "16 4" "64 1" "64 4"; do
+            set -- $cd
+            ctl bench --shape latency_b1_resnext --csv "$SHAPES" --dtype fp16 --layout nhwc \
+                --clients "$1" --depth "$2" --duration 4 >"$OUT/daemon-bench-$1x$2.txt" 2>&1 ||
+                daemon_rc=1
+            awk -v c="$1" -v d="$2" '
+                /requests\/s/ && !rq { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^requests\/s/) rq = $i }
+                /images\/s/ && !im { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^images\/s/) im = $i }
+                /latency/ { gsub(",", ""); p50 = $3 " " $4; p99 = $6 " " $7 }
+                /mean .* per request/ { match($0, /mean [0-9.]+/); mb = substr($0, RSTART + 5, RLENGTH - 5) }
+                END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", c, d, rq, im, p50, p99, mb }' \
+                "$OUT/daemon-bench-$1x$2.txt"
+        done
+    } | tee "$OUT/daemon-bench.md"
+    ctl metrics >"$OUT/daemon-metrics.txt" 2>&1
+    kill -TERM "$dpid"
+    wait "$dpid" || daemon_rc=1
+    echo "daemon exit after SIGTERM: $? (log: daemon.log)"
+fi
 
 step "summary"
 exec 1>&3
 echo "tests: $(grep -E 'tests passed|tests failed' "$OUT/gpu-tests.log" | tail -1) (rc $tests_rc)"
 echo "bench rc $bench_rc (1 = some output differed from cuDNN's)"
+echo "daemon rc $daemon_rc (verify, torch-check, bench, clean exit)"
+[ -f "$OUT/daemon-bench.md" ] && cat "$OUT/daemon-bench.md"
 sed -n '/^Ceilings/,$p' "$OUT/bench.md"
