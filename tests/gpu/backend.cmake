@@ -19,3 +19,32 @@ if(CONVD_SANITIZE)
   set_tests_properties(test_gpu_backend PROPERTIES
                        ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0")
 endif()
+
+# The whole serving path on the GPU: test_gpu_daemon starts a real convd --backend gpu and drives
+# it through the client library with host regions and with device memory of its own (IPC
+# handles), several client processes for batching. ctest label "gpu"; exits 77, counted as
+# skipped, where no GPU answers. It reuses the integration harness's helpers (cases, metrics,
+# stopping the daemon) but starts the daemon itself.
+if(TARGET convd AND TARGET convd-client-static AND TARGET convd_it_harness)
+  add_executable(test_gpu_daemon ${CMAKE_CURRENT_LIST_DIR}/test_gpu_daemon.c)
+  target_link_libraries(test_gpu_daemon PRIVATE convd_it_harness convd-client-static convd_testutil
+                                                PkgConfig::CMOCKA Threads::Threads)
+  target_compile_definitions(test_gpu_daemon PRIVATE CONVD_DAEMON_PATH="$<TARGET_FILE:convd>")
+  # The test runs the daemon binary, so building the test builds it first.
+  add_dependencies(test_gpu_daemon convd)
+  # The test's own runtime calls (the probe, its device allocation and IPC handle), in C.
+  if(CONVD_GPU_KIND STREQUAL "nvidia")
+    target_link_libraries(test_gpu_daemon PRIVATE CUDA::cudart_static)
+  else()
+    target_compile_definitions(test_gpu_daemon PRIVATE CONVD_TEST_AMD=1 __HIP_PLATFORM_AMD__=1)
+    target_link_libraries(test_gpu_daemon PRIVATE ${CONVD_AMDHIP64})
+  endif()
+  add_test(NAME test_gpu_daemon COMMAND test_gpu_daemon)
+  set_tests_properties(test_gpu_daemon PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900)
+  if(CONVD_SANITIZE)
+    # The daemon inherits this too: the CUDA driver's allocations fail under ASan's shadow-gap
+    # protection, and the driver's own allocations at exit are not ours to report.
+    set_tests_properties(test_gpu_daemon PROPERTIES
+                         ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0")
+  endif()
+endif()
