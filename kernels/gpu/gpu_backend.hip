@@ -278,8 +278,8 @@ static void gpu_job_fail(struct convd_job *j, int status, const char *sentence)
 /* Checks one tensor view of a job: imported memory, enough bytes, inside its region. The daemon
  * has checked all of this; a backend that copies with DMA checks again, since a mistake here
  * would write over foreign memory instead of failing one request. */
-static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, const char *name,
-                          char *why, size_t why_len)
+static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, size_t esz,
+                          const char *name, char *why, size_t why_len)
 {
     const struct convd_mem *m = v->mem;
     if (!m || !m->be_priv) {
@@ -304,19 +304,30 @@ static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, cons
                 (unsigned long long)m->size);
         return CONVD_EBOUNDS;
     }
+    /* Kernels read whole elements in place from device memory: a misaligned address there would
+     * be a misaligned-access fault, which kills the context for every client. Host tensors are
+     * staged into aligned pool buffers, so they may sit anywhere. */
+    if (m->kind == CONVD_MEM_DEVICE && ((uintptr_t)m->device_ptr + v->offset) % esz != 0) {
+        gpu_say(why, why_len,
+                "the %s tensor in device memory (region offset %llu) is not aligned to its "
+                "%zu-byte elements",
+                name, (unsigned long long)v->offset, esz);
+        return CONVD_EINVAL;
+    }
     return 0;
 }
 
 static int gpu_job_check(const struct convd_job *j, const struct convd_problem_sizes *sz, char *why,
                          size_t why_len)
 {
-    int rc = gpu_view_check(&j->input, sz->input_bytes, "input", why, why_len);
+    const size_t esz = convd_dtype_size(j->problem.dtype);
+    int rc = gpu_view_check(&j->input, sz->input_bytes, esz, "input", why, why_len);
     if (rc == 0)
-        rc = gpu_view_check(&j->weight, sz->weight_bytes, "weight", why, why_len);
+        rc = gpu_view_check(&j->weight, sz->weight_bytes, esz, "weight", why, why_len);
     if (rc == 0 && j->problem.has_bias)
-        rc = gpu_view_check(&j->bias, sz->bias_bytes, "bias", why, why_len);
+        rc = gpu_view_check(&j->bias, sz->bias_bytes, esz, "bias", why, why_len);
     if (rc == 0)
-        rc = gpu_view_check(&j->output, sz->output_bytes, "output", why, why_len);
+        rc = gpu_view_check(&j->output, sz->output_bytes, esz, "output", why, why_len);
     return rc;
 }
 

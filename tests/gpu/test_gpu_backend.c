@@ -49,6 +49,7 @@ typedef hipIpcMemHandle_t rt_ipc_handle;
 #define rt_ipc_get_handle       hipIpcGetMemHandle
 #define rt_memcpy_htod(d, s, n) hipMemcpy((d), (s), (n), hipMemcpyHostToDevice)
 #define rt_memcpy_dtoh(d, s, n) hipMemcpy((d), (s), (n), hipMemcpyDeviceToHost)
+#define rt_device_synchronize   hipDeviceSynchronize
 #else
 #include <cuda_runtime_api.h>
 typedef cudaError_t rt_error;
@@ -62,6 +63,7 @@ typedef cudaIpcMemHandle_t rt_ipc_handle;
 #define rt_ipc_get_handle       cudaIpcGetMemHandle
 #define rt_memcpy_htod(d, s, n) cudaMemcpy((d), (s), (n), cudaMemcpyHostToDevice)
 #define rt_memcpy_dtoh(d, s, n) cudaMemcpy((d), (s), (n), cudaMemcpyDeviceToHost)
+#define rt_device_synchronize   cudaDeviceSynchronize
 #endif
 
 static const struct convd_backend_ops *const ops = &convd_gpu_backend_ops;
@@ -800,6 +802,10 @@ static int peer_main(int in, int out)
                     rep.status = -1;
             else if ((e = rt_memcpy_htod(dev + cmd.a, payload, (size_t)cmd.b)) != RT_OK)
                 peer_fail(&rep, "writing device memory", e);
+            /* A copy from pageable memory may still be in flight when cudaMemcpy returns; the
+             * backend reads this memory from another process, so wait for it. */
+            else if ((e = rt_device_synchronize()) != RT_OK)
+                peer_fail(&rep, "synchronising after the write", e);
             break;
         case PEER_CHECK: {
             size_t esize = convd_dtype_size((enum convd_dtype)cmd.dtype);
