@@ -10,6 +10,9 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/deps.sh
+source "$root/scripts/deps.sh"
+deps_ensure
 build=${BUILD_DIR:-$root/build}
 csv=$root/bench/shapes.csv
 

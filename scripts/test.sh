@@ -14,6 +14,9 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/deps.sh
+source "$root/scripts/deps.sh"
+deps_ensure
 build_dir=""
 gpu=""
 sanitize=0
