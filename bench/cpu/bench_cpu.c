@@ -124,8 +124,15 @@ static int bench_read_shapes(const char *path, struct bench_shape *shapes, int m
             fclose(f);
             return -1;
         }
+        size_t name_len = strlen(fl[0]);
         struct bench_shape *s = &shapes[count++];
-        snprintf(s->name, sizeof(s->name), "%s", fl[0]);
+        if (name_len >= sizeof(s->name)) {
+            fprintf(stderr, "convd-bench-cpu: %s:%d: shape name longer than %zu bytes\n", path,
+                    lineno, sizeof(s->name) - 1);
+            fclose(f);
+            return -1;
+        }
+        memcpy(s->name, fl[0], name_len + 1);
         int *dst[] = {&s->n, &s->h,      &s->w,   &s->c,   &s->k,     &s->r,
                       &s->s, &s->stride, &s->pad, &s->dil, &s->groups};
         for (int i = 0; i < 11; i++)
