@@ -77,8 +77,10 @@ rm -f "$OUT/bench.err"
 # Optional (PROFILE=1): Nsight Compute on one kernel of each family, into profile.txt.
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
     step "profile"
-    for spec in "resnext50_l2 fp16 nhwc mma_kernel" "effnet_dw5 fp16 nhwc dw_nhwc" \
-        "resnext50_l4 fp32 nhwc fma_kernel" "mbv2_dw_s2 fp16 nchw dw_nchw"; do
+    # PROFILE_SPECS: "shape dtype layout kernel-regex;..." to profile others.
+    specs=${PROFILE_SPECS:-"resnext50_l2 fp16 nhwc mma_kernel;effnet_dw5 fp16 nhwc dw_nhwc;resnext50_l4 fp32 nhwc fma_kernel;mbv2_dw_s2 fp16 nchw dw_nchw"}
+    IFS=';' read -r -a spec_list <<<"$specs"
+    for spec in "${spec_list[@]}"; do
         set -- $spec
         echo "### $spec" >>"$OUT/profile.txt"
         timeout 120 ncu --clock-control none --kernel-name "regex:$4" --launch-count 1 \
@@ -92,7 +94,7 @@ if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
 fi
 
 # The daemon on the GPU (DAEMON=0 skips it): correctness through the whole serving path
-# (convctl verify, PyTorch's conv2d through convctl conv), then the load benchmark: P client
+# (convctl verify, PyTorch's conv2d through convctl conv), then (DAEMON_BENCH=0 skips it) the load benchmark: P client
 # processes, each doing batch-1 resnext convolutions (fp16 NHWC, host memory) with D in flight,
 # the same workload as the "many processes, one GPU" table of the cuDNN baseline.
 daemon_rc=0
@@ -119,7 +121,8 @@ if [ "${DAEMON:-1}" = 1 ]; then
             --count 8 >"$OUT/torch-check.log" 2>&1 || daemon_rc=1
         tail -1 "$OUT/torch-check.log"
     fi
-    {
+    # DAEMON_BENCH=0 keeps the correctness checks and skips the load benchmark.
+    [ "${DAEMON_BENCH:-1}" = 1 ] && {
         echo "| clients | depth | requests/s | images/s | p50 | p99 | mean batch |"
         echo "|---:|---:|---:|---:|---:|---:|---:|"
         for cd in "1 1" "4 1" "16 1" "16 4" "64 1" "64 4"; do

@@ -102,8 +102,31 @@ struct fma_args {
     int nch, bn, gpb, nsplit, nblk;
     int sx, th, tiles_w, tiles_h;
     int ih, iw, kc, cbc, ps, bnp;
+    int rpx;      /* halo row pitch in pixels (>= iw), chosen against bank conflicts */
+    int smap;     /* 1: thread t computes strip t % strips of channel chunk t / strips */
     int out_nchw; /* NHWC input (a transposed copy), NCHW output */
 };
+
+/* Asynchronous 4-byte copy global -> shared, zero-filled when !valid (cp.async on sm_80+, a
+ * plain load and store elsewhere): the fp32 halo needs no conversion, so its loads need not
+ * pass through registers and all of a thread's copies are in flight at once. */
+GPU_D void fma_cp4(float *dst, const float *src, bool valid)
+{
+#if defined(CONVD_DEVICE_SM80)
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 4 : 0));
+#else
+    *dst = valid ? *src : 0.0f;
+#endif
+}
+
+GPU_D void fma_cp_wait_all()
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+#endif
+}
 
 template <class DT, int NHWC, int TN, int UNIT>
 __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const struct gpu_batch b)
@@ -140,19 +163,23 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
     }
     const int kend = a.gpb > 0 ? k0 + ngrp * g.kpg : k0 + a.bn;
     const int rs = g.r * g.s;
-    const int hpix = a.ih * a.iw;
+    const int hpix = a.ih * a.rpx;
 
     float *halo = fma_smem;
     /* Weights start 16-byte aligned: they are read as float2/float4. */
     float *wts = fma_smem + ((hpix * a.ps + 3) & ~3);
 
     const int t = threadIdx.x;
-    const int nc = t % a.nch;
-    const int strip = t / a.nch;
+    const int nstrips = a.th * a.sx;
+    /* smap: a warp's lanes take different strips of one channel chunk (its weight reads are
+     * broadcasts); else adjacent lanes take adjacent chunks of one strip. The planner picks the
+     * mapping and the halo pitches with the fewest shared-memory bank conflicts. */
+    const int nc = a.smap ? t / nstrips : t % a.nch;
+    const int strip = a.smap ? t - nc * nstrips : t / a.nch;
     const int tr = strip / a.sx, sxi = strip - tr * a.sx;
     const int kt = k0 + nc * TN; /* first output channel of the thread */
     const int gl = (kt / g.kpg) - grp0;
-    const bool active = strip < a.th * a.sx && kt < kend;
+    const bool active = nc < a.nch && strip < nstrips && kt < kend;
 
     float acc[FMA_TM][TN];
 #pragma unroll
@@ -166,7 +193,31 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
         /* Halo of the chunk: [pixel][group-local * kc + c]. Loads are issued FMA_U at a time so
          * that their latencies overlap (a load-then-store loop would wait for each), and index
          * math is per halo row rather than per element. */
-        if (NHWC) {
+        if (NHWC && DT::id == CONVD_DTYPE_FP32) {
+            /* fp32: 4-byte cp.async, every copy of the chunk in flight at once. Elements
+             * (iwl, group, c) of a halo row, channels fastest, walked without divisions. */
+            const int gib = a.cbc / a.kc;
+            struct gpu_walk w0;
+            gpu_walk_init(&w0, t, (int)blockDim.x, gib, a.kc);
+            const int rowel = a.iw * a.cbc;
+            for (int ihl = 0; ihl < a.ih; ihl++) {
+                const int ih = ih0 + ihl;
+                const bool row_ok = convd_math_inside(ih, g.h);
+                const float *xrow = (const float *)x +
+                                    (size_t)(n * g.h + (row_ok ? ih : 0)) * g.w * g.c +
+                                    grp0 * g.cpg + c0;
+                float *hrow_s = halo + ihl * a.rpx * a.ps;
+                struct gpu_walk wk = w0;
+                for (int q = t; q < rowel; q += blockDim.x, gpu_walk_step(&wk, gib, a.kc)) {
+                    const int iw = iw0 + wk.hi;
+                    const bool ok =
+                        row_ok && wk.mid < ngrp && wk.lo < kcn && convd_math_inside(iw, g.w);
+                    const float *src =
+                        ok ? xrow + (size_t)iw * g.c + wk.mid * g.cpg + wk.lo : (const float *)x;
+                    fma_cp4(hrow_s + wk.hi * a.ps + wk.mid * a.kc + wk.lo, src, ok);
+                }
+            }
+        } else if (NHWC) {
             /* Row by row: elements (iwl, cb) of a row, channels fastest (contiguous in memory
              * when the chunk is the whole group). */
             const int rowel = a.iw * a.cbc;
@@ -175,7 +226,7 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
                 if (!convd_math_inside(ih, g.h)) {
                     for (int q = t; q < rowel; q += blockDim.x) {
                         const int iwl = q / a.cbc;
-                        halo[(ihl * a.iw + iwl) * a.ps + q - iwl * a.cbc] = 0.0f;
+                        halo[(ihl * a.rpx + iwl) * a.ps + q - iwl * a.cbc] = 0.0f;
                     }
                     continue;
                 }
@@ -193,9 +244,9 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
                             const int gi = a.kc == g.cpg ? 0 : cb / a.kc;
                             const int c = a.kc == g.cpg ? cb : cb - gi * a.kc;
                             const int iw = iw0 + iwl;
-                            dst[u] = (ihl * a.iw + iwl) * a.ps + cb;
-                            const bool ok = a.kc == g.cpg ? cb < ngrp * g.cpg
-                                                           : (gi < ngrp && c < kcn);
+                            dst[u] = (ihl * a.rpx + iwl) * a.ps + cb;
+                            const bool ok =
+                                a.kc == g.cpg ? cb < ngrp * g.cpg : (gi < ngrp && c < kcn);
                             if (ok && convd_math_inside(iw, g.w))
                                 v[u] = DT::load(xrow[(size_t)iw * g.c + gi * g.cpg + c]);
                         }
@@ -224,11 +275,12 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
                             const int cb = u / a.ih, ihl = u - cb * a.ih;
                             const int gi = cb / a.kc, c = cb - gi * a.kc;
                             const int ih = ih0 + ihl, iw = iw0 + col;
-                            dst[r] = (ihl * a.iw + col) * a.ps + cb;
+                            dst[r] = (ihl * a.rpx + col) * a.ps + cb;
                             if (gi < ngrp && c < kcn && convd_math_inside(ih, g.h) &&
                                 convd_math_inside(iw, g.w))
                                 v[r] = DT::load(
-                                    x[((size_t)(n * g.c + (grp0 + gi) * g.cpg + c0 + c) * g.h + ih) *
+                                    x[((size_t)(n * g.c + (grp0 + gi) * g.cpg + c0 + c) * g.h +
+                                       ih) *
                                           g.w +
                                       iw]);
                         }
@@ -242,41 +294,55 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
         }
         /* Weights of the chunk: [tap][c][n]. */
         const int nw = a.bn * rs * a.kc;
-        for (int base = t; base < nw; base += FMA_U * (int)blockDim.x) {
-            float v[FMA_U];
-            int dst[FMA_U];
+        if (NHWC && DT::id == CONVD_DTYPE_FP32) {
+            /* Elements e = (nl, tap, c) in the order of the NHWC weights, copied asynchronously
+             * like the halo. */
+            for (int e = t; e < nw; e += blockDim.x) {
+                const int c = e % a.kc, q = e / a.kc;
+                const int tap = q % rs, nl = q / rs;
+                const int k = k0 + nl;
+                const bool ok = k < kend && c < kcn;
+                const float *src = ok ? (const float *)w + ((size_t)k * rs + tap) * g.cpg + c0 + c
+                                      : (const float *)w;
+                fma_cp4(wts + (tap * a.kc + c) * a.bnp + nl, src, ok);
+            }
+            fma_cp_wait_all();
+        } else
+            for (int base = t; base < nw; base += FMA_U * (int)blockDim.x) {
+                float v[FMA_U];
+                int dst[FMA_U];
 #pragma unroll
-            for (int u = 0; u < FMA_U; u++) {
-                const int e = base + u * (int)blockDim.x;
-                v[u] = 0.0f;
-                dst[u] = -1;
-                if (e < nw) {
-                    int nl, tap, c;
-                    if (NHWC) {
-                        c = e % a.kc;
-                        const int q = e / a.kc;
-                        tap = q % rs;
-                        nl = q / rs;
-                    } else {
-                        tap = e % rs;
-                        const int q = e / rs;
-                        c = q % a.kc;
-                        nl = q / a.kc;
-                    }
-                    dst[u] = (tap * a.kc + c) * a.bnp + nl;
-                    const int k = k0 + nl;
-                    if (k < kend && c < kcn) {
-                        const size_t wi = NHWC ? ((size_t)k * rs + tap) * g.cpg + c0 + c
-                                               : ((size_t)k * g.cpg + c0 + c) * rs + tap;
-                        v[u] = DT::load(w[wi]);
+                for (int u = 0; u < FMA_U; u++) {
+                    const int e = base + u * (int)blockDim.x;
+                    v[u] = 0.0f;
+                    dst[u] = -1;
+                    if (e < nw) {
+                        int nl, tap, c;
+                        if (NHWC) {
+                            c = e % a.kc;
+                            const int q = e / a.kc;
+                            tap = q % rs;
+                            nl = q / rs;
+                        } else {
+                            tap = e % rs;
+                            const int q = e / rs;
+                            c = q % a.kc;
+                            nl = q / a.kc;
+                        }
+                        dst[u] = (tap * a.kc + c) * a.bnp + nl;
+                        const int k = k0 + nl;
+                        if (k < kend && c < kcn) {
+                            const size_t wi = NHWC ? ((size_t)k * rs + tap) * g.cpg + c0 + c
+                                                   : ((size_t)k * g.cpg + c0 + c) * rs + tap;
+                            v[u] = DT::load(w[wi]);
+                        }
                     }
                 }
-            }
 #pragma unroll
-            for (int u = 0; u < FMA_U; u++)
-                if (dst[u] >= 0)
-                    wts[dst[u]] = v[u];
-        }
+                for (int u = 0; u < FMA_U; u++)
+                    if (dst[u] >= 0)
+                        wts[dst[u]] = v[u];
+            }
         __syncthreads();
 
         if (active) {
@@ -284,7 +350,7 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
             const float *wb = wts + nc * TN;
             for (int r = 0; r < g.r; r++) {
                 const int ihl = tr * g.sh + r * g.dh;
-                const float *hrow = hb + ihl * a.iw * a.ps;
+                const float *hrow = hb + ihl * a.rpx * a.ps;
                 for (int c = 0; c < kcn; c++) {
                     if (UNIT) {
                         float win[FMA_TM + FMA_SMAX - 1];
@@ -350,7 +416,48 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
     }
 }
 
-#define FMA_SMEM_MAX (64 * 1024)
+#define FMA_SMEM_MAX     (64 * 1024)
+#define FMA_SMEM_MAX_BIG (112 * 1024) /* blocks of 192+ threads: two per SM still fit */
+
+/* Mean over the block's warps of the worst shared-memory bank conflict of one halo read (the
+ * most distinct words any bank serves), for a thread mapping and halo pitches. Lanes of one
+ * strip and group read the same word (a broadcast). */
+static double fma_conflicts(const struct gpu_fma_plan *pl, int smap, int rpx, int ps)
+{
+    const struct gpu_geom *g = &pl->g;
+    const int nstrips = pl->th * pl->sx;
+    int total = 0, warps = 0;
+    for (int w0 = 0; w0 < pl->threads; w0 += 32) {
+        int addr[32], n = 0;
+        for (int t = w0; t < w0 + 32; t++) {
+            const int nc = smap ? t / nstrips : t % pl->nch;
+            const int strip = smap ? t - nc * nstrips : t / pl->nch;
+            if (nc >= pl->nch || strip >= nstrips)
+                continue;
+            const int tr = strip / pl->sx, sxi = strip - tr * pl->sx;
+            const int gl = pl->gpb > 0 ? (nc * pl->tn) / g->kpg : 0;
+            const int a = gl * pl->kc + (tr * g->sh * rpx + sxi * FMA_TM * g->sw) * ps;
+            int dup = 0;
+            for (int i = 0; i < n; i++)
+                dup |= addr[i] == a;
+            if (!dup)
+                addr[n++] = a;
+        }
+        if (n == 0)
+            continue;
+        int deg = 0;
+        for (int i = 0; i < n; i++) {
+            int cnt = 0;
+            for (int j = 0; j < n; j++)
+                cnt += (addr[j] & 31) == (addr[i] & 31);
+            if (cnt > deg)
+                deg = cnt;
+        }
+        total += deg;
+        warps++;
+    }
+    return warps > 0 ? (double)total / warps : 1.0;
+}
 
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
                       char *why, size_t why_len)
@@ -402,8 +509,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     {
         struct gpu_device_info dev;
         const int64_t sms = gpu_device_info_get(&dev) == 0 ? dev.sm_count : 132;
-        const int64_t tiles = (int64_t)g->n * ((g->ho + th - 1) / th) *
-                              ((g->wo + sx * FMA_TM - 1) / (sx * FMA_TM));
+        const int64_t tiles =
+            (int64_t)g->n * ((g->ho + th - 1) / th) * ((g->wo + sx * FMA_TM - 1) / (sx * FMA_TM));
         while (pl.gpb > 1 && tiles * ((g->g + pl.gpb - 1) / pl.gpb) < 2 * sms) {
             pl.gpb /= 2;
             pl.nch = pl.gpb * per_group;
@@ -424,7 +531,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
             const int ps = cbc | 1;
             const long bytes =
                 ((((long)ih * iw * ps + 3) & ~3L) + (long)rs * kc * pl.bnp) * (long)sizeof(float);
-            if (bytes <= FMA_SMEM_MAX) {
+            const long cap = pl.nch * sx * th >= 192 ? FMA_SMEM_MAX_BIG : FMA_SMEM_MAX;
+            if (bytes <= cap) {
                 pl.ih = ih;
                 pl.iw = iw;
                 pl.kc = kc;
@@ -453,6 +561,35 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     pl.nchunks = (g->cpg + pl.kc - 1) / pl.kc;
     /* Whole warps: the NCHW halo loader hands a warp's lanes a row of columns. */
     pl.threads = (pl.nch * sx * th + 31) & ~31;
+    /* Thread mapping and halo pitches (row pitch up to 15 pixels, pixel stride up to 3 floats
+     * past the minimum) with the fewest bank conflicts, then the least shared memory; the
+     * strip-major mapping first, since its weight reads are broadcasts. */
+    {
+        double best = 1e9;
+        long best_bytes = 0;
+        const long cap = pl.nch * sx * th >= 192 ? FMA_SMEM_MAX_BIG : FMA_SMEM_MAX;
+        pl.smap = 1;
+        pl.rpx = pl.iw;
+        for (int smap = 1; smap >= 0; smap--)
+            for (int rpx = pl.iw; rpx < pl.iw + 16; rpx++)
+                for (int ps = pl.cbc; ps < pl.cbc + 4; ps++) {
+                    const long bytes =
+                        ((((long)pl.ih * rpx * ps + 3) & ~3L) + (long)rs * pl.kc * pl.bnp) *
+                        (long)sizeof(float);
+                    if (bytes > cap && !(rpx == pl.iw && ps == pl.cbc))
+                        continue;
+                    const double c = fma_conflicts(&pl, smap, rpx, ps);
+                    if (c < best - 1e-9 ||
+                        (c < best + 1e-9 && smap == pl.smap && bytes < best_bytes)) {
+                        best = c;
+                        best_bytes = bytes;
+                        pl.smap = smap;
+                        pl.rpx = rpx;
+                        pl.ps = ps;
+                    }
+                }
+        pl.smem = (int)best_bytes;
+    }
     pl.tiles_w = (g->wo + sx * FMA_TM - 1) / (sx * FMA_TM);
     pl.tiles_h = (g->ho + th - 1) / th;
     const int64_t blocks = (int64_t)g->n * pl.tiles_h * pl.tiles_w * pl.nblk;
@@ -531,6 +668,8 @@ int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int
     a.cbc = pl->cbc;
     a.ps = pl->ps;
     a.bnp = pl->bnp;
+    a.rpx = pl->rpx;
+    a.smap = pl->smap;
     a.out_nchw = pl->out_nchw;
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:

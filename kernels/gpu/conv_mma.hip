@@ -45,7 +45,8 @@ struct mma_cfg {
     int mt, nt, wm, wn;
 };
 static const struct mma_cfg mma_cfgs[] = {
-    {7, 1, 1, 8}, {7, 1, 1, 4}, {7, 2, 1, 4}, {7, 3, 1, 2}, {4, 4, 2, 2}, {2, 4, 2, 2}, {4, 5, 2, 2},
+    {7, 1, 1, 8}, {7, 1, 1, 4}, {7, 2, 1, 4}, {7, 3, 1, 2},
+    {4, 4, 2, 2}, {2, 4, 2, 2}, {4, 5, 2, 2},
 };
 #define MMA_NCFG ((int)(sizeof(mma_cfgs) / sizeof(mma_cfgs[0])))
 
@@ -183,8 +184,8 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
             gpu_walk_init(&wk, tid / vpp, pstep, a.ih, a.iw);
             for (int pix = tid / vpp; pix < hpix; pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
                 const int n = it.n0 + wk.hi, ih = ih0 + wk.mid, iw = iw0 + wk.lo;
-                const bool valid = cvalid && n < g.n && convd_math_inside(ih, g.h) &&
-                                   convd_math_inside(iw, g.w);
+                const bool valid =
+                    cvalid && n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
                 const T *src = valid ? xc + ((size_t)(n * g.h + ih) * g.w + iw) * g.c : x;
                 mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
             }
@@ -198,9 +199,9 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
             const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
             const bool valid = n < g.n && convd_math_inside(ih, g.h) &&
                                convd_math_inside(iw, g.w) && sgl < it.nsg && c < a.cpgm;
-            const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + it.ch0 +
-                                       sgl * a.cpgm + c
-                                 : x;
+            const T *src =
+                valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + it.ch0 + sgl * a.cpgm + c
+                      : x;
             mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
         }
     } else {
@@ -226,7 +227,8 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
                         dst[r] = rr * a.iw * a.ps + cb * 2;
                         if (n < g.n && convd_math_inside(ih, g.h) && sgl < it.nsg && c < a.cpgm) {
                             const T *row =
-                                x + ((size_t)(n * g.c + it.ch0 + sgl * a.cpgm + c) * g.h + ih) * g.w;
+                                x +
+                                ((size_t)(n * g.c + it.ch0 + sgl * a.cpgm + c) * g.h + ih) * g.w;
 #pragma unroll
                             for (int j = 0; j < 2; j++) {
                                 const int col = cb0 + lane + 32 * j, iw = iw0 + col;
@@ -307,7 +309,9 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
 
 /* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
  * the persistent grid relies on a second resident block to overlap one block's epilogue and
- * barriers with another's tensor-core work. */
+ * barriers with another's tensor-core work. Holding the 256-thread ones to 3 blocks (80
+ * registers, an 8-byte spill) was measured slower: resnext50_l3 fp16 18.1 -> 22.6 us,
+ * cpg2_hero 36.0 -> 40.4 us, resnext50_l2 unchanged (bench/gpu/NOTES.md, round 2). */
 template <class DT, int NHWC, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     mma_kernel(const struct mma_args a, const struct gpu_batch b)
@@ -482,15 +486,38 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                             *(const uint4 *)(stage + m * pitch + c8 * 16);
                 }
             } else {
-                for (int e = tid; e < bm * a.bn; e += nthr) {
-                    const int nl = e / bm, m = e - nl * bm;
-                    const int img = m / tslots, rem = m - img * tslots;
-                    const int tr = rem / a.tw, tc = rem - tr * a.tw;
+                /* NCHW: each thread writes V adjacent pixels of one output row (one 8-, 4- or
+                 * 2-byte store; V divides the tile width and the output width, so the run
+                 * stays in one row and is aligned), walking (channel, tile row, run) without
+                 * divisions. */
+                const int V = (g.wo % 4 == 0 && a.tw % 4 == 0)   ? 4
+                              : (g.wo % 2 == 0 && a.tw % 2 == 0) ? 2
+                                                                 : 1;
+                const int rows = a.imgs * a.th, runs = a.tw / V;
+                struct gpu_walk wk;
+                gpu_walk_init(&wk, tid, nthr, rows, runs);
+                for (int e = tid; e < a.bn * rows * runs;
+                     e += nthr, gpu_walk_step(&wk, rows, runs)) {
+                    const int nl = wk.hi, row = wk.mid, tc = wk.lo * V;
+                    const int img = a.imgs == 1 ? 0 : row / a.th, tr = row - img * a.th;
                     const int n = it.n0 + img, oh = it.oh0 + tr, ow = it.ow0 + tc;
                     const int k = it.k0 + nl;
-                    if (img < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
-                        y[((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow] =
-                            *(const T *)(stage + m * pitch + nl * 2);
+                    if (n >= g.n || oh >= g.ho || ow >= g.wo || k >= it.kend)
+                        continue;
+                    const uint8_t *sp = stage + (row * a.tw + tc) * pitch + nl * 2;
+                    T *yp = y + ((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow;
+                    if (V == 4) {
+                        const uint32_t v0 = *(const uint16_t *)sp |
+                                            ((uint32_t) * (const uint16_t *)(sp + pitch) << 16);
+                        const uint32_t v1 = *(const uint16_t *)(sp + 2 * pitch) |
+                                            ((uint32_t) * (const uint16_t *)(sp + 3 * pitch) << 16);
+                        *(uint2 *)yp = make_uint2(v0, v1);
+                    } else if (V == 2) {
+                        *(uint32_t *)yp = *(const uint16_t *)sp |
+                                          ((uint32_t) * (const uint16_t *)(sp + pitch) << 16);
+                    } else {
+                        *yp = *(const T *)sp;
+                    }
                 }
             }
         }
@@ -663,9 +690,12 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
     int per_sm = 0;
 #if defined(CONVD_GPU_NVIDIA)
     static const void *fns[] = {
-        (const void *)mma_kernel<dt_f16, 1, 7, 1, 1, 8>, (const void *)mma_kernel<dt_f16, 1, 7, 1, 1, 4>,
-        (const void *)mma_kernel<dt_f16, 1, 7, 2, 1, 4>, (const void *)mma_kernel<dt_f16, 1, 7, 3, 1, 2>,
-        (const void *)mma_kernel<dt_f16, 1, 4, 4, 2, 2>, (const void *)mma_kernel<dt_f16, 1, 2, 4, 2, 2>,
+        (const void *)mma_kernel<dt_f16, 1, 7, 1, 1, 8>,
+        (const void *)mma_kernel<dt_f16, 1, 7, 1, 1, 4>,
+        (const void *)mma_kernel<dt_f16, 1, 7, 2, 1, 4>,
+        (const void *)mma_kernel<dt_f16, 1, 7, 3, 1, 2>,
+        (const void *)mma_kernel<dt_f16, 1, 4, 4, 2, 2>,
+        (const void *)mma_kernel<dt_f16, 1, 2, 4, 2, 2>,
         (const void *)mma_kernel<dt_f16, 1, 4, 5, 2, 2>,
     };
     if (pl->cfg >= 0 && pl->cfg < MMA_NCFG && gpu_allow_smem(fns[pl->cfg], pl->smem) == 0)
@@ -674,16 +704,16 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
     snprintf(buf, len,
              "mma cfg %d gm %d bm %d bn %d sgb %d nsplit %d tile %dx%dx%d halo %dx%d kc %d/%d "
              "k16 %d threads %d smem %d blocks/SM %d items %d",
-             pl->cfg, pl->gm, pl->bm, pl->bn, pl->sgb, pl->nsplit, pl->imgs, pl->th, pl->tw,
-             pl->ih, pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
+             pl->cfg, pl->gm, pl->bm, pl->bn, pl->sgb, pl->nsplit, pl->imgs, pl->th, pl->tw, pl->ih,
+             pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
              pl->tiles * pl->nblk);
 }
 
 /* ---- planning (host) ---- */
 
 /* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
- * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an output does not
- * depend on how many groups the problem has. */
+ * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an
+ * output does not depend on how many groups the problem has. */
 static int mma_pick_kc(int cpgm, int rs)
 {
     int kc = cpgm;
@@ -767,8 +797,8 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
         return CONVD_EUNSUPPORTED;
     }
     /* A 1x1, stride-1, unpadded NHWC problem is one long row of pixels: no halo, no tile waste. */
-    if (p->layout == CONVD_LAYOUT_NHWC && !out_nchw && g.r == 1 && g.s == 1 && g.sh == 1 && g.sw == 1 &&
-        g.pt == 0 && g.pl == 0 && g.ho == g.h && g.wo == g.w) {
+    if (p->layout == CONVD_LAYOUT_NHWC && !out_nchw && g.r == 1 && g.s == 1 && g.sh == 1 &&
+        g.sw == 1 && g.pt == 0 && g.pl == 0 && g.ho == g.h && g.wo == g.w) {
         g.w = g.wo = g.n * g.h * g.w;
         g.h = g.ho = 1;
         g.n = 1;

@@ -34,7 +34,8 @@ int gpu_device_info_get(struct gpu_device_info *ret)
     }
     pthread_mutex_unlock(&gpu_devs_lock);
     struct gpu_device_info info;
-    CONVD_GPU_CHECK(hipDeviceGetAttribute(&info.sm_count, hipDeviceAttributeMultiprocessorCount, dev));
+    CONVD_GPU_CHECK(
+        hipDeviceGetAttribute(&info.sm_count, hipDeviceAttributeMultiprocessorCount, dev));
     CONVD_GPU_CHECK(
         hipDeviceGetAttribute(&info.smem_optin, hipDeviceAttributeSharedMemPerBlockOptin, dev));
     CONVD_GPU_CHECK(hipDeviceGetAttribute(&info.smem_per_sm,
@@ -188,8 +189,9 @@ static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why
         return rc;
     const uint64_t lim = (uint64_t)1 << 31;
     if (z.input_elems >= lim || z.weight_elems >= lim || z.output_elems >= lim) {
-        snprintf(why, why_len, "GPU kernels index tensors with 32 bits: each must have fewer "
-                               "than 2^31 elements");
+        snprintf(why, why_len,
+                 "GPU kernels index tensors with 32 bits: each must have fewer "
+                 "than 2^31 elements");
         return CONVD_EUNSUPPORTED;
     }
     return 0;
@@ -300,8 +302,9 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
                  pl.u.dw.blocks_per_problem);
         break;
     case CONVD_GPU_FAMILY_FMA:
-        snprintf(buf, len, "fma tn %d unit %d nch %d bn %d gpb %d tile %dx%d kc %d/%d threads %d "
-                           "smem %d blocks %d",
+        snprintf(buf, len,
+                 "fma tn %d unit %d nch %d bn %d gpb %d tile %dx%d kc %d/%d threads %d "
+                 "smem %d blocks %d",
                  pl.u.fma.tn, pl.u.fma.unit, pl.u.fma.nch, pl.u.fma.bn, pl.u.fma.gpb, pl.u.fma.th,
                  pl.u.fma.sx * 8, pl.u.fma.kc, pl.u.fma.g.cpg, pl.u.fma.threads, pl.u.fma.smem,
                  pl.u.fma.tiles * pl.u.fma.nblk);
@@ -326,8 +329,7 @@ static int aligned16(const void *ptr)
 }
 
 static int run(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
-               void *workspace, size_t workspace_bytes, void *stream,
-               enum convd_gpu_family family)
+               void *workspace, size_t workspace_bytes, void *stream, enum convd_gpu_family family)
 {
     char why[160];
     if (p == NULL || (t == NULL && count > 0))
@@ -354,8 +356,8 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     size_t w_off = 0;
     const size_t slot = ws_slot(p, &w_off);
     const size_t per_launch = count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX;
-    const int ws_ok = workspace != NULL && aligned16(workspace) &&
-                      workspace_bytes >= slot * per_launch;
+    const int ws_ok =
+        workspace != NULL && aligned16(workspace) && workspace_bytes >= slot * per_launch;
     rc = plan_cached(p, family, ws_ok, &pl);
     if (rc != 0)
         return rc;
@@ -363,7 +365,8 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     hipStream_t s = (hipStream_t)stream;
     const size_t es = convd_dtype_size(p->dtype);
     for (size_t base = 0; base < count; base += CONVD_GPU_BATCH_MAX) {
-        const int n = (int)(count - base < CONVD_GPU_BATCH_MAX ? count - base : CONVD_GPU_BATCH_MAX);
+        const int n =
+            (int)(count - base < CONVD_GPU_BATCH_MAX ? count - base : CONVD_GPU_BATCH_MAX);
         struct gpu_batch b;
         memset(&b, 0, sizeof(b));
         for (int i = 0; i < n; i++) {
@@ -582,8 +585,7 @@ __global__ void fill_random_kernel(typename DT::T *dst, size_t count, uint64_t s
     }
 }
 
-extern "C" int convd_gpu_fill_random(void *dst, enum convd_dtype dtype, size_t count,
-                                     uint64_t seed)
+extern "C" int convd_gpu_fill_random(void *dst, enum convd_dtype dtype, size_t count, uint64_t seed)
 {
     if (dst == NULL && count > 0)
         return CONVD_EINVAL;

@@ -186,9 +186,11 @@ struct gpu_fma_plan {
     int ih, iw; /* halo tile */
     int kc;     /* channels per group per chunk */
     int nchunks;
-    int cbc; /* halo channels per pixel (all groups of the block, one chunk) */
-    int ps;  /* halo pixel stride in floats */
-    int bnp; /* weight row length in floats (bn padded) */
+    int cbc;  /* halo channels per pixel (all groups of the block, one chunk) */
+    int ps;   /* halo pixel stride in floats */
+    int bnp;  /* weight row length in floats (bn padded) */
+    int rpx;  /* halo row pitch in pixels (>= iw) */
+    int smap; /* thread mapping: 1 strip-major (t % strips), 0 chunk-major (t % nch) */
     int threads, smem;
     int out_nchw;
 };

@@ -255,6 +255,17 @@ static void test_depthwise(void **state)
     /* NCHW only: C not a multiple of the NHWC vector. */
     p = mk(2, 10, 10, 5, 10, 3, 3, 5, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
     check_problem(&p, F, 1);
+    /* NHWC: several channel blocks per pixel, the last one partial (C = 200, 144). */
+    sweep(mk(2, 9, 13, 200, 200, 3, 3, 200, 1, 1, 1, 0, 0), F, 1, 0);
+    sweep(mk(1, 12, 11, 144, 144, 3, 3, 144, 2, 1, 1, 0, 0), F, 1, 0); /* stride-2 window */
+    sweep(mk(1, 15, 14, 32, 32, 5, 5, 32, 2, 2, 1, 0, 0), F, 1, 0);    /* 5x5, stride 2 */
+    sweep(mk(1, 17, 16, 16, 16, 7, 7, 16, 2, 3, 1, 0, 0), F, 1, 0);    /* 7x7, stride 2 */
+    sweep(mk(1, 13, 14, 16, 16, 3, 3, 16, 3, 1, 1, 0, 0), F, 1, 0);    /* stride 3: no window */
+    /* Weights too large to stay resident (512 x 25 taps): reloaded per channel block. */
+    sweep(mk(1, 10, 9, 512, 512, 5, 5, 512, 1, 2, 1, 0, 0), F, 1, 0);
+    sweep(mk(3, 20, 22, 48, 48, 3, 3, 48, 1, 1, 1, 0, 0), F, 1, 0);
+    sweep(mk(2, 21, 18, 96, 96, 3, 3, 96, 2, 1, 1, 0, 0), F, 1, 0);
+    sweep(mk(2, 11, 12, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
 }
 
 static void test_fma(void **state)
@@ -536,6 +547,9 @@ static void test_multi_problem(void **state)
     batch_case(p, CONVD_GPU_FAMILY_MMA, 6);
     p = mk(1, 12, 12, 16, 16, 3, 3, 16, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
     batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 34);
+    p = mk(1, 12, 12, 48, 48, 3, 3, 48, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 5);
+    p = mk(1, 12, 12, 16, 16, 3, 3, 16, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
     p.layout = CONVD_LAYOUT_NCHW;
     batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 3);
     p = mk(1, 6, 7, 6, 9, 2, 3, 3, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
