@@ -57,6 +57,7 @@ struct opts {
     int dt_mask, lay_mask;
     int no_cudnn;
     int sweep_mma;
+    int sweep_dw;
     enum convd_gpu_family family;
 };
 
@@ -512,7 +513,7 @@ static double rel_err_dev(enum convd_dtype dt, const void *da, const void *db, s
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < elems; i++) {
         double x = load_val(dt, a, i), y = load_val(dt, b, i);
-        if (!isfinite(x)) {
+        if (!isfinite(x) || !isfinite(y)) {
             num = INFINITY;
             break;
         }
@@ -595,8 +596,11 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
             void *y0 = b.y[0];
             dnn_run(&dc, 0);
             CK(cudaStreamSynchronize(g_stream));
-            CK(cudaMemcpy(b.y_check, y0, z.output_bytes, cudaMemcpyDeviceToDevice));
-            CK(cudaMemset(y0, 0xff, z.output_bytes));
+            /* On g_stream: it does not synchronise with the legacy stream, so a plain
+             * cudaMemcpy/cudaMemset could still be running when our kernel starts. */
+            CK(cudaMemcpyAsync(b.y_check, y0, z.output_bytes, cudaMemcpyDeviceToDevice,
+                               g_stream));
+            CK(cudaMemsetAsync(y0, 0xff, z.output_bytes, g_stream));
             if (ours_run(&oc, 0) == 0) {
                 CK(cudaStreamSynchronize(g_stream));
                 out->rel_err = rel_err_dev(dt, y0, b.y_check, z.output_elems);
@@ -616,6 +620,22 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     out->floor_us = t_flop > t_mem ? t_flop : t_mem;
     snprintf(out->bound, sizeof(out->bound), "%s", t_flop > t_mem ? "compute" : "mem");
     out->frac = out->ours_us > 0 ? out->floor_us / out->ours_us : 0.0;
+
+    /* --sweep-dw: the tiled NHWC depthwise kernel and every shape of the direct one that fits
+     * the problem, same buffers, for the routing decision. */
+    if (o->sweep_dw && lay == CONVD_LAYOUT_NHWC &&
+        convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DEPTHWISE, NULL, 0) == 0) {
+        for (int mode = 0; convd_gpu_tune_dw_direct(mode) == 0; mode++) {
+            char d2[200];
+            convd_gpu_describe(&p, CONVD_GPU_FAMILY_DEPTHWISE, d2, sizeof(d2));
+            if (mode > 0 && strstr(d2, "direct") == NULL)
+                continue; /* shape for another filter or stride */
+            double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            printf("sweep %s %s %s dw mode %d: %.1f us (default %.1f us) %s\n", sh->name,
+                   convd_dtype_name(dt), convd_layout_name(lay), mode, us, out->ours_us, d2);
+        }
+        convd_gpu_tune_dw_direct(-1);
+    }
 
     if (o->sweep_mma && fam == CONVD_GPU_FAMILY_MMA) {
         for (int cfg = 0; cfg < 16; cfg++) {
@@ -666,11 +686,28 @@ static int load_shapes(const char *path, struct shape *out, int max)
     return n;
 }
 
+/* Whether `name` is one of the comma-separated names of `list`. */
+static int name_listed(const char *list, const char *name)
+{
+    const size_t len = strlen(name);
+    for (const char *p = list; *p != '\0';) {
+        const char *end = strchr(p, ',');
+        const size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, n) == 0)
+            return 1;
+        if (end == NULL)
+            break;
+        p = end + 1;
+    }
+    return 0;
+}
+
 static void usage(void)
 {
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
-           "         [--layouts nhwc,nchw] [--only NAME] [--iters N] [--warmup N]\n"
-           "         [--family auto|depthwise|fma|mma|generic] [--no-cudnn] [--sweep-mma]\n");
+           "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
+           "         [--family auto|depthwise|fma|mma|generic] [--no-cudnn] [--sweep-mma]\n"
+           "         [--sweep-dw]\n");
 }
 
 static int parse_mask(const char *s, int is_dtype)
@@ -835,6 +872,8 @@ int main(int argc, char **argv)
             o.no_cudnn = 1;
         } else if (strcmp(a, "--sweep-mma") == 0) {
             o.sweep_mma = 1;
+        } else if (strcmp(a, "--sweep-dw") == 0) {
+            o.sweep_dw = 1;
         } else {
             usage();
             return strcmp(a, "--help") == 0 ? 0 : 2;
@@ -879,7 +918,7 @@ int main(int argc, char **argv)
     static const enum convd_dtype dts[] = {CONVD_DTYPE_FP16, CONVD_DTYPE_BF16, CONVD_DTYPE_FP32};
     static const enum convd_layout lays[] = {CONVD_LAYOUT_NHWC, CONVD_LAYOUT_NCHW};
     for (int si = 0; si < nshapes; si++) {
-        if (o.only != NULL && strcmp(o.only, shapes[si].name) != 0)
+        if (o.only != NULL && !name_listed(o.only, shapes[si].name))
             continue;
         for (int di = 0; di < 3; di++) {
             if (!(o.dt_mask & (1 << dts[di])))

@@ -10,6 +10,16 @@
  * straight into registers and ran at 1-2 blocks per SM for lack of registers (0.05-0.4 of the
  * bandwidth); the shared-memory tile keeps many loads in flight with few registers.
  *
+ * NHWC direct (3x3 filters, equal strides of 1 or 2, no dilation, kpg = 1): no shared memory
+ * and no barrier. A thread owns CPT adjacent channels of P adjacent output columns and a band of
+ * TH output rows; consecutive threads take consecutive channel vectors and then consecutive
+ * column groups, so each input-row load of a warp is one contiguous run and the neighbours'
+ * loads of the same bytes hit L1. The filter lives in registers as fp32; the band's input rows
+ * stream through registers once each, fully unrolled, so the next rows' loads are in flight
+ * while the current one is multiplied. It runs the MobileNet shapes in half the time of the
+ * tiled kernel below, whose blocks wait for their whole halo behind a barrier and leave lanes
+ * idle in the last 64-channel block when C is not a multiple of 64.
+ *
  * NCHW: one block per (image, channel) plane and tile of output rows. The input rows the tile
  * needs go to shared memory as fp32 (converted once, zero padded), then each thread computes a
  * strip of P outputs for each of the kpg output planes, with the same register window.
@@ -232,6 +242,294 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* CPT adjacent elements (4, 8 or 16 bytes) from global memory, as fp32; zeros when !valid. */
+template <class DT, int CPT> struct dw_vec;
+template <> struct dw_vec<dt_f32, 2> {
+    static GPU_D void load(const float *p, bool valid, float *v)
+    {
+        const float2 u = valid ? *(const float2 *)p : make_float2(0.0f, 0.0f);
+        v[0] = u.x;
+        v[1] = u.y;
+    }
+    static GPU_D void store(float *p, const float *v)
+    {
+        *(float2 *)p = make_float2(v[0], v[1]);
+    }
+};
+template <> struct dw_vec<dt_f32, 4> {
+    static GPU_D void load(const float *p, bool valid, float *v)
+    {
+        const float4 u = valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[0] = u.x;
+        v[1] = u.y;
+        v[2] = u.z;
+        v[3] = u.w;
+    }
+    static GPU_D void store(float *p, const float *v)
+    {
+        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+template <class DT> struct dw_vec16_2 {
+    static GPU_D void load(const uint16_t *p, bool valid, float *v)
+    {
+        const uint32_t u = valid ? *(const uint32_t *)p : 0u;
+        v[0] = DT::load((uint16_t)(u & 0xffffu));
+        v[1] = DT::load((uint16_t)(u >> 16));
+    }
+    static GPU_D void store(uint16_t *p, const float *v)
+    {
+        *(uint32_t *)p = (uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16);
+    }
+};
+template <class DT> struct dw_vec16_4 {
+    static GPU_D void load(const uint16_t *p, bool valid, float *v)
+    {
+        const uint2 u = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
+        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
+        v[1] = DT::load((uint16_t)(u.x >> 16));
+        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
+        v[3] = DT::load((uint16_t)(u.y >> 16));
+    }
+    static GPU_D void store(uint16_t *p, const float *v)
+    {
+        *(uint2 *)p =
+            make_uint2((uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16),
+                       (uint32_t)DT::store(v[2]) | ((uint32_t)DT::store(v[3]) << 16));
+    }
+};
+template <> struct dw_vec<dt_f16, 2> : dw_vec16_2<dt_f16> {
+};
+template <> struct dw_vec<dt_bf16, 2> : dw_vec16_2<dt_bf16> {
+};
+template <> struct dw_vec<dt_f16, 4> : dw_vec16_4<dt_f16> {
+};
+template <> struct dw_vec<dt_bf16, 4> : dw_vec16_4<dt_bf16> {
+};
+
+/*
+ * NHWC direct: the band's input rows, NC = (P - 1) * SH + KS columns each, multiplied into
+ * acc[TH][P][CPT]. CHECK = false for threads whose whole window lies inside the image (all but
+ * the border ones): no bounds tests and no selects on the loads.
+ */
+/* 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
+ * the whole 256-byte block around it from DRAM (NVIDIA sm_80+; a plain load elsewhere). */
+template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uint32_t *u)
+{
+#if defined(CONVD_DEVICE_SM80)
+    if (HINT) {
+        if (!valid) {
+            u[0] = 0u;
+            if (BYTES == 8)
+                u[1] = 0u;
+        } else if (BYTES == 8) {
+            asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];"
+                         : "=r"(u[0]), "=r"(u[1])
+                         : "l"(p));
+        } else {
+            asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
+        }
+        return;
+    }
+#endif
+    if (BYTES == 8) {
+        const uint2 v = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
+        u[0] = v.x;
+        u[1] = v.y;
+    } else {
+        u[0] = valid ? *(const uint32_t *)p : 0u;
+    }
+}
+
+/* CPT elements of 4 or 8 bytes in all as fp32, through dw_ldg. */
+template <class DT, int CPT, bool HINT>
+GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
+{
+    constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
+    static_assert(BYTES == 4 || BYTES == 8, "direct loads are 4 or 8 bytes");
+    uint32_t u[2];
+    dw_ldg<BYTES, HINT>(p, valid, u);
+    if (sizeof(typename DT::T) == 4) {
+#pragma unroll
+        for (int j = 0; j < CPT; j++)
+            v[j] = __uint_as_float(u[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < CPT; j++)
+            v[j] = DT::load((uint16_t)(j & 1 ? u[j >> 1] >> 16 : u[j >> 1] & 0xffffu));
+    }
+}
+
+template <class DT, int CPT, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
+GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gpu_geom &g,
+                          int ih0, int iw0, const float (&wt)[KS * KS][CPT],
+                          float (&acc)[TH][P][CPT])
+{
+    constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
+#pragma unroll
+    for (int i = 0; i < IR; i++) {
+        const int ih = ih0 + i;
+        const bool rok = !CHECK || convd_math_inside(ih, g.h);
+        const typename DT::T *xr = xb + (size_t)(rok ? ih : 0) * rowe;
+#pragma unroll
+        for (int q = 0; q < NC; q++) {
+            const int iw = iw0 + q;
+            const bool ok = !CHECK || (rok && convd_math_inside(iw, g.w));
+            float v[CPT];
+            dw_direct_load<DT, CPT, HINT>(xr + (size_t)(ok ? iw : 0) * g.c, ok, v);
+#pragma unroll
+            for (int o = 0; o < TH; o++) {
+                const int r = i - o * SH;
+                if (r < 0 || r >= KS)
+                    continue;
+#pragma unroll
+                for (int pp = 0; pp < P; pp++) {
+                    const int sc = q - pp * SH;
+                    if (sc < 0 || sc >= KS)
+                        continue;
+#pragma unroll
+                    for (int j = 0; j < CPT; j++)
+                        acc[o][pp][j] = fmaf(v[j], wt[r * KS + sc][j], acc[o][pp][j]);
+                }
+            }
+        }
+    }
+}
+
+/*
+ * NHWC direct. Grid: x over (group of P output columns, channel vector) of a row in blocks of
+ * blockDim.x, y over (image, band of TH output rows), z over problems. KS x KS filter, stride SH
+ * both ways.
+ */
+template <class DT, int CPT, int KS, int SH, int TH, int P, bool SPLIT, int MINB, bool HINT>
+__global__ void __launch_bounds__(256, MINB)
+    dw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cvn, int bands)
+{
+    typedef typename DT::T T;
+    constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
+    const int prob = blockIdx.z;
+    const int wg = (g.wo + P - 1) / P;
+    const int f = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (f >= wg * cvn)
+        return;
+    const int owg = f / cvn, c0 = (f - owg * cvn) * CPT, ow0 = owg * P;
+    const int n = (int)blockIdx.y / bands, oh0 = ((int)blockIdx.y - n * bands) * TH;
+    const T *x = (const T *)b.x[prob];
+    const T *w = (const T *)b.w[prob];
+    const T *bias = (const T *)b.b[prob];
+    T *y = (T *)b.y[prob];
+
+    float wt[KS * KS][CPT];
+#pragma unroll
+    for (int j = 0; j < CPT; j++)
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++)
+            wt[t][j] = DT::load(w[(size_t)(c0 + j) * (KS * KS) + t]);
+    float acc[TH][P][CPT];
+#pragma unroll
+    for (int o = 0; o < TH; o++)
+#pragma unroll
+        for (int pp = 0; pp < P; pp++)
+#pragma unroll
+            for (int j = 0; j < CPT; j++)
+                acc[o][pp][j] = 0.0f;
+
+    const int ih0 = oh0 * SH - g.pt, iw0 = ow0 * SH - g.pl;
+    const size_t rowe = (size_t)g.w * g.c;
+    const T *xb = x + (size_t)n * g.h * rowe + c0;
+    if (SPLIT && ih0 >= 0 && ih0 + IR <= g.h && iw0 >= 0 && iw0 + NC <= g.w)
+        dw_direct_body<DT, CPT, KS, SH, TH, P, false, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
+    else
+        dw_direct_body<DT, CPT, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
+
+    float bv[CPT];
+#pragma unroll
+    for (int j = 0; j < CPT; j++)
+        bv[j] = g.bias ? DT::load(bias[c0 + j]) : 0.0f;
+    T *yb = y + ((size_t)(n * g.ho + oh0) * g.wo + ow0) * g.k + c0;
+#pragma unroll
+    for (int o = 0; o < TH; o++) {
+        if (oh0 + o >= g.ho)
+            break;
+#pragma unroll
+        for (int pp = 0; pp < P; pp++) {
+            if (ow0 + pp >= g.wo)
+                break;
+            float ov[CPT];
+#pragma unroll
+            for (int j = 0; j < CPT; j++)
+                ov[j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
+            dw_vec<DT, CPT>::store(yb + ((size_t)o * g.wo + pp) * g.k, ov);
+        }
+    }
+}
+
+/*
+ * NCHW input rows [ih0, ih0 + ir) of one plane into shared memory as fp32 rows of icols (column
+ * c holds input column c - pl), when W is a multiple of the 8-byte vector and the plane is
+ * 8-byte aligned: the rows inside the image are one contiguous run of the plane, read as 8-byte
+ * vectors, four in flight per thread; padding columns and rows outside the image become zeros.
+ */
+template <class DT>
+GPU_D void dw_nchw_fill_vec(float *in_s, const typename DT::T *xp, const struct gpu_geom &g,
+                            int ih0, int ir, int icols)
+{
+    typedef typename DT::T T;
+    const int vecn = 8 / (int)sizeof(T), wv = g.w / vecn;
+    const int bd = (int)blockDim.x, tid = (int)threadIdx.x;
+    /* Rows [0, top) and [bot, ir) of the tile lie outside the image. */
+    const int top = min(max(-ih0, 0), ir);
+    const int bot = max(min(g.h - ih0, ir), top);
+    const int nv = (bot - top) * wv;
+    const uint2 *src = (const uint2 *)(xp + (size_t)(ih0 + top) * g.w);
+    for (int base = tid; base < nv; base += 4 * bd) {
+        uint2 u[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int e = base + k * bd;
+            u[k] = e < nv ? src[e] : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int e = base + k * bd;
+            if (e >= nv)
+                break;
+            const int rr = e / wv, col0 = (e - rr * wv) * vecn + g.pl;
+            float v[4];
+            if (sizeof(T) == 4) {
+                v[0] = __uint_as_float(u[k].x);
+                v[1] = __uint_as_float(u[k].y);
+            } else {
+                v[0] = DT::load((T)(u[k].x & 0xffffu));
+                v[1] = DT::load((T)(u[k].x >> 16));
+                v[2] = DT::load((T)(u[k].y & 0xffffu));
+                v[3] = DT::load((T)(u[k].y >> 16));
+            }
+            float *dst = in_s + (top + rr) * icols + col0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < vecn && col0 + j < icols)
+                    dst[j] = v[j];
+        }
+    }
+    /* Zeros: the padding columns of every row, then the image columns of rows outside it. */
+    const int right = icols - g.pl - g.w;
+    const int npad = min(g.pl, icols) + (right > 0 ? right : 0);
+    for (int e = tid; e < ir * npad; e += bd) {
+        const int row = e / npad, k = e - row * npad;
+        const int col = k < g.pl ? k : g.pl + g.w + (k - g.pl);
+        in_s[row * icols + col] = 0.0f;
+    }
+    const int iwid = min(icols - g.pl, g.w);
+    const int ninv = top + (ir - bot);
+    if (iwid > 0)
+        for (int e = tid; e < ninv * iwid; e += bd) {
+            const int ri = e / iwid, col = g.pl + (e - ri * iwid);
+            const int row = ri < top ? ri : bot + (ri - top);
+            in_s[row * icols + col] = 0.0f;
+        }
+}
+
 /*
  * NCHW. Block: one (image, input channel) plane and `th` output rows; threads th x sx, each a
  * strip of DW_P outputs of one row, for each of the kpg output planes of the channel.
@@ -259,6 +557,10 @@ __global__ void __launch_bounds__(256)
     float *w_s = dw_smem + ir * icols;
 
     const T *xp = x + (size_t)plane * g.h * g.w;
+    const int vecn = 8 / (int)sizeof(T);
+    if (g.w % vecn == 0 && ((uintptr_t)xp & 7) == 0) {
+        dw_nchw_fill_vec<DT>(in_s, xp, g, ih0, ir, icols);
+    } else {
     /* Eight loads in flight per thread before the first store. */
     const int nel = ir * icols;
     const int bd = (int)blockDim.x, dr = bd / icols, dc = bd - dr * icols;
@@ -286,6 +588,7 @@ __global__ void __launch_bounds__(256)
             if (e < nel)
                 in_s[e] = v[u];
         }
+    }
     }
     for (int e = threadIdx.x; e < g.kpg * rs; e += blockDim.x)
         w_s[e] = DT::load(w[(size_t)c * g.kpg * rs + e]);
@@ -345,6 +648,82 @@ static int dw_smax(const struct convd_problem *p)
     return p->s <= 3 ? 3 : 7;
 }
 
+/*
+ * Shapes of work of the direct kernel, each a template instance (dw_launch_direct):
+ * X(filter, stride, channels per thread, rows, columns, interior split, min blocks per SM,
+ *   L2 256-byte fetch hint, router's choice). The router takes the row marked for its filter
+ * and stride; the others are reachable through convd_gpu_tune_dw_direct for tests and
+ * `convd-bench-kernels --sweep-dw`. Chosen from sweeps on the H200 (bench/gpu/NOTES.md, round
+ * 3): among 14 shapes for 3x3 stride 1, 4 rows x 4 columns x 2 channels was fastest or within 2%
+ * in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8 x 2, 8 x 4, 4 x 6 and 4 channels per thread
+ * were 2-30% slower); the 256-byte hint gave 0-4%; splitting off the interior helped some
+ * shapes and hurt others. For 5x5 the tiled kernel stays the router's choice: every direct
+ * shape measured so far was 35-50% slower on effnet_dw5.
+ */
+#define DW_DCFGS(X)                                                                                \
+    X(3, 1, 2, 4, 4, 0, 3, 1, 1)                                                                   \
+    X(3, 2, 2, 6, 2, 1, 3, 1, 1)                                                                   \
+    X(5, 1, 2, 2, 4, 0, 2, 1, 0)                                                                   \
+    X(5, 1, 2, 4, 2, 1, 2, 1, 0)                                                                   \
+    X(5, 1, 2, 2, 2, 1, 3, 1, 0)
+struct dw_dcfg {
+    int ks, sh, cpt, th, p, split, minb, hint, dflt;
+};
+#define DW_DCFG_ROW(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DFLT)                                   \
+    {KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DFLT},
+static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
+#undef DW_DCFG_ROW
+#define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
+
+/* -1: the direct NHWC kernel wherever it applies, in its default shape; 0: never (the tiled
+ * kernel); 1 + i: shape i of dw_dcfgs where its filter and stride match, else tiled. */
+static int dw_direct_mode = -1;
+
+extern "C" int convd_gpu_tune_dw_direct(int mode)
+{
+    if (mode < -1 || mode > DW_NDCFG)
+        return CONVD_EINVAL;
+    dw_direct_mode = mode;
+    gpu_plan_cache_invalidate();
+    return 0;
+}
+
+/* The direct kernel's shape of work: 0 when it does not apply. */
+static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *g,
+                          struct gpu_dw_plan *pl)
+{
+    if (dw_direct_mode == 0 || p->layout != CONVD_LAYOUT_NHWC || g->kpg != 1 || g->r != g->s ||
+        g->sh != g->sw || g->dh != 1 || g->dw != 1)
+        return 0;
+    int ci = -1;
+    for (int i = 0; i < DW_NDCFG; i++)
+        if (dw_dcfgs[i].ks == g->r && dw_dcfgs[i].sh == g->sh &&
+            (dw_direct_mode < 0 ? dw_dcfgs[i].dflt != 0 : dw_direct_mode == 1 + i)) {
+            ci = i;
+            break;
+        }
+    if (ci < 0)
+        return 0;
+    const struct dw_dcfg *d = &dw_dcfgs[ci];
+    if (g->c % d->cpt != 0)
+        return 0;
+    const int cvn = g->c / d->cpt;
+    const int64_t row_threads = (int64_t)((g->wo + d->p - 1) / d->p) * cvn;
+    const int bands = (g->ho + d->th - 1) / d->th;
+    if (row_threads > 0x7fffffff - 256 || (int64_t)g->n * bands > 65535)
+        return 0;
+    pl->direct = 1 + ci;
+    pl->vec = d->cpt;
+    pl->cvb = cvn;
+    pl->strips = d->th;
+    pl->p = d->p;
+    pl->tiles_h = bands;
+    pl->threads = 256;
+    pl->blocks_per_problem = (int)((row_threads + 255) / 256);
+    pl->smem = 0;
+    return 1;
+}
+
 int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
                      size_t why_len)
 {
@@ -360,6 +739,10 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
     }
     pl.unit = dw_smax(p);
     const int rs = g->r * g->s;
+    if (dw_direct_plan(p, g, &pl)) {
+        *ret = pl;
+        return 0;
+    }
     if (p->layout == CONVD_LAYOUT_NHWC) {
         const int es = (int)convd_dtype_size(p->dtype);
         pl.vec = 16 / es;
@@ -508,6 +891,26 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
 }
 
 template <class DT>
+static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
+                            hipStream_t stream)
+{
+    const struct gpu_geom *g = &pl->g;
+    dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)(g->n * pl->tiles_h), (unsigned)count);
+    dim3 block((unsigned)pl->threads);
+    typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
+#define DW_DCFG_FN(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DFLT)                                   \
+    dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0>,
+    static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
+#undef DW_DCFG_FN
+    const int ci = pl->direct - 1;
+    if (ci < 0 || ci >= DW_NDCFG)
+        return CONVD_EINVAL;
+    hipLaunchKernelGGL(fns[ci], grid, block, 0, stream, *g, *b, pl->cvb, pl->tiles_h);
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
+template <class DT>
 static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                           hipStream_t stream)
 {
@@ -532,6 +935,17 @@ int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int c
                   hipStream_t stream)
 {
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
+    if (pl->direct) {
+        switch (pl->dtype) {
+        case CONVD_DTYPE_FP32:
+            return dw_launch_direct<dt_f32>(pl, b, count, stream);
+        case CONVD_DTYPE_FP16:
+            return dw_launch_direct<dt_f16>(pl, b, count, stream);
+        case CONVD_DTYPE_BF16:
+            return dw_launch_direct<dt_bf16>(pl, b, count, stream);
+        }
+        return CONVD_EINVAL;
+    }
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
         return nhwc ? dw_launch_nhwc<dt_f32, 1>(pl, b, count, stream)

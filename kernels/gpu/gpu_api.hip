@@ -297,9 +297,15 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
         snprintf(extra, sizeof(extra), " (NCHW via NHWC copies)");
     switch (pl.family) {
     case CONVD_GPU_FAMILY_DEPTHWISE:
-        snprintf(buf, len, "depthwise vec %d window %d threads %d smem %d blocks %d",
-                 pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.threads, pl.u.dw.smem,
-                 pl.u.dw.blocks_per_problem);
+        if (pl.u.dw.direct)
+            snprintf(buf, len,
+                     "depthwise direct %d cpt %d rows %d cols %d threads %d blocks %dx%d",
+                     pl.u.dw.direct - 1, pl.u.dw.vec, pl.u.dw.strips, pl.u.dw.p,
+                     pl.u.dw.threads, pl.u.dw.blocks_per_problem, pl.u.dw.g.n * pl.u.dw.tiles_h);
+        else
+            snprintf(buf, len, "depthwise vec %d window %d threads %d smem %d blocks %d",
+                     pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.threads, pl.u.dw.smem,
+                     pl.u.dw.blocks_per_problem);
         break;
     case CONVD_GPU_FAMILY_FMA:
         snprintf(buf, len,

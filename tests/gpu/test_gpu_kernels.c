@@ -226,10 +226,9 @@ static void sweep(struct convd_problem p, enum convd_gpu_family fam, int must, i
 
 /* ---- families ---- */
 
-static void test_depthwise(void **state)
+/* Every depthwise case, on whichever NHWC kernel the router picks (see the two tests below). */
+static void depthwise_cases(void)
 {
-    (void)state;
-    REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
     struct convd_problem p;
     sweep(mk(2, 13, 11, 16, 16, 3, 3, 16, 1, 1, 1, 0, 0), F, 1, 0); /* 3x3 s1, W % 4 != 0 */
@@ -266,6 +265,55 @@ static void test_depthwise(void **state)
     sweep(mk(3, 20, 22, 48, 48, 3, 3, 48, 1, 1, 1, 0, 0), F, 1, 0);
     sweep(mk(2, 21, 18, 96, 96, 3, 3, 96, 2, 1, 1, 0, 0), F, 1, 0);
     sweep(mk(2, 11, 12, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
+}
+
+/* Default routing: 3x3 NHWC problems with equal strides of 1 or 2 run on the direct kernel
+ * (bands of output rows and groups of columns that end inside or past the image, padding wider
+ * than the filter's reach, no padding at all, images narrower than a band), the rest on the
+ * tiled one. */
+static void test_depthwise(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
+    depthwise_cases();
+    sweep(mk(3, 23, 9, 20, 20, 3, 3, 20, 1, 1, 1, 0, 0), F, 1, 0);  /* C % 8 = 4 */
+    sweep(mk(2, 7, 30, 12, 12, 3, 3, 12, 2, 2, 1, 0, 0), F, 1, 0);  /* pad 2, s2 */
+    sweep(mk(5, 5, 6, 16, 16, 5, 5, 16, 1, 0, 1, 0, 0), F, 1, 0);   /* no padding, 5x5 */
+    sweep(mk(2, 3, 4, 40, 40, 5, 5, 40, 2, 2, 1, 0, 0), F, 1, 0);   /* 2x2 output, 5x5 s2 */
+    sweep(mk(1, 29, 31, 240, 240, 5, 5, 240, 1, 2, 1, 0, 0), F, 1, 0);
+    sweep(mk(70, 8, 8, 8, 8, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 0);     /* many images */
+}
+
+/* The same cases with the direct kernel off: every NHWC problem on the tiled kernel. */
+static void test_depthwise_tiled(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    assert_int_equal(convd_gpu_tune_dw_direct(0), 0);
+    depthwise_cases();
+    assert_int_equal(convd_gpu_tune_dw_direct(-1), 0);
+    assert_int_equal(convd_gpu_tune_dw_direct(1000), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_dw_direct(-2), CONVD_EINVAL);
+}
+
+/* Every shape of work of the direct kernel, on problems whose edges cut its bands and column
+ * groups (Ho, Wo not multiples of the rows and columns per thread), with padding on all sides. */
+static void test_depthwise_direct_shapes(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
+    int shapes = 0;
+    for (int mode = 1; convd_gpu_tune_dw_direct(mode) == 0; mode++, shapes++) {
+        sweep(mk(2, 13, 11, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
+        sweep(mk(1, 30, 27, 16, 16, 3, 3, 16, 1, 0, 1, 0, 0), F, 1, 0);
+        sweep(mk(2, 15, 17, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0), F, 1, 0);
+        sweep(mk(1, 19, 23, 8, 8, 5, 5, 8, 1, 2, 1, 0, 0), F, 1, 0);
+        sweep(mk(2, 17, 14, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
+    }
+    assert_true(shapes >= 2);
+    assert_int_equal(convd_gpu_tune_dw_direct(-1), 0);
 }
 
 static void test_fma(void **state)
@@ -548,7 +596,10 @@ static void test_multi_problem(void **state)
     p = mk(1, 12, 12, 16, 16, 3, 3, 16, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
     batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 34);
     p = mk(1, 12, 12, 48, 48, 3, 3, 48, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
-    batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 5);
+    batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 5); /* direct kernel */
+    assert_int_equal(convd_gpu_tune_dw_direct(0), 0);
+    batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 5); /* tiled kernel */
+    assert_int_equal(convd_gpu_tune_dw_direct(-1), 0);
     p = mk(1, 12, 12, 16, 16, 3, 3, 16, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
     p.layout = CONVD_LAYOUT_NCHW;
     batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 3);
@@ -626,6 +677,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_depthwise),
+        cmocka_unit_test(test_depthwise_tiled),
+        cmocka_unit_test(test_depthwise_direct_shapes),
         cmocka_unit_test(test_fma),
         cmocka_unit_test(test_mma),
         cmocka_unit_test(test_generic),
