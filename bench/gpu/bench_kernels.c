@@ -58,6 +58,7 @@ struct opts {
     int no_cudnn;
     int sweep_mma;
     int sweep_dw;
+    int sweep_nchw;
     enum convd_gpu_family family;
 };
 
@@ -637,6 +638,20 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         convd_gpu_tune_dw_direct(-1);
     }
 
+    /* --sweep-nchw: NCHW without the workspace (kernels gather NCHW directly, no transposed
+     * copies), for the routing decision. */
+    if (o->sweep_nchw && lay == CONVD_LAYOUT_NCHW && b.ws != NULL) {
+        void *ws = b.ws;
+        const size_t ws_bytes = b.ws_bytes;
+        b.ws = NULL;
+        b.ws_bytes = 0;
+        const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+        printf("sweep %s %s nchw without workspace: %.1f us (with: %.1f us)\n", sh->name,
+               convd_dtype_name(dt), us, out->ours_us);
+        b.ws = ws;
+        b.ws_bytes = ws_bytes;
+    }
+
     if (o->sweep_mma && fam == CONVD_GPU_FAMILY_MMA) {
         for (int cfg = 0; cfg < 16; cfg++) {
             if (convd_gpu_tune_mma_cfg(cfg) != 0)
@@ -707,7 +722,7 @@ static void usage(void)
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic] [--no-cudnn] [--sweep-mma]\n"
-           "         [--sweep-dw]\n");
+           "         [--sweep-dw] [--sweep-nchw]\n");
 }
 
 static int parse_mask(const char *s, int is_dtype)
@@ -874,6 +889,8 @@ int main(int argc, char **argv)
             o.sweep_mma = 1;
         } else if (strcmp(a, "--sweep-dw") == 0) {
             o.sweep_dw = 1;
+        } else if (strcmp(a, "--sweep-nchw") == 0) {
+            o.sweep_nchw = 1;
         } else {
             usage();
             return strcmp(a, "--help") == 0 ? 0 : 2;

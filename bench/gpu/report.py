@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Markdown tables for docs/benchmarks.md from one convd-bench-kernels CSV.
+
+    bench/gpu/report.py RUN.csv [--baseline cudnn-h200-baseline.md]
+
+Prints the per-row table (ours, the same run's cuDNN, and, when the baseline file is given, the
+PyTorch-cuDNN time of that file with the ratio against it) and the per dtype/layout summary:
+geometric mean of the speedups, median fraction of the roofline, and the grouped shapes
+(groups > 1) slower than each cuDNN. The dense shape (groups = 1) is left out of the "slower"
+lists, as the issue's targets treat it separately.
+"""
+import argparse
+import csv
+import math
+import re
+import statistics
+
+DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+DENSE = {"dense_resnet50_l1"}
+
+
+def load_baseline(path):
+    """(shape, dtype, layout) -> microseconds from the baseline markdown table."""
+    base = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 4 or cells[1] not in DTYPE_NAMES:
+                continue
+            try:
+                base[(cells[0], DTYPE_NAMES[cells[1]], cells[2])] = float(cells[3])
+            except ValueError:
+                continue
+    return base
+
+
+def geomean(values):
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("--baseline")
+    args = ap.parse_args()
+    rows = list(csv.DictReader(open(args.csv, encoding="utf-8")))
+    base = load_baseline(args.baseline) if args.baseline else {}
+
+    head = "| shape | dtype | layout | kernel | ours us | cuDNN us (same run) | speedup |"
+    rule = "|---|---|---|---|---:|---:|---:|"
+    if base:
+        head += " PyTorch cuDNN us (baseline) | vs baseline |"
+        rule += "---:|---:|"
+    print(head + " floor us | frac |")
+    print(rule + "---:|---:|")
+    for r in rows:
+        ours, dnn = float(r["ours_us"]), float(r["cudnn_us"])
+        line = (f"| {r['shape']} | {r['dtype']} | {r['layout']} | {r['kernel']} | {ours:.1f} | "
+                f"{dnn:.1f} | {dnn / ours:.2f}x |")
+        if base:
+            b = base.get((r["shape"], r["dtype"], r["layout"]))
+            line += f" {b:.1f} | {b / ours:.2f}x |" if b else " - | - |"
+        ok = "" if r["ok"] == "1" else " WRONG"
+        print(line + f" {float(r['floor_us']):.1f} | {float(r['frac']):.2f}{ok} |")
+
+    print()
+    head = "| dtype | layout | geomean vs same run |"
+    rule = "|---|---|---:|"
+    if base:
+        head += " geomean vs baseline |"
+        rule += "---:|"
+    head += " median frac | grouped shapes slower than same-run cuDNN |"
+    rule += "---:|---|"
+    if base:
+        head += " grouped shapes slower than the baseline |"
+        rule += "---|"
+    print(head)
+    print(rule)
+    for dt in ("fp16", "bf16", "fp32"):
+        for lay in ("nhwc", "nchw"):
+            sel = [r for r in rows if r["dtype"] == dt and r["layout"] == lay]
+            if not sel:
+                continue
+            same = [float(r["cudnn_us"]) / float(r["ours_us"]) for r in sel]
+            line = f"| {dt} | {lay} | {geomean(same):.2f}x |"
+            vs_base = []
+            for r in sel:
+                b = base.get((r["shape"], dt, lay))
+                vs_base.append(b / float(r["ours_us"]) if b else float("nan"))
+            if base:
+                line += f" {geomean([v for v in vs_base if not math.isnan(v)]):.2f}x |"
+            line += f" {statistics.median(float(r['frac']) for r in sel):.2f} |"
+            slow = [f"{r['shape']} ({s:.2f}x)" for r, s in zip(sel, same)
+                    if s < 1.0 and r["shape"] not in DENSE]
+            line += f" {', '.join(slow) or 'none'} |"
+            if base:
+                slow_b = [f"{r['shape']} ({v:.2f}x)" for r, v in zip(sel, vs_base)
+                          if v < 1.0 and r["shape"] not in DENSE]
+                line += f" {', '.join(slow_b) or 'none'} |"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
