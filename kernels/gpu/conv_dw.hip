@@ -10,11 +10,11 @@
  * straight into registers and ran at 1-2 blocks per SM for lack of registers (0.05-0.4 of the
  * bandwidth); the shared-memory tile keeps many loads in flight with few registers.
  *
- * NHWC direct (3x3 filters, equal strides of 1 or 2, no dilation, kpg = 1): no shared memory
- * and no barrier. A thread owns CPT adjacent channels of P adjacent output columns and a band of
- * TH output rows; consecutive threads take consecutive channel vectors and then consecutive
- * column groups, so each input-row load of a warp is one contiguous run and the neighbours'
- * loads of the same bytes hit L1. The filter lives in registers as fp32; the band's input rows
+ * NHWC direct (3x3 filters, and 5x5 in fp32; equal strides of 1 or 2, no dilation, kpg = 1):
+ * no shared memory and no barrier. A thread owns CPT adjacent channels of P adjacent output
+ * columns and a band of TH output rows; consecutive threads take consecutive channel vectors and
+ * then consecutive column groups, so each input-row load of a warp is one contiguous run and the
+ * neighbours' loads of the same bytes hit L1. The filter lives in registers as fp32; the band's input rows
  * stream through registers once each, fully unrolled, so the next rows' loads are in flight
  * while the current one is multiplied. It runs the MobileNet shapes in half the time of the
  * tiled kernel below, whose blocks wait for their whole halo behind a barrier and leave lanes
@@ -534,7 +534,7 @@ GPU_D void dw_nchw_fill_vec(float *in_s, const typename DT::T *xp, const struct 
  * NCHW. Block: one (image, input channel) plane and `th` output rows; threads th x sx, each a
  * strip of DW_P outputs of one row, for each of the kpg output planes of the channel.
  */
-template <class DT, int SMAX>
+template <class DT, int SMAX, int SW>
 __global__ void __launch_bounds__(256)
     dw_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int th, int sx, int tiles_h,
                    int ir, int icols)
@@ -610,17 +610,18 @@ __global__ void __launch_bounds__(256)
             const float *row = in_s + (tr * g.sh + r * g.dh) * icols;
             const float *wr = w_s + q * rs + r * g.s;
             if (SMAX > 0) {
-                float win[DW_P + (SMAX > 0 ? SMAX : 1) - 1];
+                /* The strip's input columns, read once: (DW_P - 1) * SW + S of them. */
+                float win[(DW_P - 1) * SW + (SMAX > 0 ? SMAX : 1)];
 #pragma unroll
-                for (int j = 0; j < DW_P + SMAX - 1; j++)
-                    win[j] = j < DW_P + g.s - 1 ? row[ow0 + j] : 0.0f;
+                for (int j = 0; j < (DW_P - 1) * SW + SMAX; j++)
+                    win[j] = j < (DW_P - 1) * SW + g.s ? row[ow0 * SW + j] : 0.0f;
 #pragma unroll
                 for (int s = 0; s < SMAX; s++) {
                     if (s < g.s) {
                         const float wv = wr[s];
 #pragma unroll
                         for (int o = 0; o < DW_P; o++)
-                            acc[o] = fmaf(win[o + s], wv, acc[o]);
+                            acc[o] = fmaf(win[o * SW + s], wv, acc[o]);
                     }
                 }
             } else {
@@ -641,9 +642,12 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* Width of the register window over a filter row (0: none): unit dilation along W, S <= 7, and
+ * stride 1 along W (both layouts) or 2 (NCHW, whose window is (DW_P - 1) * 2 + S wide). */
 static int dw_smax(const struct convd_problem *p)
 {
-    if (p->stride_w != 1 || p->dil_w != 1 || p->s > 7)
+    const int max_sw = p->layout == CONVD_LAYOUT_NCHW ? 2 : 1;
+    if (p->stride_w < 1 || p->stride_w > max_sw || p->dil_w != 1 || p->s > 7)
         return 0;
     return p->s <= 3 ? 3 : 7;
 }
@@ -651,26 +655,29 @@ static int dw_smax(const struct convd_problem *p)
 /*
  * Shapes of work of the direct kernel, each a template instance (dw_launch_direct):
  * X(filter, stride, channels per thread, rows, columns, interior split, min blocks per SM,
- *   L2 256-byte fetch hint, router's choice). The router takes the row marked for its filter
- * and stride; the others are reachable through convd_gpu_tune_dw_direct for tests and
- * `convd-bench-kernels --sweep-dw`. Chosen from sweeps on the H200 (bench/gpu/NOTES.md, round
- * 3): among 14 shapes for 3x3 stride 1, 4 rows x 4 columns x 2 channels was fastest or within 2%
- * in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8 x 2, 8 x 4, 4 x 6 and 4 channels per thread
- * were 2-30% slower); the 256-byte hint gave 0-4%; splitting off the interior helped some
- * shapes and hurt others. For 5x5 the tiled kernel stays the router's choice: every direct
- * shape measured so far was 35-50% slower on effnet_dw5.
+ *   L2 256-byte fetch hint, dtypes it is the router's choice for). The router takes the first row
+ * of the problem's filter and stride whose dtype mask holds its dtype; every row is reachable
+ * through convd_gpu_tune_dw_direct for tests and `convd-bench-kernels --sweep-dw`. Chosen from
+ * sweeps on the H200 (bench/gpu/NOTES.md, round 3): among 14 shapes for 3x3 stride 1, 4 rows x
+ * 4 columns x 2 channels was fastest or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8,
+ * 8 x 2, 8 x 4, 4 x 6 and 4 channels per thread were 2-30% slower); the 256-byte hint gave 0-4%;
+ * splitting off the interior helped some shapes and hurt others. For 5x5 the direct kernel is
+ * the route in fp32 only (effnet_dw5 43.2 us against the tiled kernel's 50.4); in fp16/bf16
+ * every direct shape measured was as slow as the tiled kernel or slower (38.1-52.2 against 37.7).
  */
+#define DW_F32 (1 << CONVD_DTYPE_FP32)
+#define DW_ALL ((1 << CONVD_DTYPE_FP32) | (1 << CONVD_DTYPE_FP16) | (1 << CONVD_DTYPE_BF16))
 #define DW_DCFGS(X)                                                                                \
-    X(3, 1, 2, 4, 4, 0, 3, 1, 1)                                                                   \
-    X(3, 2, 2, 6, 2, 1, 3, 1, 1)                                                                   \
-    X(5, 1, 2, 2, 4, 0, 2, 1, 0)                                                                   \
+    X(3, 1, 2, 4, 4, 0, 3, 1, DW_ALL)                                                              \
+    X(3, 2, 2, 6, 2, 1, 3, 1, DW_ALL)                                                              \
+    X(5, 1, 2, 2, 4, 0, 2, 1, DW_F32)                                                              \
     X(5, 1, 2, 4, 2, 1, 2, 1, 0)                                                                   \
     X(5, 1, 2, 2, 2, 1, 3, 1, 0)
 struct dw_dcfg {
-    int ks, sh, cpt, th, p, split, minb, hint, dflt;
+    int ks, sh, cpt, th, p, split, minb, hint, dtypes;
 };
-#define DW_DCFG_ROW(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DFLT)                                   \
-    {KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DFLT},
+#define DW_DCFG_ROW(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES)                                 \
+    {KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES},
 static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
@@ -698,7 +705,8 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     int ci = -1;
     for (int i = 0; i < DW_NDCFG; i++)
         if (dw_dcfgs[i].ks == g->r && dw_dcfgs[i].sh == g->sh &&
-            (dw_direct_mode < 0 ? dw_dcfgs[i].dflt != 0 : dw_direct_mode == 1 + i)) {
+            (dw_direct_mode < 0 ? (dw_dcfgs[i].dtypes >> p->dtype & 1) != 0
+                                : dw_direct_mode == 1 + i)) {
             ci = i;
             break;
         }
@@ -898,7 +906,7 @@ static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch
     dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)(g->n * pl->tiles_h), (unsigned)count);
     dim3 block((unsigned)pl->threads);
     typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
-#define DW_DCFG_FN(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DFLT)                                   \
+#define DW_DCFG_FN(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES)                                 \
     dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0>,
     static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
 #undef DW_DCFG_FN
@@ -917,15 +925,19 @@ static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *
     const struct gpu_geom *g = &pl->g;
     dim3 grid((unsigned)pl->blocks_per_problem, 1, (unsigned)count);
     dim3 block((unsigned)pl->threads);
-#define DW_GO(SMAX)                                                                                \
-    hipLaunchKernelGGL((dw_nchw_kernel<DT, SMAX>), grid, block, pl->smem, stream, *g, *b,          \
+#define DW_GO(SMAX, SW)                                                                            \
+    hipLaunchKernelGGL((dw_nchw_kernel<DT, SMAX, SW>), grid, block, pl->smem, stream, *g, *b,      \
                        pl->strips, pl->cvb, pl->tiles_h, pl->in_rows, pl->in_cols)
-    if (pl->unit == 3)
-        DW_GO(3);
+    if (pl->unit == 3 && g->sw == 2)
+        DW_GO(3, 2);
+    else if (pl->unit == 3)
+        DW_GO(3, 1);
+    else if (pl->unit == 7 && g->sw == 2)
+        DW_GO(7, 2);
     else if (pl->unit == 7)
-        DW_GO(7);
+        DW_GO(7, 1);
     else
-        DW_GO(0);
+        DW_GO(0, 1);
 #undef DW_GO
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;

@@ -81,7 +81,7 @@ int convd_gpu_synchronize(void);
 int convd_gpu_tune_mma_cfg(int cfg);
 
 /* Tests and benchmark only: -1 routes NHWC depthwise problems that the direct kernel serves by
- * default (3x3, stride 1 or 2, no dilation, one output per channel) to it, 0 keeps every problem
+ * default (3x3, and 5x5 in fp32; stride 1 or 2, no dilation, one output per channel) to it, 0 keeps every problem
  * on the tiled kernel, 1 + i forces the direct kernel's shape of work i (conv_dw.hip) where its
  * filter and stride match, the tiled kernel elsewhere. Process-global; CONVD_EINVAL past the
  * last shape. */

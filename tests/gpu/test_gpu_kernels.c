@@ -267,10 +267,10 @@ static void depthwise_cases(void)
     sweep(mk(2, 11, 12, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
 }
 
-/* Default routing: 3x3 NHWC problems with equal strides of 1 or 2 run on the direct kernel
- * (bands of output rows and groups of columns that end inside or past the image, padding wider
- * than the filter's reach, no padding at all, images narrower than a band), the rest on the
- * tiled one. */
+/* Default routing: 3x3 NHWC problems (and 5x5 in fp32) with equal strides of 1 or 2 run on the
+ * direct kernel (bands of output rows and groups of columns that end inside or past the image,
+ * padding wider than the filter's reach, no padding at all, images narrower than a band), the
+ * rest on the tiled one. */
 static void test_depthwise(void **state)
 {
     (void)state;
