@@ -859,7 +859,15 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             const double mmas = (double)items * nchunks * nk16 * (bm / 16) * (bn / 8);
             const double l2_bytes =
                 (double)items * nchunks * (double)(a_bytes + (nchunks > 1 ? b_bytes : 0));
-            double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12;
+            /* Fragment reads from shared memory: every warp reads its A (16x16) and B (16x8)
+             * fragments for each k16 step, so warps that share a row of the block tile re-read
+             * the same A. At ~33 TB/s (128 B per clock per SM) this is what separates
+             * configurations of equal mma count: resnext50_l4 ran 16.9 us with 8 warps of
+             * 112x8 and 11.6 us with 4 warps of 64x32, same items and bytes. */
+            const int nwarps = c->wm * c->wn;
+            const double lds_bytes = (double)items * nchunks * nk16 * nwarps *
+                                     (c->mt * 512.0 + c->nt * 256.0);
+            double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12 + lds_bytes / 33e12;
             int per_sm = dev.smem_per_sm / (smem + 1024);
             const int threads = c->wm * c->wn * 32;
             if (per_sm * threads > 2048)
