@@ -28,26 +28,6 @@
 
 #define DW_P 4
 
-/* Asynchronous 16-byte copy global -> shared, zero-filled when !valid: cp.async on NVIDIA
- * (sm_80+), a plain vector load and store elsewhere. */
-GPU_D void dw_cp16(void *dst, const void *src, bool valid)
-{
-#if defined(CONVD_DEVICE_SM80)
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(valid ? 16 : 0));
-#else
-    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-GPU_D void dw_cp_wait_all()
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-#endif
-}
-
 /* CPL adjacent channels of one pixel from the shared halo, as fp32. */
 template <class DT, int CPL> struct dw_px;
 template <> struct dw_px<dt_f32, 1> {
@@ -132,7 +112,7 @@ __global__ void __launch_bounds__(256)
             const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 +
                                        cv * (16 / es)
                                  : x;
-            dw_cp16(halo + pix * a.ps + cv * 16, src, valid);
+            gpu_cp16(halo + pix * a.ps + cv * 16, src, valid);
         }
     } else
     for (int v = threadIdx.x; v < hpix * vpp; v += blockDim.x) {
@@ -142,7 +122,7 @@ __global__ void __launch_bounds__(256)
         const bool valid = convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
         const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 + cv * (16 / es)
                              : x;
-        dw_cp16(halo + pix * a.ps + cv * 16, src, valid);
+        gpu_cp16(halo + pix * a.ps + cv * 16, src, valid);
     }
     /* Weights (K, R, S, 1) of outputs [c0 * KPG, (c0 + cb) * KPG) as fp32 [tap][k]. */
     const int kb = a.cb * KPG;
@@ -151,7 +131,7 @@ __global__ void __launch_bounds__(256)
         const int k = c0 * KPG + kl;
         wts[e] = kl < cbn * KPG ? DT::load(w[(size_t)k * rs + tap]) : 0.0f;
     }
-    dw_cp_wait_all();
+    gpu_cp_wait_all();
     __syncthreads();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -242,76 +222,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* CPT adjacent elements (4, 8 or 16 bytes) from global memory, as fp32; zeros when !valid. */
-template <class DT, int CPT> struct dw_vec;
-template <> struct dw_vec<dt_f32, 2> {
-    static GPU_D void load(const float *p, bool valid, float *v)
-    {
-        const float2 u = valid ? *(const float2 *)p : make_float2(0.0f, 0.0f);
-        v[0] = u.x;
-        v[1] = u.y;
-    }
-    static GPU_D void store(float *p, const float *v)
-    {
-        *(float2 *)p = make_float2(v[0], v[1]);
-    }
-};
-template <> struct dw_vec<dt_f32, 4> {
-    static GPU_D void load(const float *p, bool valid, float *v)
-    {
-        const float4 u = valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v[0] = u.x;
-        v[1] = u.y;
-        v[2] = u.z;
-        v[3] = u.w;
-    }
-    static GPU_D void store(float *p, const float *v)
-    {
-        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
-    }
-};
-template <class DT> struct dw_vec16_2 {
-    static GPU_D void load(const uint16_t *p, bool valid, float *v)
-    {
-        const uint32_t u = valid ? *(const uint32_t *)p : 0u;
-        v[0] = DT::load((uint16_t)(u & 0xffffu));
-        v[1] = DT::load((uint16_t)(u >> 16));
-    }
-    static GPU_D void store(uint16_t *p, const float *v)
-    {
-        *(uint32_t *)p = (uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16);
-    }
-};
-template <class DT> struct dw_vec16_4 {
-    static GPU_D void load(const uint16_t *p, bool valid, float *v)
-    {
-        const uint2 u = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
-        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
-        v[1] = DT::load((uint16_t)(u.x >> 16));
-        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
-        v[3] = DT::load((uint16_t)(u.y >> 16));
-    }
-    static GPU_D void store(uint16_t *p, const float *v)
-    {
-        *(uint2 *)p =
-            make_uint2((uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16),
-                       (uint32_t)DT::store(v[2]) | ((uint32_t)DT::store(v[3]) << 16));
-    }
-};
-template <> struct dw_vec<dt_f16, 2> : dw_vec16_2<dt_f16> {
-};
-template <> struct dw_vec<dt_bf16, 2> : dw_vec16_2<dt_bf16> {
-};
-template <> struct dw_vec<dt_f16, 4> : dw_vec16_4<dt_f16> {
-};
-template <> struct dw_vec<dt_bf16, 4> : dw_vec16_4<dt_bf16> {
-};
-
-/*
- * NHWC direct: the band's input rows, NC = (P - 1) * SH + KS columns each, multiplied into
- * acc[TH][P][CPT]. CHECK = false for threads whose whole window lies inside the image (all but
- * the border ones): no bounds tests and no selects on the loads.
- */
 /* 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
  * the whole 256-byte block around it from DRAM (NVIDIA sm_80+; a plain load elsewhere). */
 template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uint32_t *u)
@@ -360,6 +270,32 @@ GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
     }
 }
 
+/* CPT elements (4 or 8 bytes in all) from fp32, rounded to the output type, one store. */
+template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const float *v)
+{
+    constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
+    static_assert(BYTES == 4 || BYTES == 8, "direct stores are 4 or 8 bytes");
+    uint32_t u[2];
+    if (sizeof(typename DT::T) == 4) {
+#pragma unroll
+        for (int j = 0; j < CPT; j++)
+            u[j] = __float_as_uint(v[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < CPT / 2; j++)
+            u[j] = (uint32_t)DT::store(v[2 * j]) | ((uint32_t)DT::store(v[2 * j + 1]) << 16);
+    }
+    if (BYTES == 8)
+        *(uint2 *)p = make_uint2(u[0], u[1]);
+    else
+        *(uint32_t *)p = u[0];
+}
+
+/*
+ * NHWC direct: the band's input rows, NC = (P - 1) * SH + KS columns each, multiplied into
+ * acc[TH][P][CPT]. CHECK = false for threads whose whole window lies inside the image (all but
+ * the border ones): no bounds tests and no selects on the loads.
+ */
 template <class DT, int CPT, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
 GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gpu_geom &g,
                           int ih0, int iw0, const float (&wt)[KS * KS][CPT],
@@ -459,7 +395,7 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
             for (int j = 0; j < CPT; j++)
                 ov[j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
-            dw_vec<DT, CPT>::store(yb + ((size_t)o * g.wo + pp) * g.k, ov);
+            dw_direct_store<DT, CPT>(yb + ((size_t)o * g.wo + pp) * g.k, ov);
         }
     }
 }
@@ -673,11 +609,11 @@ static int dw_smax(const struct convd_problem *p)
     X(5, 1, 2, 2, 4, 0, 2, 1, DW_F32)                                                              \
     X(5, 1, 2, 4, 2, 1, 2, 1, 0)                                                                   \
     X(5, 1, 2, 2, 2, 1, 3, 1, 0)
+/* What the planner needs of a row; the rest are template arguments only (dw_launch_direct). */
 struct dw_dcfg {
-    int ks, sh, cpt, th, p, split, minb, hint, dtypes;
+    int ks, sh, cpt, th, p, dtypes;
 };
-#define DW_DCFG_ROW(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES)                                 \
-    {KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES},
+#define DW_DCFG_ROW(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES) {KS, SH, CPT, TH, P, DTYPES},
 static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))

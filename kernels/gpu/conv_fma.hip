@@ -107,27 +107,6 @@ struct fma_args {
     int out_nchw; /* NHWC input (a transposed copy), NCHW output */
 };
 
-/* Asynchronous 4-byte copy global -> shared, zero-filled when !valid (cp.async on sm_80+, a
- * plain load and store elsewhere): the fp32 halo needs no conversion, so its loads need not
- * pass through registers and all of a thread's copies are in flight at once. */
-GPU_D void fma_cp4(float *dst, const float *src, bool valid)
-{
-#if defined(CONVD_DEVICE_SM80)
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
-                 "r"(valid ? 4 : 0));
-#else
-    *dst = valid ? *src : 0.0f;
-#endif
-}
-
-GPU_D void fma_cp_wait_all()
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-#endif
-}
-
 template <class DT, int NHWC, int TN, int UNIT>
 __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const struct gpu_batch b)
 {
@@ -214,7 +193,7 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
                         row_ok && wk.mid < ngrp && wk.lo < kcn && convd_math_inside(iw, g.w);
                     const float *src =
                         ok ? xrow + (size_t)iw * g.c + wk.mid * g.cpg + wk.lo : (const float *)x;
-                    fma_cp4(hrow_s + wk.hi * a.ps + wk.mid * a.kc + wk.lo, src, ok);
+                    gpu_cp4(hrow_s + wk.hi * a.ps + wk.mid * a.kc + wk.lo, src, ok);
                 }
             }
         } else if (NHWC) {
@@ -304,9 +283,9 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
                 const bool ok = k < kend && c < kcn;
                 const float *src = ok ? (const float *)w + ((size_t)k * rs + tap) * g.cpg + c0 + c
                                       : (const float *)w;
-                fma_cp4(wts + (tap * a.kc + c) * a.bnp + nl, src, ok);
+                gpu_cp4(wts + (tap * a.kc + c) * a.bnp + nl, src, ok);
             }
-            fma_cp_wait_all();
+            gpu_cp_wait_all();
         } else
             for (int base = t; base < nw; base += FMA_U * (int)blockDim.x) {
                 float v[FMA_U];

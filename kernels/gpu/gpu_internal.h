@@ -89,6 +89,37 @@ struct dt_bf16 {
     }
 };
 
+/* Asynchronous copies global -> shared of 4 or 16 bytes, zero-filled when !valid (cp.async on
+ * NVIDIA sm_80+; a plain load and store elsewhere), and the wait for all of a thread's copies. */
+GPU_D void gpu_cp4(float *dst, const float *src, bool valid)
+{
+#if defined(CONVD_DEVICE_SM80)
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 4 : 0));
+#else
+    *dst = valid ? *src : 0.0f;
+#endif
+}
+
+GPU_D void gpu_cp16(void *dst, const void *src, bool valid)
+{
+#if defined(CONVD_DEVICE_SM80)
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+#else
+    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+GPU_D void gpu_cp_wait_all()
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+#endif
+}
+
 /* Epilogue shared by every family: bias, then ReLU. */
 GPU_D float gpu_epilogue(float acc, float bias, int relu)
 {
