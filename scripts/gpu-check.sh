@@ -24,6 +24,12 @@ exec > >(tee "$OUT/check.log") 2>&1
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
+# A build folder may also arrive packed (BUILD/pack.tgz of bin, tests and the ctest files: the
+# fat binaries compress about 2.5x, which keeps the carry small).
+if [ -f "$BUILD/pack.tgz" ]; then
+    tar xzf "$BUILD/pack.tgz" -C "$BUILD" && echo "unpacked $BUILD/pack.tgz"
+fi
+
 step "runtime libraries"
 if compgen -G ".deps/*.deb" >/dev/null; then
     mkdir -p /tmp/deps
@@ -77,17 +83,20 @@ rm -f "$OUT/bench.err"
 # Optional (PROFILE=1): Nsight Compute on one kernel of each family, into profile.txt.
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
     step "profile"
-    # PROFILE_SPECS: "shape dtype layout kernel-regex;..." to profile others.
+    # PROFILE_SPECS: "shape dtype layout kernel-regex;..." to profile others; PROFILE_ARGS are
+    # added to the benchmark's arguments (e.g. --sweep-dw to reach non-default kernels) and
+    # NCU_ARGS to Nsight Compute's (e.g. --launch-skip 2, --print-details all).
     specs=${PROFILE_SPECS:-"resnext50_l2 fp16 nhwc mma_kernel;effnet_dw5 fp16 nhwc dw_nhwc;resnext50_l4 fp32 nhwc fma_kernel;mbv2_dw_s2 fp16 nchw dw_nchw"}
     IFS=';' read -r -a spec_list <<<"$specs"
     for spec in "${spec_list[@]}"; do
         set -- $spec
         echo "### $spec" >>"$OUT/profile.txt"
-        timeout 120 ncu --clock-control none --kernel-name "regex:$4" --launch-count 1 \
+        # shellcheck disable=SC2086
+        timeout 120 ncu --clock-control none --kernel-name "regex:$4" --launch-count 1 ${NCU_ARGS:-} \
             --section SpeedOfLight --section WarpStateStats --section Occupancy \
             --section LaunchStats --section MemoryWorkloadAnalysis \
             "$BUILD/bin/convd-bench-kernels" --shapes "$SHAPES" --only "$1" --dtypes "$2" \
-            --layouts "$3" --iters 2 --warmup 1 --no-cudnn >>"$OUT/profile.txt" 2>&1
+            --layouts "$3" --iters 2 --warmup 1 --no-cudnn ${PROFILE_ARGS:-} >>"$OUT/profile.txt" 2>&1
     done
     grep -E "###|Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall" \
         "$OUT/profile.txt" | head -40

@@ -10,7 +10,7 @@
  * straight into registers and ran at 1-2 blocks per SM for lack of registers (0.05-0.4 of the
  * bandwidth); the shared-memory tile keeps many loads in flight with few registers.
  *
- * NHWC direct (3x3 filters, and 5x5 in fp32; equal strides of 1 or 2, no dilation, kpg = 1):
+ * NHWC direct (3x3 and 5x5 filters; equal strides of 1 or 2, no dilation, kpg = 1):
  * no shared memory and no barrier. A thread owns CPT adjacent channels of P adjacent output
  * columns and a band of TH output rows; consecutive threads take consecutive channel vectors and
  * then consecutive column groups, so each input-row load of a warp is one contiguous run and the
@@ -579,13 +579,14 @@ __global__ void __launch_bounds__(256)
 }
 
 /* Width of the register window over a filter row (0: none): unit dilation along W, S <= 7, and
- * stride 1 along W (both layouts) or 2 (NCHW, whose window is (DW_P - 1) * 2 + S wide). */
+ * stride 1 along W (both layouts) or 2 (NCHW, whose window is (DW_P - 1) * 2 + S wide). Windows
+ * come in widths 3, 5 and 7; taps past S are skipped by a uniform branch. */
 static int dw_smax(const struct convd_problem *p)
 {
     const int max_sw = p->layout == CONVD_LAYOUT_NCHW ? 2 : 1;
     if (p->stride_w < 1 || p->stride_w > max_sw || p->dil_w != 1 || p->s > 7)
         return 0;
-    return p->s <= 3 ? 3 : 7;
+    return p->s <= 3 ? 3 : p->s <= 5 ? 5 : 7;
 }
 
 /*
@@ -597,18 +598,18 @@ static int dw_smax(const struct convd_problem *p)
  * sweeps on the H200 (bench/gpu/NOTES.md, round 3): among 14 shapes for 3x3 stride 1, 4 rows x
  * 4 columns x 2 channels was fastest or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8,
  * 8 x 2, 8 x 4, 4 x 6 and 4 channels per thread were 2-30% slower); the 256-byte hint gave 0-4%;
- * splitting off the interior helped some shapes and hurt others. For 5x5 the direct kernel is
- * the route in fp32 only (effnet_dw5 43.2 us against the tiled kernel's 50.4); in fp16/bf16
- * every direct shape measured was as slow as the tiled kernel or slower (38.1-52.2 against 37.7).
+ * splitting off the interior helped some shapes and hurt others. For 5x5, 4 rows x 4 columns
+ * (round 5: effnet_dw5 fp16 27.8 us, bf16 30.0, fp32 33.8) beat the tiled kernel (34.7, 36.5,
+ * 43.9) and every narrower direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2: 38.2, 40.0, 44.6).
  */
-#define DW_F32 (1 << CONVD_DTYPE_FP32)
 #define DW_ALL ((1 << CONVD_DTYPE_FP32) | (1 << CONVD_DTYPE_FP16) | (1 << CONVD_DTYPE_BF16))
 #define DW_DCFGS(X)                                                                                \
     X(3, 1, 2, 4, 4, 0, 3, 1, DW_ALL)                                                              \
     X(3, 2, 2, 6, 2, 1, 3, 1, DW_ALL)                                                              \
-    X(5, 1, 2, 2, 4, 0, 2, 1, DW_F32)                                                              \
-    X(5, 1, 2, 4, 2, 1, 2, 1, 0)                                                                   \
-    X(5, 1, 2, 2, 2, 1, 3, 1, 0)
+    X(5, 1, 2, 4, 4, 0, 2, 1, DW_ALL)                                                              \
+    X(5, 1, 2, 4, 4, 1, 2, 1, 0)                                                                   \
+    X(5, 1, 2, 7, 4, 0, 1, 1, 0)                                                                   \
+    X(5, 1, 2, 2, 4, 0, 2, 1, 0)
 /* What the planner needs of a row; the rest are template arguments only (dw_launch_direct). */
 struct dw_dcfg {
     int ks, sh, cpt, th, p, dtypes;
@@ -697,8 +698,8 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
         }
         const int cpl = es == 2 ? 2 : 1;
         const int P = pl.unit != 0 && g->kpg == 1 ? 8 : 4;
-        if (g->kpg == 2 && pl.unit == 7)
-            pl.unit = 0; /* two outputs per channel and a 7-wide window: too many registers */
+        if (g->kpg == 2 && pl.unit > 3)
+            pl.unit = 0; /* two outputs per channel and a wide window: too many registers */
         const int cb = 32 * cpl;
         /* Tile width: a multiple of P that wastes least of the row, at most 8 strips. */
         const int wr = (g->wo + P - 1) / P * P;
@@ -817,6 +818,8 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
     if (g->kpg == 1) {
         if (pl->unit == 3)
             DW_GO(1, 8, 3);
+        else if (pl->unit == 5)
+            DW_GO(1, 8, 5);
         else if (pl->unit == 7)
             DW_GO(1, 8, 7);
         else
@@ -868,8 +871,10 @@ static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *
         DW_GO(3, 2);
     else if (pl->unit == 3)
         DW_GO(3, 1);
-    else if (pl->unit == 7 && g->sw == 2)
+    else if (pl->unit > 3 && g->sw == 2)
         DW_GO(7, 2);
+    else if (pl->unit == 5)
+        DW_GO(5, 1);
     else if (pl->unit == 7)
         DW_GO(7, 1);
     else

@@ -17,7 +17,6 @@
 #include "gpu_internal.h"
 
 #define FMA_TM   8
-#define FMA_SMAX 7
 #define FMA_U    8
 
 template <int TN> struct fma_wvec {
@@ -47,6 +46,30 @@ template <> struct fma_wvec<1> {
         v[0] = *p;
     }
 };
+
+/*
+ * One input channel of one filter row for a strip of FMA_TM pixels, KS taps wide with unit
+ * stride and dilation along W: the FMA_TM + KS - 1 input columns (ps floats apart) are read once
+ * and reused by every tap; tap s's TN weights are at w + s * wtap.
+ */
+template <int TN, int KS>
+GPU_D void fma_window(const float *hp, int ps, const float *w, int wtap, float (&acc)[FMA_TM][TN])
+{
+    float win[FMA_TM + KS - 1];
+#pragma unroll
+    for (int j = 0; j < FMA_TM + KS - 1; j++)
+        win[j] = hp[j * ps];
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+        float wv[TN];
+        fma_wvec<TN>::load(w + s * wtap, wv);
+#pragma unroll
+        for (int o = 0; o < FMA_TM; o++)
+#pragma unroll
+            for (int i = 0; i < TN; i++)
+                acc[o][i] = fmaf(win[o + s], wv[i], acc[o][i]);
+    }
+}
 
 /* Stores TN adjacent channels of one NHWC pixel (aligned: K and the offset are multiples of TN). */
 template <class DT, int TN> struct fma_out {
@@ -107,8 +130,8 @@ struct fma_args {
     int out_nchw; /* NHWC input (a transposed copy), NCHW output */
 };
 
-template <class DT, int NHWC, int TN, int UNIT>
-__global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const struct gpu_batch b)
+template <class DT, int NHWC, int TN, int KS>
+__global__ void __launch_bounds__(256, 2) fma_kernel(const struct fma_args a, const struct gpu_batch b)
 {
     typedef typename DT::T T;
     extern __shared__ float fma_smem[];
@@ -327,32 +350,29 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
         if (active) {
             const float *hb = halo + gl * a.kc;
             const float *wb = wts + nc * TN;
+            const int wtap = a.kc * a.bnp; /* weights: distance between taps */
             for (int r = 0; r < g.r; r++) {
                 const int ihl = tr * g.sh + r * g.dh;
                 const float *hrow = hb + ihl * a.rpx * a.ps;
-                for (int c = 0; c < kcn; c++) {
-                    if (UNIT) {
-                        float win[FMA_TM + FMA_SMAX - 1];
-                        const float *hp = hrow + sxi * FMA_TM * a.ps + c;
+                const float *wr = wb + r * g.s * wtap;
+                if (KS > 0) {
+                    /* Straight-line work per channel, CU channels at a time so that the next
+                     * channel's shared-memory reads are in flight during this one's FMAs (one
+                     * at a time for wide filters and 8 outputs, which take too many registers). */
+                    constexpr int CU = KS * TN <= 12 ? 2 : 1;
+                    const float *hp = hrow + sxi * FMA_TM * a.ps;
+                    int c = 0;
+                    for (; c + CU <= kcn; c += CU)
 #pragma unroll
-                        for (int j = 0; j < FMA_TM + FMA_SMAX - 1; j++)
-                            win[j] = j < FMA_TM + g.s - 1 ? hp[j * a.ps] : 0.0f;
-#pragma unroll
-                        for (int s = 0; s < FMA_SMAX; s++) {
-                            if (s < g.s) {
-                                float wv[TN];
-                                fma_wvec<TN>::load(wb + ((r * g.s + s) * a.kc + c) * a.bnp, wv);
-#pragma unroll
-                                for (int o = 0; o < FMA_TM; o++)
-#pragma unroll
-                                    for (int i = 0; i < TN; i++)
-                                        acc[o][i] = fmaf(win[o + s], wv[i], acc[o][i]);
-                            }
-                        }
-                    } else {
+                        for (int u = 0; u < CU; u++)
+                            fma_window<TN, KS>(hp + c + u, a.ps, wr + (c + u) * a.bnp, wtap, acc);
+                    for (; c < kcn; c++)
+                        fma_window<TN, KS>(hp + c, a.ps, wr + c * a.bnp, wtap, acc);
+                } else {
+                    for (int c = 0; c < kcn; c++)
                         for (int s = 0; s < g.s; s++) {
                             float wv[TN];
-                            fma_wvec<TN>::load(wb + ((r * g.s + s) * a.kc + c) * a.bnp, wv);
+                            fma_wvec<TN>::load(wr + s * wtap + c * a.bnp, wv);
 #pragma unroll
                             for (int o = 0; o < FMA_TM; o++) {
                                 const int iwl = (sxi * FMA_TM + o) * g.sw + s * g.dw;
@@ -362,7 +382,6 @@ __global__ void __launch_bounds__(256) fma_kernel(const struct fma_args a, const
                                     acc[o][i] = fmaf(xv, wv[i], acc[o][i]);
                             }
                         }
-                    }
                 }
             }
         }
@@ -438,6 +457,16 @@ static double fma_conflicts(const struct gpu_fma_plan *pl, int smap, int rpx, in
     return warps > 0 ? (double)total / warps : 1.0;
 }
 
+/* The exact filter width the kernel's register window is built for (fma_window), 0 for the
+ * generic loop: unit stride and dilation along W and S of 1, 3, 5 or 7 (only 3 when the kernel
+ * gathers NCHW input, to bound the number of instances). */
+static int fma_ks(const struct gpu_geom *g, int nhwc_input)
+{
+    if (g->sw != 1 || g->dw != 1 || (g->s != 1 && g->s != 3 && g->s != 5 && g->s != 7))
+        return 0;
+    return nhwc_input || g->s == 3 ? g->s : 0;
+}
+
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
                       char *why, size_t why_len)
 {
@@ -450,7 +479,7 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     const struct gpu_geom *g = &pl.g;
 
     pl.tn = g->kpg % 8 == 0 ? 8 : g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
-    pl.unit = g->sw == 1 && g->dw == 1 && g->s <= FMA_SMAX;
+    pl.ks = fma_ks(g, p->layout == CONVD_LAYOUT_NHWC);
     const int per_group = g->kpg / pl.tn;
     /* Spatial tile first (about 32 strips of FMA_TM pixels), then enough output-channel chunks
      * to fill 256 threads: whole groups (a power of two of them) when a group has few chunks,
@@ -581,25 +610,38 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     return 0;
 }
 
-template <class DT, int NHWC, int TN>
-static int fma_launch_tn(const struct gpu_fma_plan *pl, const struct fma_args *a,
+template <class DT, int NHWC, int TN, int KS>
+static int fma_launch_ks(const struct gpu_fma_plan *pl, const struct fma_args *a,
                          const struct gpu_batch *b, int count, hipStream_t stream)
 {
     dim3 grid((unsigned)(pl->tiles * pl->nblk), 1, (unsigned)count);
     dim3 block((unsigned)pl->threads);
-    if (pl->unit) {
-        int rc = gpu_allow_smem((const void *)fma_kernel<DT, NHWC, TN, 1>, pl->smem);
-        if (rc != 0)
-            return rc;
-        hipLaunchKernelGGL((fma_kernel<DT, NHWC, TN, 1>), grid, block, pl->smem, stream, *a, *b);
-    } else {
-        int rc = gpu_allow_smem((const void *)fma_kernel<DT, NHWC, TN, 0>, pl->smem);
-        if (rc != 0)
-            return rc;
-        hipLaunchKernelGGL((fma_kernel<DT, NHWC, TN, 0>), grid, block, pl->smem, stream, *a, *b);
-    }
+    int rc = gpu_allow_smem((const void *)fma_kernel<DT, NHWC, TN, KS>, pl->smem);
+    if (rc != 0)
+        return rc;
+    hipLaunchKernelGGL((fma_kernel<DT, NHWC, TN, KS>), grid, block, pl->smem, stream, *a, *b);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
+}
+
+/* Instances: the exact window widths of fma_ks (1, 3, 5, 7 for NHWC input, 3 for NCHW) and the
+ * generic loop (0). */
+template <class DT, int NHWC, int TN>
+static int fma_launch_tn(const struct gpu_fma_plan *pl, const struct fma_args *a,
+                         const struct gpu_batch *b, int count, hipStream_t stream)
+{
+    switch (pl->ks) {
+    case 1:
+        return fma_launch_ks<DT, NHWC, TN, NHWC ? 1 : 0>(pl, a, b, count, stream);
+    case 3:
+        return fma_launch_ks<DT, NHWC, TN, 3>(pl, a, b, count, stream);
+    case 5:
+        return fma_launch_ks<DT, NHWC, TN, NHWC ? 5 : 0>(pl, a, b, count, stream);
+    case 7:
+        return fma_launch_ks<DT, NHWC, TN, NHWC ? 7 : 0>(pl, a, b, count, stream);
+    default:
+        return fma_launch_ks<DT, NHWC, TN, 0>(pl, a, b, count, stream);
+    }
 }
 
 template <class DT, int NHWC>

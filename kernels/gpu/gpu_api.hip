@@ -309,9 +309,9 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
         break;
     case CONVD_GPU_FAMILY_FMA:
         snprintf(buf, len,
-                 "fma tn %d unit %d nch %d bn %d gpb %d tile %dx%d kc %d/%d threads %d "
+                 "fma tn %d window %d nch %d bn %d gpb %d tile %dx%d kc %d/%d threads %d "
                  "smem %d blocks %d",
-                 pl.u.fma.tn, pl.u.fma.unit, pl.u.fma.nch, pl.u.fma.bn, pl.u.fma.gpb, pl.u.fma.th,
+                 pl.u.fma.tn, pl.u.fma.ks, pl.u.fma.nch, pl.u.fma.bn, pl.u.fma.gpb, pl.u.fma.th,
                  pl.u.fma.sx * 8, pl.u.fma.kc, pl.u.fma.g.cpg, pl.u.fma.threads, pl.u.fma.smem,
                  pl.u.fma.tiles * pl.u.fma.nblk);
         break;

@@ -209,7 +209,7 @@ struct gpu_fma_plan {
     struct gpu_geom g;
     int dtype, layout;
     int tn;     /* output channels per thread (divides kpg) */
-    int unit;   /* stride_w == 1 && dil_w == 1 && s <= 7: register window across s */
+    int ks;     /* exact register-window width (1, 3, 5, 7), 0: generic loop */
     int nch;    /* output-channel chunks (threads along N) per block */
     int bn;     /* output channels per block: nch * tn */
     int gpb;    /* groups per block (>= 1); 0 when the block covers part of one group */

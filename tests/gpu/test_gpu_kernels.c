@@ -332,6 +332,13 @@ static void test_fma(void **state)
     sweep(mk(1, 40, 45, 12, 12, 3, 3, 3, 1, 1, 1, 0, 0), F, 1, 0); /* many tiles */
     sweep(mk(3, 5, 5, 7, 14, 2, 4, 7, 1, 1, 1, 0, 0), F, 1, 0);    /* depthwise x2, 2x4 */
     sweep(mk(1, 12, 12, 4, 12, 1, 9, 1, 1, 0, 1, 0, 0), F, 1, 0);  /* S > 7: no window */
+    /* Every exact window width, with channel counts that leave a remainder after the loop's
+     * two-channel steps (cpg 3, 5). */
+    sweep(mk(2, 8, 9, 15, 40, 1, 1, 5, 1, 0, 1, 0, 0), F, 1, 0);   /* 1x1, cpg 3, kpg 8 */
+    sweep(mk(1, 10, 11, 25, 20, 3, 3, 5, 1, 1, 1, 0, 0), F, 1, 0); /* 3x3, cpg 5, kpg 4 */
+    sweep(mk(1, 11, 10, 12, 24, 5, 5, 4, 1, 2, 1, 0, 0), F, 1, 0); /* 5x5, cpg 3, kpg 6 */
+    sweep(mk(2, 9, 12, 20, 40, 7, 7, 4, 1, 3, 1, 0, 0), F, 1, 0);  /* 7x7, cpg 5, kpg 10 */
+    sweep(mk(1, 9, 10, 8, 8, 4, 4, 2, 1, 1, 1, 0, 0), F, 1, 0);    /* S = 4: generic loop */
     p = mk(2, 13, 12, 6, 9, 3, 2, 3, 1, 0, 1, 0, 0);               /* asymmetric */
     p.pad_top = 0;
     p.pad_bottom = 2;
