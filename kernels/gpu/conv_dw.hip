@@ -14,9 +14,9 @@
  * no shared memory and no barrier. A thread owns CPT adjacent channels of P adjacent output
  * columns and a band of TH output rows; consecutive threads take consecutive channel vectors and
  * then consecutive column groups, so each input-row load of a warp is one contiguous run and the
- * neighbours' loads of the same bytes hit L1. The filter lives in registers as fp32; the band's input rows
- * stream through registers once each, fully unrolled, so the next rows' loads are in flight
- * while the current one is multiplied. It runs the MobileNet shapes in half the time of the
+ * neighbours' loads of the same bytes hit L1. The filter lives in registers as fp32; the band's
+ * input rows stream through registers once each, fully unrolled, so the next rows' loads are in
+ * flight while the current one is multiplied. It runs the MobileNet shapes in half the time of the
  * tiled kernel below, whose blocks wait for their whole halo behind a barrier and leave lanes
  * idle in the last 64-channel block when C is not a multiple of 64.
  *
@@ -109,20 +109,20 @@ __global__ void __launch_bounds__(256)
              pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
             const int ih = ih0 + wk.mid, iw = iw0 + wk.lo;
             const bool valid = convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
-            const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 +
-                                       cv * (16 / es)
-                                 : x;
+            const T *src =
+                valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 + cv * (16 / es) : x;
             gpu_cp16(halo + pix * a.ps + cv * 16, src, valid);
         }
-    } else
-    for (int v = threadIdx.x; v < hpix * vpp; v += blockDim.x) {
-        const int pix = v / vpp, cv = v - pix * vpp;
-        const int ihl = pix / a.iw, iwl = pix - ihl * a.iw;
-        const int ih = ih0 + ihl, iw = iw0 + iwl;
-        const bool valid = convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
-        const T *src = valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 + cv * (16 / es)
-                             : x;
-        gpu_cp16(halo + pix * a.ps + cv * 16, src, valid);
+    } else {
+        for (int v = threadIdx.x; v < hpix * vpp; v += blockDim.x) {
+            const int pix = v / vpp, cv = v - pix * vpp;
+            const int ihl = pix / a.iw, iwl = pix - ihl * a.iw;
+            const int ih = ih0 + ihl, iw = iw0 + iwl;
+            const bool valid = convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
+            const T *src =
+                valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + c0 + cv * (16 / es) : x;
+            gpu_cp16(halo + pix * a.ps + cv * 16, src, valid);
+        }
     }
     /* Weights (K, R, S, 1) of outputs [c0 * KPG, (c0 + cb) * KPG) as fp32 [tap][k]. */
     const int kb = a.cb * KPG;
@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(256)
                         for (int c = 0; c < CPL; c++)
 #pragma unroll
                             for (int q = 0; q < KPG; q++)
-                                acc[o][c * KPG + q] = fmaf(xv[c], wv[c * KPG + q], acc[o][c * KPG + q]);
+                                acc[o][c * KPG + q] =
+                                    fmaf(xv[c], wv[c * KPG + q], acc[o][c * KPG + q]);
                     }
                 }
             }
@@ -233,9 +234,7 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
             if (BYTES == 8)
                 u[1] = 0u;
         } else if (BYTES == 8) {
-            asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];"
-                         : "=r"(u[0]), "=r"(u[1])
-                         : "l"(p));
+            asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(u[0]), "=r"(u[1]) : "l"(p));
         } else {
             asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
         }
@@ -297,9 +296,8 @@ template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const
  * the border ones): no bounds tests and no selects on the loads.
  */
 template <class DT, int CPT, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
-GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gpu_geom &g,
-                          int ih0, int iw0, const float (&wt)[KS * KS][CPT],
-                          float (&acc)[TH][P][CPT])
+GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gpu_geom &g, int ih0,
+                          int iw0, const float (&wt)[KS * KS][CPT], float (&acc)[TH][P][CPT])
 {
     constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
 #pragma unroll
@@ -497,34 +495,34 @@ __global__ void __launch_bounds__(256)
     if (g.w % vecn == 0 && ((uintptr_t)xp & 7) == 0) {
         dw_nchw_fill_vec<DT>(in_s, xp, g, ih0, ir, icols);
     } else {
-    /* Eight loads in flight per thread before the first store. */
-    const int nel = ir * icols;
-    const int bd = (int)blockDim.x, dr = bd / icols, dc = bd - dr * icols;
-    int rr = (int)threadIdx.x / icols, cc = (int)threadIdx.x - rr * icols;
-    for (int base = threadIdx.x; base < nel; base += 8 * bd) {
-        float v[8];
+        /* Eight loads in flight per thread before the first store. */
+        const int nel = ir * icols;
+        const int bd = (int)blockDim.x, dr = bd / icols, dc = bd - dr * icols;
+        int rr = (int)threadIdx.x / icols, cc = (int)threadIdx.x - rr * icols;
+        for (int base = threadIdx.x; base < nel; base += 8 * bd) {
+            float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int e = base + u * bd;
-            /* (rr, cc) of e, stepped without a division. */
-            const int ih = ih0 + rr, iw = cc - g.pl;
-            v[u] = (e < nel && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w))
-                       ? DT::load(xp[ih * g.w + iw])
-                       : 0.0f;
-            cc += dc;
-            rr += dr;
-            if (cc >= icols) {
-                cc -= icols;
-                rr++;
+            for (int u = 0; u < 8; u++) {
+                const int e = base + u * bd;
+                /* (rr, cc) of e, stepped without a division. */
+                const int ih = ih0 + rr, iw = cc - g.pl;
+                v[u] = (e < nel && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w))
+                           ? DT::load(xp[ih * g.w + iw])
+                           : 0.0f;
+                cc += dc;
+                rr += dr;
+                if (cc >= icols) {
+                    cc -= icols;
+                    rr++;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = base + u * (int)blockDim.x;
+                if (e < nel)
+                    in_s[e] = v[u];
             }
         }
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int e = base + u * (int)blockDim.x;
-            if (e < nel)
-                in_s[e] = v[u];
-        }
-    }
     }
     for (int e = threadIdx.x; e < g.kpg * rs; e += blockDim.x)
         w_s[e] = DT::load(w[(size_t)c * g.kpg * rs + e]);
@@ -744,8 +742,7 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
         pl.threads = 256;
         pl.tiles_h = (g->ho + th - 1) / th;
         pl.tiles_w = (g->wo + tw - 1) / tw;
-        const int64_t blocks =
-            (int64_t)g->n * pl.tiles_h * pl.tiles_w * ((g->c + cb - 1) / cb);
+        const int64_t blocks = (int64_t)g->n * pl.tiles_h * pl.tiles_w * ((g->c + cb - 1) / cb);
         if (blocks > 0x7fffffff) {
             snprintf(why, why_len, "depthwise: grid too large");
             return CONVD_EUNSUPPORTED;
@@ -845,7 +842,7 @@ static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch
     dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)(g->n * pl->tiles_h), (unsigned)count);
     dim3 block((unsigned)pl->threads);
     typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
-#define DW_DCFG_FN(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES)                                 \
+#define DW_DCFG_FN(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES)                                  \
     dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0>,
     static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
 #undef DW_DCFG_FN

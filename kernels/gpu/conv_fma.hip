@@ -16,8 +16,8 @@
  */
 #include "gpu_internal.h"
 
-#define FMA_TM   8
-#define FMA_U    8
+#define FMA_TM 8
+#define FMA_U  8
 
 template <int TN> struct fma_wvec {
     static GPU_D void load(const float *p, float *v)
@@ -120,6 +120,32 @@ template <> struct fma_out<dt_bf16, 4> : fma_out16<dt_bf16, 4> {
 template <> struct fma_out<dt_bf16, 8> : fma_out16<dt_bf16, 8> {
 };
 
+/* The first nv of FMA_TM adjacent outputs of one NCHW plane row: runs of four as one vector
+ * store (16 bytes for fp32, 8 for 16-bit types) where the address allows, else one by one. */
+template <class DT> GPU_D void fma_store_run(typename DT::T *p, const float *v, int nv)
+{
+    typedef typename DT::T T;
+#pragma unroll
+    for (int o = 0; o < FMA_TM; o += 4) {
+        if (o + 4 <= nv && ((uintptr_t)(p + o) & (4 * sizeof(T) - 1)) == 0) {
+            if (sizeof(T) == 4) {
+                *(float4 *)(p + o) = make_float4(v[o], v[o + 1], v[o + 2], v[o + 3]);
+            } else {
+                const uint32_t lo =
+                    (uint32_t)DT::store(v[o]) | ((uint32_t)DT::store(v[o + 1]) << 16);
+                const uint32_t hi =
+                    (uint32_t)DT::store(v[o + 2]) | ((uint32_t)DT::store(v[o + 3]) << 16);
+                *(uint2 *)(p + o) = make_uint2(lo, hi);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (o + j < nv)
+                    p[o + j] = DT::store(v[o + j]);
+        }
+    }
+}
+
 struct fma_args {
     struct gpu_geom g;
     int nch, bn, gpb, nsplit, nblk;
@@ -131,7 +157,8 @@ struct fma_args {
 };
 
 template <class DT, int NHWC, int TN, int KS>
-__global__ void __launch_bounds__(256, 2) fma_kernel(const struct fma_args a, const struct gpu_batch b)
+__global__ void __launch_bounds__(256, 2)
+    fma_kernel(const struct fma_args a, const struct gpu_batch b)
 {
     typedef typename DT::T T;
     extern __shared__ float fma_smem[];
@@ -395,21 +422,29 @@ __global__ void __launch_bounds__(256, 2) fma_kernel(const struct fma_args a, co
 #pragma unroll
     for (int i = 0; i < TN; i++)
         bv[i] = g.bias ? DT::load(bias[kt + i]) : 0.0f;
+    const int ows = ow0 + sxi * FMA_TM; /* first output column of the strip */
+    if (NHWC && !a.out_nchw) {
 #pragma unroll
-    for (int o = 0; o < FMA_TM; o++) {
-        const int ow = ow0 + sxi * FMA_TM + o;
-        if (ow >= g.wo)
-            break;
-        float ov[TN];
-#pragma unroll
-        for (int i = 0; i < TN; i++)
-            ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
-        if (NHWC && !a.out_nchw) {
-            fma_out<DT, TN>::store(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + kt, ov);
-        } else {
+        for (int o = 0; o < FMA_TM; o++) {
+            const int ow = ows + o;
+            if (ow >= g.wo)
+                break;
+            float ov[TN];
 #pragma unroll
             for (int i = 0; i < TN; i++)
-                y[((size_t)(n * g.k + kt + i) * g.ho + oh) * g.wo + ow] = DT::store(ov[i]);
+                ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+            fma_out<DT, TN>::store(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + kt, ov);
+        }
+    } else {
+        /* NCHW: the strip is a run of FMA_TM pixels of each output plane. */
+        const int nv = min(FMA_TM, g.wo - ows);
+#pragma unroll
+        for (int i = 0; i < TN; i++) {
+            float ov[FMA_TM];
+#pragma unroll
+            for (int o = 0; o < FMA_TM; o++)
+                ov[o] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+            fma_store_run<DT>(y + ((size_t)(n * g.k + kt + i) * g.ho + oh) * g.wo + ows, ov, nv);
         }
     }
 }
@@ -632,13 +667,13 @@ static int fma_launch_tn(const struct gpu_fma_plan *pl, const struct fma_args *a
 {
     switch (pl->ks) {
     case 1:
-        return fma_launch_ks<DT, NHWC, TN, NHWC ? 1 : 0>(pl, a, b, count, stream);
+        return fma_launch_ks < DT, NHWC, TN, NHWC ? 1 : 0 > (pl, a, b, count, stream);
     case 3:
         return fma_launch_ks<DT, NHWC, TN, 3>(pl, a, b, count, stream);
     case 5:
-        return fma_launch_ks<DT, NHWC, TN, NHWC ? 5 : 0>(pl, a, b, count, stream);
+        return fma_launch_ks < DT, NHWC, TN, NHWC ? 5 : 0 > (pl, a, b, count, stream);
     case 7:
-        return fma_launch_ks<DT, NHWC, TN, NHWC ? 7 : 0>(pl, a, b, count, stream);
+        return fma_launch_ks < DT, NHWC, TN, NHWC ? 7 : 0 > (pl, a, b, count, stream);
     default:
         return fma_launch_ks<DT, NHWC, TN, 0>(pl, a, b, count, stream);
     }

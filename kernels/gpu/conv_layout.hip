@@ -1,68 +1,80 @@
 /*
  * Layout change for NCHW problems on the NHWC kernels: a batched 32x32-tile transpose through
- * shared memory (coalesced reads and writes), src [outer][rows][cols] -> dst [outer][cols][rows].
+ * shared memory (coalesced reads and writes), src [outer][rows][cols] -> dst [outer][cols][rows],
+ * of the input and the weights in one launch (a launch of its own for the weights cost more than
+ * their bytes in batch-1 problems).
  * NCHW input (N, C, H*W) becomes NHWC (N, H*W, C); NCHW weights (K, C/G, R*S) become (K, R*S, C/G).
  * The output needs no pass of its own: the NHWC kernels write NCHW from their epilogue.
  */
 #include "gpu_internal.h"
 
-struct tr_batch {
-    const void *src[CONVD_GPU_BATCH_MAX];
-    void *dst[CONVD_GPU_BATCH_MAX];
+/* The kernel's view of the jobs: their 32 x 32 tiles numbered one after another along grid x. */
+struct tr_args {
+    struct gpu_transpose job[GPU_TRANSPOSE_JOBS];
+    int rtiles[GPU_TRANSPOSE_JOBS], ctiles[GPU_TRANSPOSE_JOBS];
+    int first[GPU_TRANSPOSE_JOBS + 1]; /* first tile of each job; first[njobs] = all tiles */
+    int njobs;
 };
 
-template <class T>
-__global__ void __launch_bounds__(256)
-    transpose_kernel(const struct tr_batch b, int outer, int rows, int cols, int rtiles)
+template <class T> __global__ void __launch_bounds__(256) transpose_kernel(const struct tr_args a)
 {
     __shared__ T tile[32][33];
-    const T *src = (const T *)b.src[blockIdx.z];
-    T *dst = (T *)b.dst[blockIdx.z];
+    int j = 0;
+    while (j + 1 < a.njobs && (int)blockIdx.x >= a.first[j + 1])
+        j++;
+    const struct gpu_transpose &jb = a.job[j];
+    int t = (int)blockIdx.x - a.first[j];
+    const int ct = t % a.ctiles[j];
+    t /= a.ctiles[j];
+    const int rt = t % a.rtiles[j], o = t / a.rtiles[j];
+    const int rows = jb.rows, cols = jb.cols;
+    const T *s = (const T *)jb.src[blockIdx.z] + (size_t)o * rows * cols;
+    T *d = (T *)jb.dst[blockIdx.z] + (size_t)o * rows * cols;
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    const int c0 = blockIdx.x * 32;
-    for (int oy = blockIdx.y; oy < outer * rtiles; oy += gridDim.y) {
-        const int o = oy / rtiles, r0 = (oy - o * rtiles) * 32;
-        const T *s = src + (size_t)o * rows * cols;
-        T *d = dst + (size_t)o * rows * cols;
+    const int r0 = rt * 32, c0 = ct * 32;
 #pragma unroll
-        for (int j = ty; j < 32; j += 8) {
-            const int r = r0 + j, c = c0 + tx;
-            if (r < rows && c < cols)
-                tile[j][tx] = s[(size_t)r * cols + c];
-        }
-        __syncthreads();
+    for (int q = 0; q < 4; q++) {
+        const int i = ty + 8 * q;
+        const int r = r0 + i, c = c0 + tx;
+        if (r < rows && c < cols)
+            tile[i][tx] = s[(size_t)r * cols + c];
+    }
+    __syncthreads();
 #pragma unroll
-        for (int j = ty; j < 32; j += 8) {
-            const int c = c0 + j, r = r0 + tx;
-            if (c < cols && r < rows)
-                d[(size_t)c * rows + r] = tile[tx][j];
-        }
-        __syncthreads();
+    for (int q = 0; q < 4; q++) {
+        const int i = ty + 8 * q;
+        const int c = c0 + i, r = r0 + tx;
+        if (c < cols && r < rows)
+            d[(size_t)c * rows + r] = tile[tx][i];
     }
 }
 
-int gpu_transpose_launch(const void *const *src, void *const *dst, int count, int outer, int rows,
-                         int cols, int elem_bytes, hipStream_t stream)
+int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
+                         hipStream_t stream)
 {
-    if (count < 1 || count > CONVD_GPU_BATCH_MAX)
+    if (count < 1 || count > CONVD_GPU_BATCH_MAX || njobs < 1 || njobs > GPU_TRANSPOSE_JOBS)
         return CONVD_EINVAL;
-    struct tr_batch b;
-    memset(&b, 0, sizeof(b));
-    for (int i = 0; i < count; i++) {
-        b.src[i] = src[i];
-        b.dst[i] = dst[i];
+    struct tr_args a;
+    memset(&a, 0, sizeof(a));
+    a.njobs = njobs;
+    int64_t tiles = 0;
+    for (int j = 0; j < njobs; j++) {
+        a.job[j] = jobs[j];
+        a.rtiles[j] = (jobs[j].rows + 31) / 32;
+        a.ctiles[j] = (jobs[j].cols + 31) / 32;
+        a.first[j] = (int)tiles;
+        tiles += (int64_t)jobs[j].outer * a.rtiles[j] * a.ctiles[j];
+        if (tiles > (1 << 24)) /* 64 GiB of fp32: past any tensor, inside every grid limit */
+            return CONVD_EUNSUPPORTED;
     }
-    const int rtiles = (rows + 31) / 32;
-    int64_t gy = (int64_t)outer * rtiles;
-    if (gy > 65535)
-        gy = 65535;
-    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)gy, (unsigned)count);
+    a.first[njobs] = (int)tiles;
+    if (tiles == 0)
+        return 0;
+    dim3 grid((unsigned)tiles, 1, (unsigned)count);
     if (elem_bytes == 2)
-        hipLaunchKernelGGL(transpose_kernel<uint16_t>, grid, dim3(256), 0, stream, b, outer, rows,
-                           cols, rtiles);
+        hipLaunchKernelGGL(transpose_kernel<uint16_t>, grid, dim3(256), 0, stream, a);
     else if (elem_bytes == 4)
-        hipLaunchKernelGGL(transpose_kernel<uint32_t>, grid, dim3(256), 0, stream, b, outer, rows,
-                           cols, rtiles);
+        hipLaunchKernelGGL(transpose_kernel<uint32_t>, grid, dim3(256), 0, stream, a);
     else
         return CONVD_EINVAL;
     CONVD_GPU_CHECK(hipGetLastError());

@@ -44,11 +44,14 @@ struct mma_args {
 struct mma_cfg {
     int mt, nt, wm, wn;
 };
+#define MMA_NCFG 7
+#if defined(CONVD_GPU_NVIDIA)
 static const struct mma_cfg mma_cfgs[] = {
     {7, 1, 1, 8}, {7, 1, 1, 4}, {7, 2, 1, 4}, {7, 3, 1, 2},
     {4, 4, 2, 2}, {2, 4, 2, 2}, {4, 5, 2, 2},
 };
-#define MMA_NCFG ((int)(sizeof(mma_cfgs) / sizeof(mma_cfgs[0])))
+static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG counts mma_cfgs");
+#endif
 
 static int mma_forced_cfg = -1;
 
@@ -711,6 +714,8 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
 
 /* ---- planning (host) ---- */
 
+#if defined(CONVD_GPU_NVIDIA)
+
 /* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
  * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an
  * output does not depend on how many groups the problem has. */
@@ -767,6 +772,8 @@ static int mma_tiles(const struct gpu_geom *g, int bm, struct mma_tile *out, int
     }
     return n;
 }
+
+#endif /* CONVD_GPU_NVIDIA: the planner's helpers */
 
 int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
                       char *why, size_t why_len)

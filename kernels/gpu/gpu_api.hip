@@ -298,10 +298,9 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
     switch (pl.family) {
     case CONVD_GPU_FAMILY_DEPTHWISE:
         if (pl.u.dw.direct)
-            snprintf(buf, len,
-                     "depthwise direct %d cpt %d rows %d cols %d threads %d blocks %dx%d",
-                     pl.u.dw.direct - 1, pl.u.dw.vec, pl.u.dw.strips, pl.u.dw.p,
-                     pl.u.dw.threads, pl.u.dw.blocks_per_problem, pl.u.dw.g.n * pl.u.dw.tiles_h);
+            snprintf(buf, len, "depthwise direct %d cpt %d rows %d cols %d threads %d blocks %dx%d",
+                     pl.u.dw.direct - 1, pl.u.dw.vec, pl.u.dw.strips, pl.u.dw.p, pl.u.dw.threads,
+                     pl.u.dw.blocks_per_problem, pl.u.dw.g.n * pl.u.dw.tiles_h);
         else
             snprintf(buf, len, "depthwise vec %d window %d threads %d smem %d blocks %d",
                      pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.threads, pl.u.dw.smem,
@@ -384,21 +383,24 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
         if (pl.transposed) {
             /* NCHW -> NHWC copies of inputs and weights in the workspace, then the NHWC kernel,
              * whose epilogue writes NCHW. */
-            const void *src_x[CONVD_GPU_BATCH_MAX], *src_w[CONVD_GPU_BATCH_MAX];
-            void *dst_x[CONVD_GPU_BATCH_MAX], *dst_w[CONVD_GPU_BATCH_MAX];
+            struct gpu_transpose tr[2];
+            memset(tr, 0, sizeof(tr));
             for (int i = 0; i < n; i++) {
                 uint8_t *slot_base = (uint8_t *)workspace + (size_t)i * slot;
-                src_x[i] = b.x[i];
-                src_w[i] = b.w[i];
-                dst_x[i] = slot_base;
-                dst_w[i] = slot_base + w_off;
-                b.x[i] = dst_x[i];
-                b.w[i] = dst_w[i];
+                tr[0].src[i] = b.x[i];
+                tr[1].src[i] = b.w[i];
+                tr[0].dst[i] = slot_base;
+                tr[1].dst[i] = slot_base + w_off;
+                b.x[i] = tr[0].dst[i];
+                b.w[i] = tr[1].dst[i];
             }
-            rc = gpu_transpose_launch(src_x, dst_x, n, p->n, p->c, p->h * p->w, (int)es, s);
-            if (rc == 0)
-                rc = gpu_transpose_launch(src_w, dst_w, n, p->k, p->c / p->groups, p->r * p->s,
-                                          (int)es, s);
+            tr[0].outer = p->n;
+            tr[0].rows = p->c;
+            tr[0].cols = p->h * p->w;
+            tr[1].outer = p->k;
+            tr[1].rows = p->c / p->groups;
+            tr[1].cols = p->r * p->s;
+            rc = gpu_transpose_launch(tr, 2, n, (int)es, s);
             if (rc != 0)
                 return rc;
         }

@@ -271,11 +271,18 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len);
 /* Forgets cached plans (after a tuning change). */
 void gpu_plan_cache_invalidate(void);
 
-/* Batched layout change: src[i] is [outer][rows][cols], dst[i] becomes [outer][cols][rows];
+/* Batched layout change: for each of up to GPU_TRANSPOSE_JOBS matrices of one element size, and
+ * each of `count` problems, src[i] is [outer][rows][cols] and dst[i] becomes [outer][cols][rows];
  * elem_bytes 2 or 4. NCHW -> NHWC for inputs (outer N, rows C, cols H*W) and for weights (outer
- * K, rows C/G, cols R*S). */
-int gpu_transpose_launch(const void *const *src, void *const *dst, int count, int outer, int rows,
-                         int cols, int elem_bytes, hipStream_t stream);
+ * K, rows C/G, cols R*S), both in one launch. */
+#define GPU_TRANSPOSE_JOBS 2
+struct gpu_transpose {
+    const void *src[CONVD_GPU_BATCH_MAX];
+    void *dst[CONVD_GPU_BATCH_MAX];
+    int outer, rows, cols;
+};
+int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
+                         hipStream_t stream);
 
 struct gpu_generic_plan {
     struct gpu_geom g;
