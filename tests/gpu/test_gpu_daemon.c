@@ -147,81 +147,14 @@ static int gd_probe(char *why, size_t why_len)
     return r.rt_status == 0 ? r.count : 0;
 }
 
-static void gd_remove_dir(struct it_daemon *d)
-{
-    if (d->dir[0] == '\0')
-        return;
-    unlink(d->sock);
-    rmdir(d->dir);
-    d->dir[0] = '\0';
-}
-
 /* Starts convd --backend gpu on a temporary socket and connects d->mon. Returns 0, or -1 with
  * the reason in why (the daemon is gone then). No cmocka asserts: main() calls it too. */
 static int gd_daemon_start(struct it_daemon *d, char *why, size_t why_len)
 {
-    memset(d, 0, sizeof *d);
-    snprintf(d->dir, sizeof d->dir, "/tmp/convd-gpud-XXXXXX");
-    if (mkdtemp(d->dir) == NULL) {
-        snprintf(why, why_len, "mkdtemp: %s", strerror(errno));
-        d->dir[0] = '\0';
-        d->stopped = true;
+    const char *const args[] = {"--backend",   "gpu",    "--device", GD_DEVICE_STR,
+                                "--log-level", "notice", NULL};
+    if (it_daemon_spawn(d, args, "gpud-monitor", why, why_len) != 0)
         return -1;
-    }
-    snprintf(d->sock, sizeof d->sock, "%s/convd.sock", d->dir);
-    const char *argv[] = {CONVD_DAEMON_PATH, "--backend", "gpu",         "--device", GD_DEVICE_STR,
-                          "--socket",        d->sock,     "--log-level", "notice",   NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(why, why_len, "fork: %s", strerror(errno));
-        gd_remove_dir(d);
-        d->stopped = true;
-        return -1;
-    }
-    if (pid == 0) {
-        /* The daemon dies with the test, even when ctest's timeout kills the test. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execv(CONVD_DAEMON_PATH, (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", CONVD_DAEMON_PATH, strerror(errno));
-        _exit(127);
-    }
-    d->pid = pid;
-
-    /* The GPU backend warms up every kernel family before it listens: poll. */
-    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
-    o.socket_path = d->sock;
-    o.client_name = "gpud-monitor";
-    o.timeout_ms = IT_TIMEOUT_MS;
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
-    for (;;) {
-        int st = 0;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            d->stopped = true;
-            gd_remove_dir(d);
-            if (WIFEXITED(st))
-                snprintf(why, why_len,
-                         "convd --backend gpu exited with status %d during start-up (its log is "
-                         "above: 'cannot start: ...')",
-                         WEXITSTATUS(st));
-            else
-                snprintf(why, why_len,
-                         "convd --backend gpu was killed by signal %d during start-up",
-                         WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-            return -1;
-        }
-        int rc = convd_connect(&o, &d->mon);
-        if (rc == 0)
-            break;
-        if (rc != CONVD_ECONNECT || it_now_ms() > end) {
-            snprintf(why, why_len, "cannot connect to convd at %s: %s: %s", d->sock,
-                     convd_status_name(rc), convd_last_connect_error());
-            it_daemon_kill(d);
-            gd_remove_dir(d);
-            return -1;
-        }
-        it_sleep_ms(20);
-    }
     d->base_clients = 1;
     d->base_fds = it_count_fds(d->pid);
     return 0;
@@ -281,14 +214,7 @@ static void gd_problem(struct tu_rng *g, enum gd_family f, enum convd_dtype dt,
         int r = tu_rng_range(g, 1, max_rs), s = tu_rng_range(g, 1, max_rs);
         convd_problem_init(p, tu_rng_range(g, 1, 2), tu_rng_range(g, 4, 16), tu_rng_range(g, 4, 16),
                            groups * cpg, groups * kpg, r, s, groups);
-        p->stride_h = tu_rng_range(g, 1, 2);
-        p->stride_w = tu_rng_range(g, 1, 2);
-        p->dil_h = tu_rng_range(g, 1, 2);
-        p->dil_w = tu_rng_range(g, 1, 2);
-        p->pad_top = tu_rng_range(g, 0, 2);
-        p->pad_bottom = tu_rng_range(g, 0, 2);
-        p->pad_left = tu_rng_range(g, 0, 2);
-        p->pad_right = tu_rng_range(g, 0, 2);
+        tu_random_geometry(g, p);
         p->dtype = dt;
         p->layout = lay;
         p->has_bias = bias;

@@ -151,28 +151,31 @@ static void it_remove_dir(struct it_daemon *d)
     d->dir[0] = '\0';
 }
 
-void it_daemon_start(struct it_daemon *d, const char *const *extra)
+int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *monitor_name,
+                    char *why, size_t why_len)
 {
     memset(d, 0, sizeof(*d));
+    d->stopped = true; /* until there is a process */
     snprintf(d->dir, sizeof(d->dir), "/tmp/convd-it-XXXXXX");
-    assert_non_null(mkdtemp(d->dir));
+    if (mkdtemp(d->dir) == NULL) {
+        snprintf(why, why_len, "mkdtemp: %s", strerror(errno));
+        d->dir[0] = '\0';
+        return -1;
+    }
     snprintf(d->sock, sizeof(d->sock), "%s/convd.sock", d->dir);
-
-    /* --log-level notice: hostile tests make the daemon warn a lot; warnings still show.
-     * $CONVD_IT_THREADS overrides the thread count, to tell a backend problem from the rest. */
-    const char *threads = getenv("CONVD_IT_THREADS");
-    if (threads == NULL || *threads == '\0')
-        threads = "2";
-    const char *argv[32] = {CONVD_DAEMON_PATH, "--backend", "cpu",         "--threads", threads,
-                            "--socket",        d->sock,     "--log-level", "notice"};
-    size_t argc = 9;
-    for (size_t i = 0; extra != NULL && extra[i] != NULL && argc < 31; i++)
-        argv[argc++] = extra[i];
+    const char *argv[32] = {CONVD_DAEMON_PATH, "--socket", d->sock};
+    size_t argc = 3;
+    for (size_t i = 0; args != NULL && args[i] != NULL && argc < 31; i++)
+        argv[argc++] = args[i];
     argv[argc] = NULL;
 
     fflush(NULL);
     pid_t pid = fork();
-    assert_true(pid >= 0);
+    if (pid < 0) {
+        snprintf(why, why_len, "fork: %s", strerror(errno));
+        it_remove_dir(d);
+        return -1;
+    }
     if (pid == 0) {
         /* The daemon dies with the test, even when a timeout kills the test. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -181,30 +184,59 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
         _exit(127);
     }
     d->pid = pid;
+    d->stopped = false;
 
-    /* Poll connect until the daemon listens; fail early if it died. */
+    /* Poll connect until the daemon listens (a GPU backend warms its kernels up first); stop
+     * early if it died. */
     uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = d->sock;
-    o.client_name = "it-monitor";
+    o.client_name = monitor_name;
     o.timeout_ms = IT_TIMEOUT_MS;
     for (;;) {
-        int st;
+        int st = 0;
         if (waitpid(pid, &st, WNOHANG) == pid) {
             d->stopped = true;
             it_remove_dir(d);
-            fail_msg("convd exited during start-up (wait status 0x%x)", st);
+            if (WIFEXITED(st))
+                snprintf(why, why_len,
+                         "convd exited with status %d during start-up (its log is above: "
+                         "'cannot start: ...')",
+                         WEXITSTATUS(st));
+            else
+                snprintf(why, why_len, "convd was killed by signal %d during start-up",
+                         WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+            return -1;
         }
         int rc = convd_connect(&o, &d->mon);
         if (rc == 0)
-            break;
+            return 0;
         if (rc != CONVD_ECONNECT || it_now_ms() > end) {
+            snprintf(why, why_len, "cannot connect to convd at %s: %s: %s", d->sock,
+                     convd_status_name(rc), convd_last_connect_error());
             it_daemon_kill(d);
-            fail_msg("cannot connect to convd at %s: %s: %s", d->sock, convd_status_name(rc),
-                     convd_last_connect_error());
+            it_remove_dir(d);
+            return -1;
         }
         it_sleep_ms(20);
     }
+}
+
+void it_daemon_start(struct it_daemon *d, const char *const *extra)
+{
+    /* --log-level notice: hostile tests make the daemon warn a lot; warnings still show.
+     * $CONVD_IT_THREADS overrides the thread count, to tell a backend problem from the rest. */
+    const char *threads = getenv("CONVD_IT_THREADS");
+    if (threads == NULL || *threads == '\0')
+        threads = "2";
+    const char *args[32] = {"--backend", "cpu", "--threads", threads, "--log-level", "notice"};
+    size_t argc = 6;
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && argc < 31; i++)
+        args[argc++] = extra[i];
+    args[argc] = NULL;
+    char why[256];
+    if (it_daemon_spawn(d, args, "it-monitor", why, sizeof(why)) != 0)
+        fail_msg("%s", why);
 
     struct convd_server_info info;
     convd_server_info(d->mon, &info);

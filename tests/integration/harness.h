@@ -46,6 +46,13 @@ struct it_daemon {
     bool stopped;
 };
 
+/* Starts build/bin/convd --socket <tmpdir>/convd.sock plus `args` (NULL-terminated), polls
+ * until a client can connect and connects `mon` as monitor_name. Returns 0, or -1 with the
+ * reason in why (the daemon is gone and the directory removed then). No cmocka asserts, so it
+ * can run before the tests do (the GPU daemon test probes with it). */
+int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *monitor_name,
+                    char *why, size_t why_len);
+
 /* Starts build/bin/convd --backend cpu --threads 2 --socket <tmpdir>/convd.sock plus `extra`
  * (NULL-terminated, may be NULL), waits until a client can connect, connects `mon` and records
  * the baseline. Asserts on failure. */

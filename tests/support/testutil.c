@@ -160,6 +160,18 @@ double tu_tolerance(enum convd_dtype dtype)
     return dtype == CONVD_DTYPE_FP32 ? 1e-5 : 1e-2;
 }
 
+void tu_random_geometry(struct tu_rng *g, struct convd_problem *p)
+{
+    p->stride_h = tu_rng_range(g, 1, 2);
+    p->stride_w = tu_rng_range(g, 1, 2);
+    p->dil_h = tu_rng_range(g, 1, 2);
+    p->dil_w = tu_rng_range(g, 1, 2);
+    p->pad_top = tu_rng_range(g, 0, 2);
+    p->pad_bottom = tu_rng_range(g, 0, 2);
+    p->pad_left = tu_rng_range(g, 0, 2);
+    p->pad_right = tu_rng_range(g, 0, 2);
+}
+
 void tu_random_problem(struct tu_rng *g, struct convd_problem *p, enum convd_dtype dtype,
                        enum convd_layout layout, int max_cpg)
 {
@@ -170,14 +182,7 @@ void tu_random_problem(struct tu_rng *g, struct convd_problem *p, enum convd_dty
         int r = tu_rng_range(g, 1, 5), s = tu_rng_range(g, 1, 5);
         convd_problem_init(p, tu_rng_range(g, 1, 3), tu_rng_range(g, 1, 13), tu_rng_range(g, 1, 13),
                            groups * cpg, groups * kpg, r, s, groups);
-        p->stride_h = tu_rng_range(g, 1, 2);
-        p->stride_w = tu_rng_range(g, 1, 2);
-        p->dil_h = tu_rng_range(g, 1, 2);
-        p->dil_w = tu_rng_range(g, 1, 2);
-        p->pad_top = tu_rng_range(g, 0, 2);
-        p->pad_bottom = tu_rng_range(g, 0, 2);
-        p->pad_left = tu_rng_range(g, 0, 2);
-        p->pad_right = tu_rng_range(g, 0, 2);
+        tu_random_geometry(g, p);
         p->dtype = dtype ? dtype : (enum convd_dtype)tu_rng_range(g, 1, 3);
         p->layout = layout ? layout : (enum convd_layout)tu_rng_range(g, 1, 2);
         p->has_bias = tu_rng_range(g, 0, 1);

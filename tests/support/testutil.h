@@ -54,6 +54,9 @@ double tu_rel_error(enum convd_dtype dtype, const void *out, const float *ref, s
  * (inputs rounded to the dtype, fp32 accumulation, one final rounding). */
 double tu_tolerance(enum convd_dtype dtype);
 
+/* Random stride and dilation (1 or 2 each way) and padding (0-2 on each side). */
+void tu_random_geometry(struct tu_rng *g, struct convd_problem *p);
+
 /* A random valid problem: dims, groups with channels per group in 1..max_cpg (odd sizes
  * included), stride 1-2, dilation 1-2, asymmetric padding, layout and dtype as given
  * (0: random). Sizes are kept small enough for the naive reference. */
