@@ -8,30 +8,23 @@
  */
 #include "gpu_internal.h"
 
-/* The kernel's view of the jobs: their 32 x 32 tiles numbered one after another along grid x. */
+/* The kernel's view of the jobs: their tiles numbered one after another along grid x. A job of
+ * 2-byte elements whose rows and columns are even (and pointers 4-byte aligned) moves pairs: 64 x
+ * 64 tiles, every access 4 bytes, so a warp reads and writes 128 contiguous bytes (the 32 x 32
+ * tile of single 2-byte elements moved 64 and ran at 1.15 TB/s on resnext50_l1's input, against
+ * 2.7 TB/s for fp32). */
 struct tr_args {
     struct gpu_transpose job[GPU_TRANSPOSE_JOBS];
     int rtiles[GPU_TRANSPOSE_JOBS], ctiles[GPU_TRANSPOSE_JOBS];
+    int pairs[GPU_TRANSPOSE_JOBS];
     int first[GPU_TRANSPOSE_JOBS + 1]; /* first tile of each job; first[njobs] = all tiles */
     int njobs;
 };
 
-template <class T> __global__ void __launch_bounds__(256) transpose_kernel(const struct tr_args a)
+template <class T>
+GPU_D void tr_tile32(const T *s, T *d, int rows, int cols, int r0, int c0, T (*tile)[33])
 {
-    __shared__ T tile[32][33];
-    int j = 0;
-    while (j + 1 < a.njobs && (int)blockIdx.x >= a.first[j + 1])
-        j++;
-    const struct gpu_transpose &jb = a.job[j];
-    int t = (int)blockIdx.x - a.first[j];
-    const int ct = t % a.ctiles[j];
-    t /= a.ctiles[j];
-    const int rt = t % a.rtiles[j], o = t / a.rtiles[j];
-    const int rows = jb.rows, cols = jb.cols;
-    const T *s = (const T *)jb.src[blockIdx.z] + (size_t)o * rows * cols;
-    T *d = (T *)jb.dst[blockIdx.z] + (size_t)o * rows * cols;
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    const int r0 = rt * 32, c0 = ct * 32;
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         const int i = ty + 8 * q;
@@ -49,6 +42,50 @@ template <class T> __global__ void __launch_bounds__(256) transpose_kernel(const
     }
 }
 
+/* rows and cols even: a pair never straddles an edge. */
+GPU_D void tr_tile64_pairs(const uint16_t *s, uint16_t *d, int rows, int cols, int r0, int c0,
+                           uint16_t (*tile)[66])
+{
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const int i = ty + 8 * q;
+        const int r = r0 + i, c = c0 + 2 * tx;
+        if (r < rows && c < cols)
+            *(uint32_t *)&tile[i][2 * tx] = *(const uint32_t *)(s + (size_t)r * cols + c);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const int i = ty + 8 * q;
+        const int c = c0 + i, r = r0 + 2 * tx;
+        if (c < cols && r < rows)
+            *(uint32_t *)(d + (size_t)c * rows + r) =
+                (uint32_t)tile[2 * tx][i] | ((uint32_t)tile[2 * tx + 1][i] << 16);
+    }
+}
+
+template <class T> __global__ void __launch_bounds__(256) transpose_kernel(const struct tr_args a)
+{
+    __shared__ __align__(16) uint32_t tr_smem[64 * 33];
+    int j = 0;
+    while (j + 1 < a.njobs && (int)blockIdx.x >= a.first[j + 1])
+        j++;
+    const struct gpu_transpose &jb = a.job[j];
+    int t = (int)blockIdx.x - a.first[j];
+    const int ct = t % a.ctiles[j];
+    t /= a.ctiles[j];
+    const int rt = t % a.rtiles[j], o = t / a.rtiles[j];
+    const int rows = jb.rows, cols = jb.cols;
+    const T *s = (const T *)jb.src[blockIdx.z] + (size_t)o * rows * cols;
+    T *d = (T *)jb.dst[blockIdx.z] + (size_t)o * rows * cols;
+    if (sizeof(T) == 2 && a.pairs[j])
+        tr_tile64_pairs((const uint16_t *)s, (uint16_t *)d, rows, cols, rt * 64, ct * 64,
+                        (uint16_t(*)[66])tr_smem);
+    else
+        tr_tile32<T>(s, d, rows, cols, rt * 32, ct * 32, (T(*)[33])tr_smem);
+}
+
 int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
                          hipStream_t stream)
 {
@@ -60,8 +97,14 @@ int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count,
     int64_t tiles = 0;
     for (int j = 0; j < njobs; j++) {
         a.job[j] = jobs[j];
-        a.rtiles[j] = (jobs[j].rows + 31) / 32;
-        a.ctiles[j] = (jobs[j].cols + 31) / 32;
+        int pairs = elem_bytes == 2 && jobs[j].rows % 2 == 0 && jobs[j].cols % 2 == 0;
+        for (int i = 0; i < count; i++)
+            if ((((uintptr_t)jobs[j].src[i] | (uintptr_t)jobs[j].dst[i]) & 3) != 0)
+                pairs = 0;
+        const int side = pairs ? 64 : 32;
+        a.pairs[j] = pairs;
+        a.rtiles[j] = (jobs[j].rows + side - 1) / side;
+        a.ctiles[j] = (jobs[j].cols + side - 1) / side;
         a.first[j] = (int)tiles;
         tiles += (int64_t)jobs[j].outer * a.rtiles[j] * a.ctiles[j];
         if (tiles > (1 << 24)) /* 64 GiB of fp32: past any tensor, inside every grid limit */

@@ -438,9 +438,12 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             const T *bias = (const T *)b.b[it.prob];
             T *y = (T *)b.y[it.prob];
             uint8_t *stage = a.stage_sep ? mma_smem + a.off_stage : MMA_ABUF(ab);
-            const int pitch = (a.bn + 8) * 2;
+            /* Staging [m][n] for NHWC output (a pixel's channels are one run), [n][m] for NCHW
+             * (a channel's pixels are one run): the copy-out reads runs of 8 or 16 bytes. */
+            const bool nchw_out = !NHWC || a.out_nchw;
+            const int pitch = (a.bn + 8) * 2, mpitch = (bm + 8) * 2;
             __syncthreads();
-            /* Accumulators -> bias, ReLU, rounding -> staging [m][n]. */
+            /* Accumulators -> bias, ReLU, rounding -> staging. */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
@@ -458,7 +461,15 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                         const uint32_t lo = DT::store(gpu_epilogue(acc[mt][nt][2 * h], b0, g.relu));
                         const uint32_t hi =
                             DT::store(gpu_epilogue(acc[mt][nt][2 * h + 1], b1, g.relu));
-                        *(uint32_t *)(stage + (m + 8 * h) * pitch + n * 2) = lo | (hi << 16);
+                        if (nchw_out) {
+                            /* Rows n, n + 1 of a (bm + 8)-element pitch: the warp's 8 m and 4
+                             * n pairs fall in distinct banks. */
+                            *(uint16_t *)(stage + n * mpitch + (m + 8 * h) * 2) = (uint16_t)lo;
+                            *(uint16_t *)(stage + (n + 1) * mpitch + (m + 8 * h) * 2) =
+                                (uint16_t)hi;
+                        } else {
+                            *(uint32_t *)(stage + (m + 8 * h) * pitch + n * 2) = lo | (hi << 16);
+                        }
                     }
                 }
             }
@@ -507,20 +518,15 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                     const int k = it.k0 + nl;
                     if (n >= g.n || oh >= g.ho || ow >= g.wo || k >= it.kend)
                         continue;
-                    const uint8_t *sp = stage + (row * a.tw + tc) * pitch + nl * 2;
+                    /* m = row * tw + tc: the run is V adjacent staged elements. */
+                    const uint8_t *sp = stage + nl * mpitch + (row * a.tw + tc) * 2;
                     T *yp = y + ((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow;
-                    if (V == 4) {
-                        const uint32_t v0 = *(const uint16_t *)sp |
-                                            ((uint32_t) * (const uint16_t *)(sp + pitch) << 16);
-                        const uint32_t v1 = *(const uint16_t *)(sp + 2 * pitch) |
-                                            ((uint32_t) * (const uint16_t *)(sp + 3 * pitch) << 16);
-                        *(uint2 *)yp = make_uint2(v0, v1);
-                    } else if (V == 2) {
-                        *(uint32_t *)yp = *(const uint16_t *)sp |
-                                          ((uint32_t) * (const uint16_t *)(sp + pitch) << 16);
-                    } else {
+                    if (V == 4)
+                        *(uint2 *)yp = *(const uint2 *)sp;
+                    else if (V == 2)
+                        *(uint32_t *)yp = *(const uint32_t *)sp;
+                    else
                         *yp = *(const T *)sp;
-                    }
                 }
             }
         }
@@ -855,7 +861,9 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             const int iw = (t->tw - 1) * g.sw + (g.s - 1) * g.dw + 1;
             const int a_bytes = t->imgs * ih * iw * ps;
             const int b_bytes = bn * brs;
-            const int stage_bytes = bm * (bn + 8) * 2;
+            /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue). */
+            const int stage_bytes =
+                out_nchw || p->layout == CONVD_LAYOUT_NCHW ? bn * (bm + 8) * 2 : bm * (bn + 8) * 2;
             const int oct_bytes = nk16 * 2 * 4;
             int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
             if (stage_bytes > a_bytes)
@@ -872,8 +880,8 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
              * configurations of equal mma count: resnext50_l4 ran 16.9 us with 8 warps of
              * 112x8 and 11.6 us with 4 warps of 64x32, same items and bytes. */
             const int nwarps = c->wm * c->wn;
-            const double lds_bytes = (double)items * nchunks * nk16 * nwarps *
-                                     (c->mt * 512.0 + c->nt * 256.0);
+            const double lds_bytes =
+                (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
             double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12 + lds_bytes / 33e12;
             int per_sm = dev.smem_per_sm / (smem + 1024);
             const int threads = c->wm * c->wn * 32;
