@@ -466,12 +466,13 @@ GPU_D void dw_nchw_fill_vec(float *in_s, const typename DT::T *xp, const struct 
 
 /*
  * NCHW. Block: one (image, input channel) plane and `th` output rows; threads th x sx, each a
- * strip of DW_P outputs of one row, for each of the kpg output planes of the channel. Eight
- * blocks per SM (32 registers): the blocks are short and latency-bound, and the bf16 stride-2
- * instance had taken 44 registers (5 blocks) against fp16's 32.
+ * strip of DW_P outputs of one row, for each of the kpg output planes of the channel. 3-wide
+ * windows at eight blocks per SM (32 registers): the bf16 stride-2 instance had taken 44 (5
+ * blocks) and ran 91.7 us against 85.7 at 32; the others at six (40 registers, what ptxas
+ * chose unbounded: at 32 the 7-wide window lost 10%, unbounded with min 1 it took 56).
  */
 template <class DT, int SMAX, int SW>
-__global__ void __launch_bounds__(256, 8)
+__global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
     dw_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int th, int sx, int tiles_h,
                    int ir, int icols)
 {
