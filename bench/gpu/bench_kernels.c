@@ -622,9 +622,9 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     snprintf(out->bound, sizeof(out->bound), "%s", t_flop > t_mem ? "compute" : "mem");
     out->frac = out->ours_us > 0 ? out->floor_us / out->ours_us : 0.0;
 
-    /* --sweep-dw: the tiled NHWC depthwise kernel and every shape of the direct one that fits
-     * the problem, same buffers, for the routing decision. */
-    if (o->sweep_dw && lay == CONVD_LAYOUT_NHWC &&
+    /* --sweep-dw: the tiled depthwise kernel and every shape of the direct ones that fits the
+     * problem, same buffers, for the routing decision. */
+    if (o->sweep_dw &&
         convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DEPTHWISE, NULL, 0) == 0) {
         for (int mode = 0; convd_gpu_tune_dw_direct(mode) == 0; mode++) {
             char d2[200];

@@ -332,10 +332,13 @@ GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gp
 
 /*
  * NHWC direct. Grid: x over (group of P output columns, channel vector) of a row in blocks of
- * blockDim.x, y over (image, band of TH output rows), z over problems. KS x KS filter, stride SH
- * both ways.
+ * blockDim.x, y over (image, band of TH output rows), z over problems; with FLAT, x over all of
+ * (image, band, column group, channel vector), fastest last, so that no block idles lanes at the
+ * end of a row (effnet_dw5's rows of 840 threads leave 18% of 4 blocks of 256 idle; the decode
+ * costs the 3x3 instances 10 spilled registers at 80). KS x KS filter, stride SH both ways.
  */
-template <class DT, int CPT, int KS, int SH, int TH, int P, bool SPLIT, int MINB, bool HINT>
+template <class DT, int CPT, int KS, int SH, int TH, int P, bool SPLIT, int MINB, bool HINT,
+          bool FLAT>
 __global__ void __launch_bounds__(256, MINB)
     dw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cvn, int bands)
 {
@@ -344,10 +347,11 @@ __global__ void __launch_bounds__(256, MINB)
     const int prob = blockIdx.z;
     const int wg = (g.wo + P - 1) / P;
     const int f = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (f >= wg * cvn)
+    if (f >= (FLAT ? g.n * bands : 1) * wg * cvn)
         return;
-    const int owg = f / cvn, c0 = (f - owg * cvn) * CPT, ow0 = owg * P;
-    const int n = (int)blockIdx.y / bands, oh0 = ((int)blockIdx.y - n * bands) * TH;
+    const int row = FLAT ? f / (wg * cvn) : (int)blockIdx.y, rf = FLAT ? f - row * (wg * cvn) : f;
+    const int owg = rf / cvn, c0 = (rf - owg * cvn) * CPT, ow0 = owg * P;
+    const int n = row / bands, oh0 = (row - n * bands) * TH;
     const T *x = (const T *)b.x[prob];
     const T *w = (const T *)b.w[prob];
     const T *bias = (const T *)b.b[prob];
@@ -395,6 +399,114 @@ __global__ void __launch_bounds__(256, MINB)
                 ov[j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
             dw_direct_store<DT, CPT>(yb + ((size_t)o * g.wo + pp) * g.k, ov);
         }
+    }
+}
+
+/*
+ * NCHW direct (3x3, 5x5 and 7x7 filters with "same" padding (KS - 1) / 2 on the left, equal
+ * strides of 1 or 2, no dilation, kpg = 1, W and Wo multiples of 4). A thread owns 4 adjacent
+ * output columns of a band of TH rows of one (image, channel) plane; consecutive threads take
+ * consecutive column groups, then bands, then planes. Each input row of the band is read as the
+ * aligned 4-element chunks (8 bytes for 16-bit types, 16 for fp32) that cover its window: with
+ * W a multiple of 4 a chunk lies wholly inside or wholly outside the row, and the window starts
+ * OFF = -pad mod 4 elements into the first chunk, the same for every thread. The filter (one
+ * channel's KS x KS taps) lives in registers as fp32; outputs leave as one 4-element store per
+ * row. No shared memory and no barrier, as the NHWC direct kernel; it replaces the tiled NCHW
+ * kernel's one block per plane, whose blocks each waited for one plane's load behind a barrier.
+ */
+template <class DT> GPU_D void dw_chunk_load(const typename DT::T *p, bool valid, float *v)
+{
+    if (sizeof(typename DT::T) == 4) {
+        const float4 u = valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[0] = u.x;
+        v[1] = u.y;
+        v[2] = u.z;
+        v[3] = u.w;
+    } else {
+        const uint2 u = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
+        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
+        v[1] = DT::load((uint16_t)(u.x >> 16));
+        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
+        v[3] = DT::load((uint16_t)(u.y >> 16));
+    }
+}
+
+template <class DT> GPU_D void dw_chunk_store(typename DT::T *p, const float *v)
+{
+    if (sizeof(typename DT::T) == 4) {
+        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        const uint32_t lo = (uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16);
+        const uint32_t hi = (uint32_t)DT::store(v[2]) | ((uint32_t)DT::store(v[3]) << 16);
+        *(uint2 *)p = make_uint2(lo, hi);
+    }
+}
+
+template <class DT, int KS, int SH, int TH, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+    dw_nchw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands)
+{
+    typedef typename DT::T T;
+    constexpr int P = 4, PAD = (KS - 1) / 2, OFF = (4 - PAD % 4) % 4;
+    constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS, NCH = (OFF + NC + 3) / 4;
+    const int prob = blockIdx.z;
+    const int f = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (f >= g.n * g.c * bands * cgs)
+        return;
+    const int t = f / cgs, cg = f - t * cgs;
+    const int plane = t / bands, band = t - plane * bands; /* plane = n * C + c */
+    const int c = plane % g.c;
+    const T *xp = (const T *)b.x[prob] + (size_t)plane * g.h * g.w;
+    const T *w = (const T *)b.w[prob] + (size_t)c * (KS * KS);
+
+    float wt[KS * KS];
+#pragma unroll
+    for (int i = 0; i < KS * KS; i++)
+        wt[i] = DT::load(w[i]);
+    float acc[TH][P];
+#pragma unroll
+    for (int o = 0; o < TH; o++)
+#pragma unroll
+        for (int pp = 0; pp < P; pp++)
+            acc[o][pp] = 0.0f;
+
+    const int oh0 = band * TH, ih0 = oh0 * SH - PAD, a0 = cg * P * SH - PAD - OFF;
+#pragma unroll
+    for (int i = 0; i < IR; i++) {
+        const int ih = ih0 + i;
+        const bool rok = convd_math_inside(ih, g.h);
+        const T *xr = xp + (size_t)(rok ? ih : 0) * g.w;
+        float win[NCH * 4];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int col = a0 + 4 * ch;
+            const bool ok = rok && convd_math_inside(col, g.w);
+            dw_chunk_load<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
+        }
+#pragma unroll
+        for (int o = 0; o < TH; o++) {
+            const int r = i - o * SH;
+            if (r < 0 || r >= KS)
+                continue;
+#pragma unroll
+            for (int pp = 0; pp < P; pp++)
+#pragma unroll
+                for (int s = 0; s < KS; s++)
+                    acc[o][pp] = fmaf(win[OFF + pp * SH + s], wt[r * KS + s], acc[o][pp]);
+        }
+    }
+
+    const float bv = g.bias ? DT::load(((const T *)b.b[prob])[c]) : 0.0f;
+    T *yp = (T *)b.y[prob] + ((size_t)plane * g.ho + oh0) * g.wo + cg * P;
+#pragma unroll
+    for (int o = 0; o < TH; o++) {
+        if (oh0 + o >= g.ho)
+            break;
+        float ov[P];
+#pragma unroll
+        for (int pp = 0; pp < P; pp++)
+            ov[pp] = gpu_epilogue(acc[o][pp], bv, g.relu);
+        dw_chunk_store<DT>(yp + (size_t)o * g.wo, ov);
     }
 }
 
@@ -604,18 +716,29 @@ static int dw_smax(const struct convd_problem *p)
  * 43.9) and every narrower direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2: 38.2, 40.0, 44.6).
  */
 #define DW_ALL ((1 << CONVD_DTYPE_FP32) | (1 << CONVD_DTYPE_FP16) | (1 << CONVD_DTYPE_BF16))
+#define DW_NHWC CONVD_LAYOUT_NHWC
+#define DW_NCHW CONVD_LAYOUT_NCHW
 #define DW_DCFGS(X)                                                                                \
-    X(3, 1, 2, 4, 4, 0, 3, 1, DW_ALL)                                                              \
-    X(3, 2, 2, 6, 2, 1, 3, 1, DW_ALL)                                                              \
-    X(5, 1, 2, 4, 4, 0, 2, 1, DW_ALL)                                                              \
-    X(5, 1, 2, 4, 4, 1, 2, 1, 0)                                                                   \
-    X(5, 1, 2, 7, 4, 0, 1, 1, 0)                                                                   \
-    X(5, 1, 2, 2, 4, 0, 2, 1, 0)
+    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 3, 1, 0, DW_ALL)                                                  \
+    X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, DW_ALL)                                                  \
+    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, DW_ALL)                                                  \
+    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0)                                                       \
+    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 3, 1, 1, 0)                                                       \
+    X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 1, 0)                                                       \
+    X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 5, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 5, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 7, 1, 1, 4, 4, 0, 2, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 7, 2, 1, 2, 4, 0, 2, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 5, 1, 1, 8, 4, 0, 2, 0, 1, 0)                                                       \
+    X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, 0)
 /* What the planner needs of a row; the rest are template arguments only (dw_launch_direct). */
 struct dw_dcfg {
-    int ks, sh, cpt, th, p, dtypes;
+    int layout, ks, sh, cpt, th, p, flat, dtypes;
 };
-#define DW_DCFG_ROW(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES) {KS, SH, CPT, TH, P, DTYPES},
+#define DW_DCFG_ROW(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                      \
+    {LAY, KS, SH, CPT, TH, P, FLAT, DTYPES},
 static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
@@ -637,12 +760,18 @@ extern "C" int convd_gpu_tune_dw_direct(int mode)
 static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *g,
                           struct gpu_dw_plan *pl)
 {
-    if (dw_direct_mode == 0 || p->layout != CONVD_LAYOUT_NHWC || g->kpg != 1 || g->r != g->s ||
-        g->sh != g->sw || g->dh != 1 || g->dw != 1)
+    if (dw_direct_mode == 0 || g->kpg != 1 || g->r != g->s || g->sh != g->sw || g->dh != 1 ||
+        g->dw != 1)
+        return 0;
+    /* NCHW: "same" padding on the left (the window's offset in its first chunk is a template
+     * argument) and rows of whole 4-element chunks in and out. */
+    if (p->layout == CONVD_LAYOUT_NCHW &&
+        (g->pl != (g->s - 1) / 2 || g->w % 4 != 0 || g->wo % 4 != 0))
         return 0;
     int ci = -1;
     for (int i = 0; i < DW_NDCFG; i++)
-        if (dw_dcfgs[i].ks == g->r && dw_dcfgs[i].sh == g->sh &&
+        if (dw_dcfgs[i].layout == (int)p->layout && dw_dcfgs[i].ks == g->r &&
+            dw_dcfgs[i].sh == g->sh &&
             (dw_direct_mode < 0 ? (dw_dcfgs[i].dtypes >> p->dtype & 1) != 0
                                 : dw_direct_mode == 1 + i)) {
             ci = i;
@@ -653,19 +782,23 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     const struct dw_dcfg *d = &dw_dcfgs[ci];
     if (g->c % d->cpt != 0)
         return 0;
+    /* Threads: (image, band, column group, channel vector) for NHWC, (image, channel, band,
+     * column group) for NCHW; one flat range either way. */
     const int cvn = g->c / d->cpt;
-    const int64_t row_threads = (int64_t)((g->wo + d->p - 1) / d->p) * cvn;
     const int bands = (g->ho + d->th - 1) / d->th;
-    if (row_threads > 0x7fffffff - 256 || (int64_t)g->n * bands > 65535)
+    const int64_t row_threads = (int64_t)((g->wo + d->p - 1) / d->p) * cvn;
+    const int64_t threads = (int64_t)g->n * bands * row_threads;
+    if (threads > 0x7fffffff - 256 || (!d->flat && (int64_t)g->n * bands > 65535))
         return 0;
     pl->direct = 1 + ci;
     pl->vec = d->cpt;
-    pl->cvb = cvn;
+    pl->cvb = p->layout == CONVD_LAYOUT_NCHW ? g->wo / d->p : cvn;
     pl->strips = d->th;
     pl->p = d->p;
     pl->tiles_h = bands;
     pl->threads = 256;
-    pl->blocks_per_problem = (int)((row_threads + 255) / 256);
+    pl->blocks_per_problem = (int)(((d->flat ? threads : row_threads) + 255) / 256);
+    pl->grid_y = d->flat ? 1 : g->n * bands;
     pl->smem = 0;
     return 1;
 }
@@ -837,16 +970,29 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
     return 0;
 }
 
+/* The kernel of a row of DW_DCFGS: NHWC rows instantiate dw_direct_kernel, NCHW rows
+ * dw_nchw_direct_kernel (CPT, P, SPLIT and HINT are NHWC's only). */
+typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
+template <class DT, int LAY, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT,
+          int FLAT>
+struct dw_direct_pick {
+    static constexpr dw_direct_fn fn =
+        dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0, FLAT != 0>;
+};
+template <class DT, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT, int FLAT>
+struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT> {
+    static constexpr dw_direct_fn fn = dw_nchw_direct_kernel<DT, KS, SH, TH, MINB>;
+};
+
 template <class DT>
 static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                             hipStream_t stream)
 {
     const struct gpu_geom *g = &pl->g;
-    dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)(g->n * pl->tiles_h), (unsigned)count);
+    dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)pl->grid_y, (unsigned)count);
     dim3 block((unsigned)pl->threads);
-    typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
-#define DW_DCFG_FN(KS, SH, CPT, TH, P, SPLIT, MINB, HINT, DTYPES)                                  \
-    dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0>,
+#define DW_DCFG_FN(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                       \
+    dw_direct_pick<DT, LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT>::fn,
     static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
 #undef DW_DCFG_FN
     const int ci = pl->direct - 1;

@@ -298,9 +298,9 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
     switch (pl.family) {
     case CONVD_GPU_FAMILY_DEPTHWISE:
         if (pl.u.dw.direct)
-            snprintf(buf, len, "depthwise direct %d cpt %d rows %d cols %d threads %d blocks %dx%d",
+            snprintf(buf, len, "depthwise direct %d cpt %d rows %d cols %d threads %d blocks %d",
                      pl.u.dw.direct - 1, pl.u.dw.vec, pl.u.dw.strips, pl.u.dw.p, pl.u.dw.threads,
-                     pl.u.dw.blocks_per_problem, pl.u.dw.g.n * pl.u.dw.tiles_h);
+                     pl.u.dw.blocks_per_problem);
         else
             snprintf(buf, len, "depthwise vec %d window %d threads %d smem %d blocks %d",
                      pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.threads, pl.u.dw.smem,

@@ -196,9 +196,10 @@ struct gpu_dw_plan {
     int tiles_h;          /* NCHW: row tiles per plane */
     int in_rows, in_cols; /* shared-memory input rows, padded row length (NHWC: halo) */
     int tw, p, tiles_w;   /* NHWC: tile width, outputs per strip, tiles along W */
-    int direct;           /* NHWC direct kernel: 1 + its shape (0: not direct); vec = channels
-                             per thread, cvb = channel vectors per row, strips = rows per band,
-                             p = columns per thread, tiles_h = bands */
+    int direct;           /* direct kernel: 1 + its shape (0: not direct); vec = channels per
+                             thread, cvb = channel vectors per row (NHWC) or column groups (NCHW),
+                             strips = rows per band, p = columns per thread, tiles_h = bands */
+    int grid_y;           /* direct kernel: grid height (1 for a flat grid) */
 };
 int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
                      size_t why_len);

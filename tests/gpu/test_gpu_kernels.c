@@ -297,23 +297,60 @@ static void test_depthwise_tiled(void **state)
     assert_int_equal(convd_gpu_tune_dw_direct(-2), CONVD_EINVAL);
 }
 
-/* Every shape of work of the direct kernel, on problems whose edges cut its bands and column
- * groups (Ho, Wo not multiples of the rows and columns per thread), with padding on all sides. */
+/* Whether the depthwise family runs p on a direct kernel (its description says so). */
+static int dw_is_direct(const struct convd_problem *p)
+{
+    char d[200];
+    assert_int_equal(convd_gpu_describe(p, CONVD_GPU_FAMILY_DEPTHWISE, d, sizeof(d)), 0);
+    return strstr(d, "direct") != NULL;
+}
+
+/* Every shape of work of the direct kernels, on problems whose edges cut their bands and column
+ * groups (Ho, Wo not multiples of the rows and columns per thread), with padding on all sides;
+ * the NCHW ones on widths that are multiples of 4 (its chunks), with "same" padding on the left
+ * and any on the right. */
 static void test_depthwise_direct_shapes(void **state)
 {
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
-    int shapes = 0;
+    struct convd_problem q = mk(1, 13, 16, 8, 8, 3, 3, 8, 1, 1, 1, 0, CONVD_LAYOUT_NCHW);
+    q.pad_top = 0;
+    q.pad_bottom = 2;
+    q.pad_right = 5; /* Wo = 20: the last column group reads only padding */
+    int shapes = 0, nchw_shapes = 0;
     for (int mode = 1; convd_gpu_tune_dw_direct(mode) == 0; mode++, shapes++) {
         sweep(mk(2, 13, 11, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
         sweep(mk(1, 30, 27, 16, 16, 3, 3, 16, 1, 0, 1, 0, 0), F, 1, 0);
         sweep(mk(2, 15, 17, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0), F, 1, 0);
         sweep(mk(1, 19, 23, 8, 8, 5, 5, 8, 1, 2, 1, 0, 0), F, 1, 0);
         sweep(mk(2, 17, 14, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
+        sweep(mk(2, 13, 12, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
+        sweep(mk(2, 15, 16, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0), F, 1, 0);
+        sweep(mk(1, 30, 28, 16, 16, 5, 5, 16, 1, 2, 1, 0, 0), F, 1, 0);
+        sweep(mk(2, 17, 16, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
+        sweep(mk(1, 11, 20, 8, 8, 7, 7, 8, 1, 3, 1, 0, 0), F, 1, 0);
+        sweep(mk(1, 13, 24, 8, 8, 7, 7, 8, 2, 3, 1, 0, 0), F, 1, 0);
+        sweep(q, F, 1, 0);
+        for (int ks = 3; ks <= 7; ks += 2)
+            for (int st = 1; st <= 2; st++) {
+                struct convd_problem r =
+                    mk(1, 16, 16, 8, 8, ks, ks, 8, st, ks / 2, 1, 0, CONVD_LAYOUT_NCHW);
+                nchw_shapes += dw_is_direct(&r);
+            }
     }
     assert_true(shapes >= 2);
+    assert_true(nchw_shapes >= 6); /* every NCHW filter and stride has a shape */
     assert_int_equal(convd_gpu_tune_dw_direct(-1), 0);
+    /* Default routing: NCHW on the direct kernel where its conditions hold, else tiled. */
+    struct convd_problem r = mk(2, 28, 28, 24, 24, 5, 5, 24, 1, 2, 1, CONVD_DTYPE_FP16,
+                                CONVD_LAYOUT_NCHW);
+    assert_true(dw_is_direct(&r));
+    r.w = 30; /* not whole chunks */
+    assert_false(dw_is_direct(&r));
+    r.w = 28;
+    r.pad_left = 1; /* not "same" on the left */
+    assert_false(dw_is_direct(&r));
 }
 
 static void test_fma(void **state)

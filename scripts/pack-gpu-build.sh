@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Packs a GPU build folder for the trip to the GPU machine (scripts/gpu-check.sh unpacks it):
+# the binaries that run there, stripped, with the ctest files, as BUILD/pack.tgz. Binaries that
+# only the build machine runs move to BUILD/hostbin so that they do not travel.
+#
+#   scripts/pack-gpu-build.sh [BUILD]      (default build-gpu)
+set -euo pipefail
+BUILD=${1:-build-gpu}
+keep="convd convctl test_gpu_kernels test_gpu_backend test_gpu_daemon convd-bench-kernels"
+mkdir -p "$BUILD/hostbin"
+for f in "$BUILD"/bin/*; do
+    name=$(basename "$f")
+    case " $keep " in
+    *" $name "*) strip "$f" ;;
+    *) mv "$f" "$BUILD/hostbin/" ;;
+    esac
+done
+(cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt)
+ls -l "$BUILD/pack.tgz"
