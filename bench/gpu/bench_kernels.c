@@ -599,8 +599,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
             CK(cudaStreamSynchronize(g_stream));
             /* On g_stream: it does not synchronise with the legacy stream, so a plain
              * cudaMemcpy/cudaMemset could still be running when our kernel starts. */
-            CK(cudaMemcpyAsync(b.y_check, y0, z.output_bytes, cudaMemcpyDeviceToDevice,
-                               g_stream));
+            CK(cudaMemcpyAsync(b.y_check, y0, z.output_bytes, cudaMemcpyDeviceToDevice, g_stream));
             CK(cudaMemsetAsync(y0, 0xff, z.output_bytes, g_stream));
             if (ours_run(&oc, 0) == 0) {
                 CK(cudaStreamSynchronize(g_stream));
@@ -624,8 +623,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
 
     /* --sweep-dw: the tiled depthwise kernel and every shape of the direct ones that fits the
      * problem, same buffers, for the routing decision. */
-    if (o->sweep_dw &&
-        convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DEPTHWISE, NULL, 0) == 0) {
+    if (o->sweep_dw && convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DEPTHWISE, NULL, 0) == 0) {
         for (int mode = 0; convd_gpu_tune_dw_direct(mode) == 0; mode++) {
             char d2[200];
             convd_gpu_describe(&p, CONVD_GPU_FAMILY_DEPTHWISE, d2, sizeof(d2));

@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
+/* 2, 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
  * the whole 256-byte block around it from DRAM (NVIDIA sm_80+; a plain load elsewhere). */
 template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uint32_t *u)
 {
@@ -235,8 +235,12 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
                 u[1] = 0u;
         } else if (BYTES == 8) {
             asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(u[0]), "=r"(u[1]) : "l"(p));
-        } else {
+        } else if (BYTES == 4) {
             asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
+        } else {
+            unsigned short h;
+            asm("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(h) : "l"(p));
+            u[0] = h;
         }
         return;
     }
@@ -245,17 +249,19 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
         const uint2 v = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
         u[0] = v.x;
         u[1] = v.y;
-    } else {
+    } else if (BYTES == 4) {
         u[0] = valid ? *(const uint32_t *)p : 0u;
+    } else {
+        u[0] = valid ? *(const uint16_t *)p : 0u;
     }
 }
 
-/* CPT elements of 4 or 8 bytes in all as fp32, through dw_ldg. */
+/* CPT elements of 2, 4 or 8 bytes in all as fp32, through dw_ldg. */
 template <class DT, int CPT, bool HINT>
 GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 4 || BYTES == 8, "direct loads are 4 or 8 bytes");
+    static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8, "direct loads are 2, 4 or 8 bytes");
     uint32_t u[2];
     dw_ldg<BYTES, HINT>(p, valid, u);
     if (sizeof(typename DT::T) == 4) {
@@ -269,11 +275,15 @@ GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
     }
 }
 
-/* CPT elements (4 or 8 bytes in all) from fp32, rounded to the output type, one store. */
+/* CPT elements (2, 4 or 8 bytes in all) from fp32, rounded to the output type, one store. */
 template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 4 || BYTES == 8, "direct stores are 4 or 8 bytes");
+    static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8, "direct stores are 2, 4 or 8 bytes");
+    if (BYTES == 2) {
+        *p = DT::store(v[0]);
+        return;
+    }
     uint32_t u[2];
     if (sizeof(typename DT::T) == 4) {
 #pragma unroll
@@ -715,7 +725,10 @@ static int dw_smax(const struct convd_problem *p)
  * (round 5: effnet_dw5 fp16 27.8 us, bf16 30.0, fp32 33.8) beat the tiled kernel (34.7, 36.5,
  * 43.9) and every narrower direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2: 38.2, 40.0, 44.6).
  */
-#define DW_ALL ((1 << CONVD_DTYPE_FP32) | (1 << CONVD_DTYPE_FP16) | (1 << CONVD_DTYPE_BF16))
+#define DW_F32  (1 << CONVD_DTYPE_FP32)
+#define DW_F16  (1 << CONVD_DTYPE_FP16)
+#define DW_BF16 (1 << CONVD_DTYPE_BF16)
+#define DW_ALL  (DW_F32 | DW_F16 | DW_BF16)
 #define DW_NHWC CONVD_LAYOUT_NHWC
 #define DW_NCHW CONVD_LAYOUT_NCHW
 #define DW_DCFGS(X)                                                                                \
@@ -723,16 +736,16 @@ static int dw_smax(const struct convd_problem *p)
     X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, DW_ALL)                                                  \
     X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, DW_ALL)                                                  \
     X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0)                                                       \
-    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 3, 1, 1, 0)                                                       \
-    X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 1, 0)                                                       \
-    X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_ALL)                                                  \
+    X(DW_NHWC, 5, 1, 1, 4, 4, 0, 3, 1, 1, 0)                                                       \
+    X(DW_NHWC, 5, 1, 1, 8, 4, 0, 2, 1, 1, 0)                                                       \
+    X(DW_NHWC, 3, 1, 1, 4, 4, 0, 4, 1, 1, 0)                                                       \
+    X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                         \
+    X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                                 \
     X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
     X(DW_NCHW, 5, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
     X(DW_NCHW, 5, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
     X(DW_NCHW, 7, 1, 1, 4, 4, 0, 2, 0, 1, DW_ALL)                                                  \
-    X(DW_NCHW, 7, 2, 1, 2, 4, 0, 2, 0, 1, DW_ALL)                                                  \
-    X(DW_NCHW, 5, 1, 1, 8, 4, 0, 2, 0, 1, 0)                                                       \
-    X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, 0)
+    X(DW_NCHW, 7, 2, 1, 2, 4, 0, 2, 0, 1, DW_ALL)
 /* What the planner needs of a row; the rest are template arguments only (dw_launch_direct). */
 struct dw_dcfg {
     int layout, ks, sh, cpt, th, p, flat, dtypes;

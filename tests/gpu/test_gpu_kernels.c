@@ -277,12 +277,12 @@ static void test_depthwise(void **state)
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
     depthwise_cases();
-    sweep(mk(3, 23, 9, 20, 20, 3, 3, 20, 1, 1, 1, 0, 0), F, 1, 0);  /* C % 8 = 4 */
-    sweep(mk(2, 7, 30, 12, 12, 3, 3, 12, 2, 2, 1, 0, 0), F, 1, 0);  /* pad 2, s2 */
-    sweep(mk(5, 5, 6, 16, 16, 5, 5, 16, 1, 0, 1, 0, 0), F, 1, 0);   /* no padding, 5x5 */
-    sweep(mk(2, 3, 4, 40, 40, 5, 5, 40, 2, 2, 1, 0, 0), F, 1, 0);   /* 2x2 output, 5x5 s2 */
+    sweep(mk(3, 23, 9, 20, 20, 3, 3, 20, 1, 1, 1, 0, 0), F, 1, 0); /* C % 8 = 4 */
+    sweep(mk(2, 7, 30, 12, 12, 3, 3, 12, 2, 2, 1, 0, 0), F, 1, 0); /* pad 2, s2 */
+    sweep(mk(5, 5, 6, 16, 16, 5, 5, 16, 1, 0, 1, 0, 0), F, 1, 0);  /* no padding, 5x5 */
+    sweep(mk(2, 3, 4, 40, 40, 5, 5, 40, 2, 2, 1, 0, 0), F, 1, 0);  /* 2x2 output, 5x5 s2 */
     sweep(mk(1, 29, 31, 240, 240, 5, 5, 240, 1, 2, 1, 0, 0), F, 1, 0);
-    sweep(mk(70, 8, 8, 8, 8, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 0);     /* many images */
+    sweep(mk(70, 8, 8, 8, 8, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 0); /* many images */
 }
 
 /* The same cases with the direct kernel off: every NHWC problem on the tiled kernel. */
@@ -334,8 +334,8 @@ static void test_depthwise_direct_shapes(void **state)
         sweep(q, F, 1, 0);
         for (int ks = 3; ks <= 7; ks += 2)
             for (int st = 1; st <= 2; st++) {
-                struct convd_problem r =
-                    mk(1, 16, 16, 8, 8, ks, ks, 8, st, ks / 2, 1, 0, CONVD_LAYOUT_NCHW);
+                struct convd_problem r = mk(1, 16, 16, 8, 8, ks, ks, 8, st, ks / 2, 1,
+                                            CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
                 nchw_shapes += dw_is_direct(&r);
             }
     }
@@ -343,8 +343,8 @@ static void test_depthwise_direct_shapes(void **state)
     assert_true(nchw_shapes >= 6); /* every NCHW filter and stride has a shape */
     assert_int_equal(convd_gpu_tune_dw_direct(-1), 0);
     /* Default routing: NCHW on the direct kernel where its conditions hold, else tiled. */
-    struct convd_problem r = mk(2, 28, 28, 24, 24, 5, 5, 24, 1, 2, 1, CONVD_DTYPE_FP16,
-                                CONVD_LAYOUT_NCHW);
+    struct convd_problem r =
+        mk(2, 28, 28, 24, 24, 5, 5, 24, 1, 2, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
     assert_true(dw_is_direct(&r));
     r.w = 30; /* not whole chunks */
     assert_false(dw_is_direct(&r));
