@@ -20,9 +20,16 @@
  * tiled kernel below, whose blocks wait for their whole halo behind a barrier and leave lanes
  * idle in the last 64-channel block when C is not a multiple of 64.
  *
- * NCHW: one block per (image, channel) plane and tile of output rows. The input rows the tile
- * needs go to shared memory as fp32 (converted once, zero padded), then each thread computes a
- * strip of P outputs for each of the kpg output planes, with the same register window.
+ * NCHW direct (3x3, 5x5 and 7x7 with "same" padding on the left, strides 1 and 2, kpg = 1,
+ * W and Wo multiples of 4): the same idea along the plane's rows, 4 adjacent columns of one
+ * channel per thread read as aligned 4-element chunks. 2-4x faster than the tiled NCHW kernel and
+ * faster than the NHWC direct kernel on the same shapes (effnet_dw5 fp16 18.5 against 25.5 us:
+ * a quarter of the registers for the filter, so 24 warps per SM instead of 16).
+ *
+ * NCHW tiled (everything else): one block per (image, channel) plane and tile of output rows.
+ * The input rows the tile needs go to shared memory as fp32 (converted once, zero padded), then
+ * each thread computes a strip of P outputs for each of the kpg output planes, with the same
+ * register window.
  */
 #include "gpu_internal.h"
 
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* 2, 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
+/* 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
  * the whole 256-byte block around it from DRAM (NVIDIA sm_80+; a plain load elsewhere). */
 template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uint32_t *u)
 {
@@ -235,12 +242,8 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
                 u[1] = 0u;
         } else if (BYTES == 8) {
             asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(u[0]), "=r"(u[1]) : "l"(p));
-        } else if (BYTES == 4) {
-            asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
         } else {
-            unsigned short h;
-            asm("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(h) : "l"(p));
-            u[0] = h;
+            asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
         }
         return;
     }
@@ -249,19 +252,17 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
         const uint2 v = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
         u[0] = v.x;
         u[1] = v.y;
-    } else if (BYTES == 4) {
-        u[0] = valid ? *(const uint32_t *)p : 0u;
     } else {
-        u[0] = valid ? *(const uint16_t *)p : 0u;
+        u[0] = valid ? *(const uint32_t *)p : 0u;
     }
 }
 
-/* CPT elements of 2, 4 or 8 bytes in all as fp32, through dw_ldg. */
+/* CPT elements of 4 or 8 bytes in all as fp32, through dw_ldg. */
 template <class DT, int CPT, bool HINT>
 GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8, "direct loads are 2, 4 or 8 bytes");
+    static_assert(BYTES == 4 || BYTES == 8, "direct loads are 4 or 8 bytes");
     uint32_t u[2];
     dw_ldg<BYTES, HINT>(p, valid, u);
     if (sizeof(typename DT::T) == 4) {
@@ -275,15 +276,11 @@ GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
     }
 }
 
-/* CPT elements (2, 4 or 8 bytes in all) from fp32, rounded to the output type, one store. */
+/* CPT elements (4 or 8 bytes in all) from fp32, rounded to the output type, one store. */
 template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8, "direct stores are 2, 4 or 8 bytes");
-    if (BYTES == 2) {
-        *p = DT::store(v[0]);
-        return;
-    }
+    static_assert(BYTES == 4 || BYTES == 8, "direct stores are 4 or 8 bytes");
     uint32_t u[2];
     if (sizeof(typename DT::T) == 4) {
 #pragma unroll
@@ -480,7 +477,7 @@ __global__ void __launch_bounds__(256, MINB)
         for (int pp = 0; pp < P; pp++)
             acc[o][pp] = 0.0f;
 
-    const int oh0 = band * TH, ih0 = oh0 * SH - PAD, a0 = cg * P * SH - PAD - OFF;
+    const int oh0 = band * TH, ih0 = oh0 * SH - g.pt, a0 = cg * P * SH - PAD - OFF;
 #pragma unroll
     for (int i = 0; i < IR; i++) {
         const int ih = ih0 + i;
@@ -713,17 +710,22 @@ static int dw_smax(const struct convd_problem *p)
 }
 
 /*
- * Shapes of work of the direct kernel, each a template instance (dw_launch_direct):
- * X(filter, stride, channels per thread, rows, columns, interior split, min blocks per SM,
- *   L2 256-byte fetch hint, dtypes it is the router's choice for). The router takes the first row
- * of the problem's filter and stride whose dtype mask holds its dtype; every row is reachable
- * through convd_gpu_tune_dw_direct for tests and `convd-bench-kernels --sweep-dw`. Chosen from
- * sweeps on the H200 (bench/gpu/NOTES.md, round 3): among 14 shapes for 3x3 stride 1, 4 rows x
- * 4 columns x 2 channels was fastest or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8,
- * 8 x 2, 8 x 4, 4 x 6 and 4 channels per thread were 2-30% slower); the 256-byte hint gave 0-4%;
- * splitting off the interior helped some shapes and hurt others. For 5x5, 4 rows x 4 columns
- * (round 5: effnet_dw5 fp16 27.8 us, bf16 30.0, fp32 33.8) beat the tiled kernel (34.7, 36.5,
- * 43.9) and every narrower direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2: 38.2, 40.0, 44.6).
+ * Shapes of work of the direct kernels, each a template instance (dw_launch_direct):
+ * X(layout, filter, stride, channels per thread, rows, columns, interior split, min blocks per
+ *   SM, L2 256-byte fetch hint, flat grid, dtypes it is the router's choice for); NCHW rows use
+ *   only the filter, stride, rows and min blocks (one channel, 4 columns, always flat). The router
+ * takes the first row of the problem's layout, filter and stride whose dtype mask holds its
+ * dtype; every row is reachable through convd_gpu_tune_dw_direct for tests and
+ * `convd-bench-kernels --sweep-dw`. Chosen from sweeps on the H200 (bench/gpu/NOTES.md, rounds 3,
+ * 5 and 6): among 14 shapes for NHWC 3x3 stride 1, 4 rows x 4 columns x 2 channels was fastest
+ * or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8 x 2, 8 x 4, 4 x 6 and 4 channels
+ * per thread were 2-30% slower; one channel with 2-byte loads 42.1); the 256-byte hint gave
+ * 0-4%; splitting off the interior helped some shapes and hurt others; the flat grid costs the
+ * 3x3 instances spills (29.3 against 26.4). For 5x5, 4 rows x 4 columns on the flat grid
+ * (effnet_dw5 fp16 25.5 us, bf16 26.9, fp32 31.5; 27.8, 30.1, 33.7 on rows of blocks) beat the
+ * tiled kernel (34.8, 36.5, 44.1) and every other direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2:
+ * 38.2, 40.0, 44.6; one channel: 33.5, 34.4, 32.7). NCHW: 4 rows beat 8 (effnet_dw5 fp16 18.5
+ * against 20.5) except for 3x3 bf16 (mbv2_dw_s1 25.9 against 30.1).
  */
 #define DW_F32  (1 << CONVD_DTYPE_FP32)
 #define DW_F16  (1 << CONVD_DTYPE_FP16)
@@ -736,9 +738,6 @@ static int dw_smax(const struct convd_problem *p)
     X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, DW_ALL)                                                  \
     X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, DW_ALL)                                                  \
     X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0)                                                       \
-    X(DW_NHWC, 5, 1, 1, 4, 4, 0, 3, 1, 1, 0)                                                       \
-    X(DW_NHWC, 5, 1, 1, 8, 4, 0, 2, 1, 1, 0)                                                       \
-    X(DW_NHWC, 3, 1, 1, 4, 4, 0, 4, 1, 1, 0)                                                       \
     X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                         \
     X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                                 \
     X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
