@@ -438,17 +438,6 @@ template <class DT> GPU_D void dw_chunk_load(const typename DT::T *p, bool valid
     }
 }
 
-template <class DT> GPU_D void dw_chunk_store(typename DT::T *p, const float *v)
-{
-    if (sizeof(typename DT::T) == 4) {
-        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-        const uint32_t lo = (uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16);
-        const uint32_t hi = (uint32_t)DT::store(v[2]) | ((uint32_t)DT::store(v[3]) << 16);
-        *(uint2 *)p = make_uint2(lo, hi);
-    }
-}
-
 template <class DT, int KS, int SH, int TH, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     dw_nchw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands)
@@ -513,7 +502,7 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
         for (int pp = 0; pp < P; pp++)
             ov[pp] = gpu_epilogue(acc[o][pp], bv, g.relu);
-        dw_chunk_store<DT>(yp + (size_t)o * g.wo, ov);
+        gpu_store4<DT>(yp + (size_t)o * g.wo, ov);
     }
 }
 

@@ -512,6 +512,16 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     pl.layout = p->layout;
     pl.out_nchw = out_nchw;
     const struct gpu_geom *g = &pl.g;
+    if (!out_nchw && gpu_pw_applies(p)) {
+        const int rc = gpu_pw_plan_make(p, &pl.pw, why, why_len);
+        if (rc != 0)
+            return rc;
+        pl.pointwise = 1;
+        pl.threads = pl.pw.threads;
+        pl.smem = pl.pw.smem;
+        *ret = pl;
+        return 0;
+    }
 
     pl.tn = g->kpg % 8 == 0 ? 8 : g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
     pl.ks = fma_ks(g, p->layout == CONVD_LAYOUT_NHWC);
@@ -707,6 +717,8 @@ static int fma_launch_dt(const struct gpu_fma_plan *pl, const struct fma_args *a
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
                    hipStream_t stream)
 {
+    if (pl->pointwise)
+        return gpu_pw_launch(&pl->pw, b, count, stream);
     struct fma_args a;
     a.g = pl->g;
     a.nch = pl->nch;

@@ -6,8 +6,8 @@
 #include "gpu_internal.h"
 
 template <class DT, int NHWC>
-__global__ void __launch_bounds__(256) generic_kernel(const struct gpu_geom g,
-                                                      const struct gpu_batch b, int64_t total)
+__global__ void __launch_bounds__(256)
+    generic_kernel(const struct gpu_geom g, const struct gpu_batch b, int64_t total)
 {
     typedef typename DT::T T;
     const int prob = blockIdx.z;

@@ -3,9 +3,11 @@
  * of one geometry into as few launches as possible, and the device helpers of gpu_kernels.h.
  *
  * Routing (convd_gpu_kernel_name() says where a problem goes):
- *   cpg = 1, kpg <= 2                       -> depthwise (NHWC vectorised / NCHW plane tiles)
+ *   cpg = 1, kpg <= 2                       -> depthwise (direct kernels for 3x3/5x5 NHWC and
+ *                                              3x3/5x5/7x7 NCHW, shared-memory tiles otherwise)
  *   fp16/bf16, cpg and kpg multiples of 8,
  *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
+ *   1x1, unit stride, no padding            -> fma, pointwise GEMM kernel (both layouts native)
  *   anything whose halo tile fits           -> fma (fp32 always lands here: no TF32 path)
  *   the rest, and unaligned tensors         -> generic
  */
@@ -130,8 +132,9 @@ static int plan_family(const struct convd_problem *p, enum convd_gpu_family fami
 {
     ret->family = family;
     ret->transposed = 0;
-    const int tr = ws_ok && p->layout == CONVD_LAYOUT_NCHW &&
-                   (family == CONVD_GPU_FAMILY_MMA || family == CONVD_GPU_FAMILY_FMA);
+    const int tr =
+        ws_ok && p->layout == CONVD_LAYOUT_NCHW &&
+        (family == CONVD_GPU_FAMILY_MMA || (family == CONVD_GPU_FAMILY_FMA && !gpu_pw_applies(p)));
     struct convd_problem q = *p;
     if (tr)
         q.layout = CONVD_LAYOUT_NHWC;
@@ -307,6 +310,14 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
                      pl.u.dw.blocks_per_problem);
         break;
     case CONVD_GPU_FAMILY_FMA:
+        if (pl.u.fma.pointwise) {
+            snprintf(buf, len, "fma pointwise tile %dx%d threads %d smem %d blocks %dx%d",
+                     pl.u.fma.pw.tch, pl.u.fma.pw.tpx, pl.u.fma.pw.threads, pl.u.fma.pw.smem,
+                     pl.u.fma.pw.ptiles *
+                         (pl.u.fma.pw.layout == CONVD_LAYOUT_NHWC ? 1 : pl.u.fma.g.n),
+                     pl.u.fma.pw.ctiles * pl.u.fma.g.g);
+            break;
+        }
         snprintf(buf, len,
                  "fma tn %d window %d nch %d bn %d gpb %d tile %dx%d kc %d/%d threads %d "
                  "smem %d blocks %d",

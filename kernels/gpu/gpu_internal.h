@@ -89,6 +89,19 @@ struct dt_bf16 {
     }
 };
 
+/* Four adjacent elements from fp32, rounded to the storage type, as one 8-byte (16-bit types) or
+ * 16-byte (fp32) store: p must be aligned to that size. */
+template <class DT> GPU_D void gpu_store4(typename DT::T *p, const float *v)
+{
+    if (sizeof(typename DT::T) == 4) {
+        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        const uint32_t lo = (uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16);
+        const uint32_t hi = (uint32_t)DT::store(v[2]) | ((uint32_t)DT::store(v[3]) << 16);
+        *(uint2 *)p = make_uint2(lo, hi);
+    }
+}
+
 /* Asynchronous copies global -> shared of 4 or 16 bytes, zero-filled when !valid (cp.async on
  * NVIDIA sm_80+; a plain load and store elsewhere), and the wait for all of a thread's copies. */
 GPU_D void gpu_cp4(float *dst, const float *src, bool valid)
@@ -206,6 +219,22 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
 int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 
+/* Pointwise GEMM (conv_pw.hip): 1x1, unit stride, no padding; part of the fma family. */
+struct gpu_pw_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+    int tch, tpx;       /* tile: outputs x pixels */
+    int ctiles, ptiles; /* output tiles per group, pixel tiles (NCHW: per image) */
+    int threads, smem;
+    int vec_out; /* outputs leave as 4-element runs */
+};
+/* Whether p takes the pointwise kernel (shape, and not switched off for tests). */
+int gpu_pw_applies(const struct convd_problem *p);
+int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, char *why,
+                     size_t why_len);
+int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
+                  hipStream_t stream);
+
 struct gpu_fma_plan {
     struct gpu_geom g;
     int dtype, layout;
@@ -228,9 +257,12 @@ struct gpu_fma_plan {
     int smap; /* thread mapping: 1 strip-major (t % strips), 0 chunk-major (t % nch) */
     int threads, smem;
     int out_nchw;
+    int pointwise; /* run on the pointwise kernel with plan pw (the fields above unused) */
+    struct gpu_pw_plan pw;
 };
 /* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
- * the workspace; the kernel writes the output in NCHW. */
+ * the workspace; the kernel writes the output in NCHW. Pointwise problems take gpu_pw_* (both
+ * layouts native, never transposed). */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
                       char *why, size_t why_len);
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,

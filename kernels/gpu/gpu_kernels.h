@@ -80,12 +80,18 @@ int convd_gpu_synchronize(void);
  * the mma family (and route elsewhere). */
 int convd_gpu_tune_mma_cfg(int cfg);
 
-/* Tests and benchmark only: -1 routes NHWC depthwise problems that the direct kernel serves by
- * default (3x3, and 5x5 in fp32; stride 1 or 2, no dilation, one output per channel) to it, 0 keeps every problem
- * on the tiled kernel, 1 + i forces the direct kernel's shape of work i (conv_dw.hip) where its
+/* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_dw.hip:
+ * NHWC 3x3 and 5x5, NCHW 3x3, 5x5 and 7x7 with "same" left padding and widths of whole 4-element
+ * chunks; equal strides of 1 or 2, no dilation, one output per channel) to it, 0 keeps every
+ * problem on the tiled kernels, 1 + i forces the direct kernels' shape of work i where its layout,
  * filter and stride match, the tiled kernel elsewhere. Process-global; CONVD_EINVAL past the
  * last shape. */
 int convd_gpu_tune_dw_direct(int mode);
+
+/* Tests and benchmark only: 1 (the default) runs 1x1 convolutions with unit stride and no
+ * padding on the fma family's pointwise GEMM kernel (conv_pw.hip), 0 on its general kernel.
+ * Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_fma_pointwise(int on);
 
 #ifdef __cplusplus
 }

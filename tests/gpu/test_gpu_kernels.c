@@ -389,6 +389,41 @@ static void test_fma(void **state)
     }
 }
 
+/* The fma family's pointwise GEMM kernel (1x1, unit stride, no padding): tails in pixels
+ * (H*W = 63, not a multiple of 4 or of any tile), outputs (kpg 15, 45) and K steps (cpg 300),
+ * dense and grouped; then the same problems on the general kernel, which must still serve them. */
+static void test_fma_pointwise(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_FMA;
+    const struct convd_problem ps[] = {
+        mk(2, 7, 9, 30, 45, 1, 1, 3, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(3, 8, 8, 64, 64, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(1, 5, 6, 600, 90, 1, 1, 2, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(2, 14, 14, 240, 240, 1, 1, 3, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(1, 3, 3, 6, 2, 1, 1, 2, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+    };
+    char d[200];
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+        assert_int_equal(convd_gpu_describe(&ps[i], F, d, sizeof(d)), 0);
+        assert_non_null(strstr(d, "pointwise"));
+        sweep(ps[i], F, 1, 0);
+    }
+    struct convd_problem q = ps[0];
+    q.stride_h = 2; /* not pointwise: the general kernel */
+    assert_int_equal(convd_gpu_describe(&q, F, d, sizeof(d)), 0);
+    assert_null(strstr(d, "pointwise"));
+    assert_int_equal(convd_gpu_tune_fma_pointwise(0), 0);
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+        assert_int_equal(convd_gpu_describe(&ps[i], F, d, sizeof(d)), 0);
+        assert_null(strstr(d, "pointwise"));
+        sweep(ps[i], F, 1, 0);
+    }
+    assert_int_equal(convd_gpu_tune_fma_pointwise(1), 0);
+    assert_int_equal(convd_gpu_tune_fma_pointwise(2), CONVD_EINVAL);
+}
+
 static void test_mma(void **state)
 {
     (void)state;
@@ -647,6 +682,8 @@ static void test_multi_problem(void **state)
     p = mk(1, 12, 12, 16, 16, 3, 3, 16, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
     p.layout = CONVD_LAYOUT_NCHW;
     batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 3);
+    p = mk(2, 9, 7, 24, 36, 1, 1, 3, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
+    batch_case(p, CONVD_GPU_FAMILY_FMA, 7); /* pointwise */
     p = mk(1, 6, 7, 6, 9, 2, 3, 3, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
     batch_case(p, CONVD_GPU_FAMILY_GENERIC, 33);
 }
@@ -724,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_depthwise_tiled),
         cmocka_unit_test(test_depthwise_direct_shapes),
         cmocka_unit_test(test_fma),
+        cmocka_unit_test(test_fma_pointwise),
         cmocka_unit_test(test_mma),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),

@@ -1,0 +1,274 @@
+/*
+ * Pointwise (1x1, unit stride, no padding, any groups): a convolution that is a GEMM per group,
+ * run as one. With P pixels (NCHW: one image's H*W, NHWC: all N*H*W, which are contiguous),
+ *
+ *   y[pixel][g * kpg + j] = sum over i < cpg of x[pixel][g * cpg + i] * w[g * kpg + j][i],
+ *
+ * a block computes a tile of tch outputs x tpx pixels of one group (and image, for NCHW): each
+ * K step of PW_KC input channels is staged in shared memory as fp32, [k][pixel] and [k][output],
+ * and every thread accumulates a 4 x 8 outer product per k from one 16-byte read of weights and
+ * two of pixels. The general FMA kernel (conv_fma.hip) walks a halo window per tap and reads
+ * shared memory once per 1-2 FMA; here it is 3 reads per 32 FMA, and NCHW needs no transposed
+ * copies: the pixel operand is contiguous in both layouts, only the loader's order differs.
+ */
+#include "gpu_internal.h"
+
+#define PW_TC 4  /* outputs per thread */
+#define PW_TP 8  /* pixels per thread: two runs of 4, half a tile apart */
+#define PW_KC 16 /* input channels per shared-memory step */
+
+static int pw_enabled = 1;
+
+extern "C" int convd_gpu_tune_fma_pointwise(int on)
+{
+    if (on != 0 && on != 1)
+        return CONVD_EINVAL;
+    pw_enabled = on;
+    gpu_plan_cache_invalidate();
+    return 0;
+}
+
+int gpu_pw_applies(const struct convd_problem *p)
+{
+    return pw_enabled && p->r == 1 && p->s == 1 && p->stride_h == 1 && p->stride_w == 1 &&
+           p->pad_top == 0 && p->pad_bottom == 0 && p->pad_left == 0 && p->pad_right == 0;
+}
+
+/*
+ * Grid: x over pixel tiles (NCHW: images x tiles of a plane), y over groups x output tiles,
+ * z over problems. Threads: (tch / 4) x (tpx / 8), pixel-group fastest. NCHW output rows and
+ * NHWC output pixels leave as 4-element runs where the sizes allow (vec_out), else elementwise.
+ */
+template <class DT, int NHWC>
+__global__ void __launch_bounds__(256, 2)
+    pw_kernel(const struct gpu_geom g, const struct gpu_batch b, int tch, int tpx, int ctiles,
+              int ptiles, int vec_out)
+{
+    typedef typename DT::T T;
+    extern __shared__ float pw_smem[];
+    const int prob = blockIdx.z;
+    const int grp = (int)blockIdx.y / ctiles, ct = (int)blockIdx.y - grp * ctiles;
+    int pt = (int)blockIdx.x, n = 0;
+    if (!NHWC) {
+        n = pt / ptiles;
+        pt -= n * ptiles;
+    }
+    const int npix = NHWC ? g.n * g.h * g.w : g.h * g.w;
+    const int p0 = pt * tpx, c0 = ct * tch;
+    const int tid = (int)threadIdx.x, nthr = (int)blockDim.x;
+    const int tpn = tpx / PW_TP, ti = tid / tpn, tj = tid - ti * tpn;
+    const int xs = tpx + 4, ws = tch + 4; /* row pitches in floats (16-byte multiples) */
+    float *xsm = pw_smem;                 /* [PW_KC][xs] */
+    float *wsm = pw_smem + PW_KC * xs;    /* [PW_KC][ws] */
+    const T *x = (const T *)b.x[prob];
+    const T *w = (const T *)b.w[prob] + (size_t)grp * g.kpg * g.cpg;
+    /* NCHW: this image's planes of the group; NHWC: the group's channels of pixel 0. */
+    const T *xg =
+        NHWC ? x + (size_t)grp * g.cpg : x + ((size_t)n * g.c + (size_t)grp * g.cpg) * npix;
+
+    float acc[PW_TC][PW_TP];
+#pragma unroll
+    for (int i = 0; i < PW_TC; i++)
+#pragma unroll
+        for (int j = 0; j < PW_TP; j++)
+            acc[i][j] = 0.0f;
+
+    /* Loader lanes: k fastest where k is the contiguous index (NHWC pixels, all weights). */
+    const int lk = tid & (PW_KC - 1), lr = tid >> 4, lstep = nthr >> 4;
+    for (int k0 = 0; k0 < g.cpg; k0 += PW_KC) {
+        const int k = k0 + lk;
+        if (NHWC) {
+            if (lr < lstep)
+                for (int j = lr; j < tpx; j += lstep) {
+                    const int pix = p0 + j;
+                    xsm[lk * xs + j] =
+                        k < g.cpg && pix < npix ? DT::load(xg[(size_t)pix * g.c + k]) : 0.0f;
+                }
+        } else {
+#pragma unroll 4
+            for (int kk = 0; kk < PW_KC; kk++)
+                for (int j = tid; j < tpx; j += nthr) {
+                    const int pix = p0 + j;
+                    xsm[kk * xs + j] = k0 + kk < g.cpg && pix < npix
+                                           ? DT::load(xg[(size_t)(k0 + kk) * npix + pix])
+                                           : 0.0f;
+                }
+        }
+        if (lr < lstep)
+            for (int i = lr; i < tch; i += lstep) {
+                const int ch = c0 + i;
+                wsm[lk * ws + i] =
+                    k < g.cpg && ch < g.kpg ? DT::load(w[(size_t)ch * g.cpg + k]) : 0.0f;
+            }
+        __syncthreads();
+        const int kn = min(PW_KC, g.cpg - k0);
+        const float *wr = wsm + ti * PW_TC, *xr = xsm + tj * 4;
+#pragma unroll 4
+        for (int kk = 0; kk < kn; kk++) {
+            const float4 a = *(const float4 *)(wr + kk * ws);
+            const float4 b0 = *(const float4 *)(xr + kk * xs);
+            const float4 b1 = *(const float4 *)(xr + kk * xs + tpx / 2);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < PW_TC; i++)
+#pragma unroll
+                for (int j = 0; j < PW_TP; j++)
+                    acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    /* Epilogue. Pixels of the thread: p0 + tj * 4 + {0..3} and the same half a tile on. */
+    const T *bias = (const T *)b.b[prob];
+    T *y = (T *)b.y[prob];
+    const int ch0 = c0 + ti * PW_TC;
+    float bv[PW_TC];
+#pragma unroll
+    for (int i = 0; i < PW_TC; i++)
+        bv[i] = g.bias && ch0 + i < g.kpg ? DT::load(bias[grp * g.kpg + ch0 + i]) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < PW_TC; i++)
+#pragma unroll
+        for (int j = 0; j < PW_TP; j++)
+            acc[i][j] = gpu_epilogue(acc[i][j], bv[i], g.relu);
+    if (NHWC) {
+        /* Per pixel, the thread's 4 outputs are adjacent channels. */
+#pragma unroll
+        for (int j = 0; j < PW_TP; j++) {
+            const int pix = p0 + tj * 4 + (j & 3) + (j >> 2) * (tpx / 2);
+            if (pix >= npix)
+                continue;
+            T *yp = y + (size_t)pix * g.k + (size_t)grp * g.kpg + ch0;
+            if (vec_out && ch0 + PW_TC <= g.kpg) {
+                const float v[4] = {acc[0][j], acc[1][j], acc[2][j], acc[3][j]};
+                gpu_store4<DT>(yp, v);
+            } else {
+#pragma unroll
+                for (int i = 0; i < PW_TC; i++)
+                    if (ch0 + i < g.kpg)
+                        yp[i] = DT::store(acc[i][j]);
+            }
+        }
+    } else {
+        /* Per output channel, two runs of 4 adjacent pixels of its plane. */
+#pragma unroll
+        for (int i = 0; i < PW_TC; i++) {
+            if (ch0 + i >= g.kpg)
+                break;
+            T *yp = y + ((size_t)n * g.k + (size_t)grp * g.kpg + ch0 + i) * npix;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int pix = p0 + tj * 4 + h * (tpx / 2);
+                if (vec_out && pix + 4 <= npix) {
+                    gpu_store4<DT>(yp + pix, &acc[i][h * 4]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        if (pix + j < npix)
+                            yp[pix + j] = DT::store(acc[i][h * 4 + j]);
+                }
+            }
+        }
+    }
+}
+
+/*
+ * Tile choice: tpx from a few multiples of 8, tch a multiple of 4 up to 128, threads
+ * (tch / 4) * (tpx / 8) between 64 and 256. Cost model: waves of blocks (two per SM, as the launch
+ * bounds promise) times a block's time, which is its tile's FMA plus its K-step loads
+ * (PW_LOAD_COST FMA-equivalents per staged element), so padded tiles and a last partial wave
+ * both count.
+ */
+#define PW_LOAD_COST 8
+
+int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, char *why,
+                     size_t why_len)
+{
+    if (!gpu_pw_applies(p)) {
+        snprintf(why, why_len, "pointwise: needs a 1x1 filter, unit stride and no padding");
+        return CONVD_EUNSUPPORTED;
+    }
+    struct gpu_pw_plan pl;
+    memset(&pl, 0, sizeof(pl));
+    gpu_geom_from_problem(p, &pl.g);
+    pl.dtype = p->dtype;
+    pl.layout = p->layout;
+    const struct gpu_geom *g = &pl.g;
+    const int nhwc = p->layout == CONVD_LAYOUT_NHWC;
+    const int64_t npix = nhwc ? (int64_t)g->n * g->h * g->w : (int64_t)g->h * g->w;
+    struct gpu_device_info dev;
+    if (gpu_device_info_get(&dev) != 0)
+        dev.sm_count = 132;
+    static const int tpxs[] = {128, 112, 96, 64, 32};
+    double best = -1.0;
+    for (size_t a = 0; a < sizeof(tpxs) / sizeof(tpxs[0]); a++) {
+        const int tpx = tpxs[a];
+        for (int tch = 4; tch <= 128; tch += 4) {
+            const int threads = (tch / PW_TC) * (tpx / PW_TP);
+            if (threads < 64 || threads > 256 || threads % 32 != 0)
+                continue;
+            const int64_t ptiles = (npix + tpx - 1) / tpx;
+            const int64_t ctiles = (g->kpg + tch - 1) / tch;
+            const int64_t blocks = ptiles * (nhwc ? 1 : g->n) * ctiles * g->g;
+            if (ptiles * (nhwc ? 1 : g->n) > 0x7fffffff || ctiles * g->g > 65535)
+                continue;
+            const int64_t slots = (int64_t)dev.sm_count * 2;
+            const double waves = (double)((blocks + slots - 1) / slots);
+            const double kp = (double)((g->cpg + PW_KC - 1) / PW_KC * PW_KC);
+            const double cost =
+                waves * kp * ((double)tch * tpx + PW_LOAD_COST * (double)(tch + tpx));
+            if (best < 0.0 || cost < best) {
+                best = cost;
+                pl.tch = tch;
+                pl.tpx = tpx;
+                pl.threads = threads;
+                pl.ptiles = (int)ptiles;
+                pl.ctiles = (int)ctiles;
+            }
+        }
+    }
+    if (best < 0.0) {
+        snprintf(why, why_len, "pointwise: grid too large");
+        return CONVD_EUNSUPPORTED;
+    }
+    pl.smem = PW_KC * (pl.tpx + 4 + pl.tch + 4) * (int)sizeof(float);
+    /* 4-element output runs stay inside a row and aligned: NHWC needs K and kpg multiples of 4,
+     * NCHW a plane of a multiple of 4 pixels (tiles start at multiples of 4). */
+    pl.vec_out = nhwc ? g->k % 4 == 0 && g->kpg % 4 == 0 : npix % 4 == 0;
+    *ret = pl;
+    return 0;
+}
+
+template <class DT>
+static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
+                        hipStream_t stream)
+{
+    const struct gpu_geom *g = &pl->g;
+    const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
+    dim3 grid((unsigned)(pl->ptiles * (nhwc ? 1 : g->n)), (unsigned)(pl->ctiles * g->g),
+              (unsigned)count);
+    dim3 block((unsigned)pl->threads);
+    if (nhwc)
+        hipLaunchKernelGGL((pw_kernel<DT, 1>), grid, block, pl->smem, stream, *g, *b, pl->tch,
+                           pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out);
+    else
+        hipLaunchKernelGGL((pw_kernel<DT, 0>), grid, block, pl->smem, stream, *g, *b, pl->tch,
+                           pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out);
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
+int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
+                  hipStream_t stream)
+{
+    switch (pl->dtype) {
+    case CONVD_DTYPE_FP32:
+        return pw_launch_dt<dt_f32>(pl, b, count, stream);
+    case CONVD_DTYPE_FP16:
+        return pw_launch_dt<dt_f16>(pl, b, count, stream);
+    case CONVD_DTYPE_BF16:
+        return pw_launch_dt<dt_bf16>(pl, b, count, stream);
+    }
+    return CONVD_EINVAL;
+}
