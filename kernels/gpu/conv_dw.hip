@@ -338,59 +338,6 @@ GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gp
 }
 
 /*
- * The same band with the filter in shared memory (ws: fp32 [tap][channel], wstride channels per
- * tap) instead of registers: each input row is loaded once into registers, then every tap of it
- * is read from shared memory once and used for the P columns, so the 25 x 2 filter registers of
- * a 5x5 band are free for more warps per SM.
- */
-template <class DT, int CPT, int KS, int SH, int TH, int P, bool HINT>
-GPU_D void dw_direct_body_wsm(const typename DT::T *xb, size_t rowe, const struct gpu_geom &g,
-                              int ih0, int iw0, const float *ws, int wstride,
-                              float (&acc)[TH][P][CPT])
-{
-    constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
-    /* One row per iteration, not unrolled: fully unrolled, the compiler hoists every row's loads
-     * ahead of the arithmetic and spills (1 KB per thread for 5x5). Other warps hide the wait. */
-#pragma unroll 1
-    for (int i = 0; i < IR; i++) {
-        const int ih = ih0 + i;
-        const bool rok = convd_math_inside(ih, g.h);
-        const typename DT::T *xr = xb + (size_t)(rok ? ih : 0) * rowe;
-        float v[NC][CPT];
-#pragma unroll
-        for (int q = 0; q < NC; q++) {
-            const int iw = iw0 + q;
-            const bool ok = rok && convd_math_inside(iw, g.w);
-            dw_direct_load<DT, CPT, HINT>(xr + (size_t)(ok ? iw : 0) * g.c, ok, v[q]);
-        }
-#pragma unroll
-        for (int o = 0; o < TH; o++) {
-            const int r = i - o * SH;
-            if (r < 0 || r >= KS)
-                continue;
-#pragma unroll
-            for (int sc = 0; sc < KS; sc++) {
-                float wv[CPT];
-                if (CPT == 2) {
-                    const float2 u = *(const float2 *)(ws + (r * KS + sc) * wstride);
-                    wv[0] = u.x;
-                    wv[CPT - 1] = u.y;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CPT; j++)
-                        wv[j] = ws[(r * KS + sc) * wstride + j];
-                }
-#pragma unroll
-                for (int pp = 0; pp < P; pp++)
-#pragma unroll
-                    for (int j = 0; j < CPT; j++)
-                        acc[o][pp][j] = fmaf(v[pp * SH + sc][j], wv[j], acc[o][pp][j]);
-            }
-        }
-    }
-}
-
-/*
  * NHWC direct. Grid: x over (group of P output columns, channel vector) of a row in blocks of
  * blockDim.x, y over (image, band of TH output rows), z over problems; with FLAT, x over all of
  * (image, band, column group, channel vector), fastest last, so that no block idles lanes at the
@@ -398,7 +345,7 @@ GPU_D void dw_direct_body_wsm(const typename DT::T *xb, size_t rowe, const struc
  * costs the 3x3 instances 10 spilled registers at 80). KS x KS filter, stride SH both ways.
  */
 template <class DT, int CPT, int KS, int SH, int TH, int P, bool SPLIT, int MINB, bool HINT,
-          bool FLAT, bool WSM>
+          bool FLAT>
 __global__ void __launch_bounds__(256, MINB)
     dw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cvn, int bands)
 {
@@ -407,15 +354,6 @@ __global__ void __launch_bounds__(256, MINB)
     const int prob = blockIdx.z;
     const int wg = (g.wo + P - 1) / P;
     const int f = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    extern __shared__ float dw_wsm[];
-    if (WSM) {
-        /* The whole filter as fp32 [tap][channel]: a flat block spans every channel. */
-        const T *wall = (const T *)b.w[prob];
-        for (int t = 0; t < KS * KS; t++)
-            for (int ch = (int)threadIdx.x; ch < g.c; ch += (int)blockDim.x)
-                dw_wsm[t * g.c + ch] = DT::load(wall[(size_t)ch * (KS * KS) + t]);
-        __syncthreads();
-    }
     if (f >= (FLAT ? g.n * bands : 1) * wg * cvn)
         return;
     const int row = FLAT ? f / (wg * cvn) : (int)blockIdx.y, rf = FLAT ? f - row * (wg * cvn) : f;
@@ -427,12 +365,11 @@ __global__ void __launch_bounds__(256, MINB)
     T *y = (T *)b.y[prob];
 
     float wt[KS * KS][CPT];
-    if (!WSM)
 #pragma unroll
-        for (int j = 0; j < CPT; j++)
+    for (int j = 0; j < CPT; j++)
 #pragma unroll
-            for (int t = 0; t < KS * KS; t++)
-                wt[t][j] = DT::load(w[(size_t)(c0 + j) * (KS * KS) + t]);
+        for (int t = 0; t < KS * KS; t++)
+            wt[t][j] = DT::load(w[(size_t)(c0 + j) * (KS * KS) + t]);
     float acc[TH][P][CPT];
 #pragma unroll
     for (int o = 0; o < TH; o++)
@@ -445,10 +382,7 @@ __global__ void __launch_bounds__(256, MINB)
     const int ih0 = oh0 * SH - g.pt, iw0 = ow0 * SH - g.pl;
     const size_t rowe = (size_t)g.w * g.c;
     const T *xb = x + (size_t)n * g.h * rowe + c0;
-    if (WSM)
-        dw_direct_body_wsm<DT, CPT, KS, SH, TH, P, HINT>(xb, rowe, g, ih0, iw0, dw_wsm + c0, g.c,
-                                                         acc);
-    else if (SPLIT && ih0 >= 0 && ih0 + IR <= g.h && iw0 >= 0 && iw0 + NC <= g.w)
+    if (SPLIT && ih0 >= 0 && ih0 + IR <= g.h && iw0 >= 0 && iw0 + NC <= g.w)
         dw_direct_body<DT, CPT, KS, SH, TH, P, false, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
     else
         dw_direct_body<DT, CPT, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
@@ -789,26 +723,23 @@ static int dw_smax(const struct convd_problem *p)
 #define DW_NHWC CONVD_LAYOUT_NHWC
 #define DW_NCHW CONVD_LAYOUT_NCHW
 #define DW_DCFGS(X)                                                                                \
-    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 3, 1, 0, 0, DW_ALL)                                               \
-    X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, 0, DW_ALL)                                               \
-    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, 0, DW_ALL)                                               \
-    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0, 0)                                                    \
-    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 3, 1, 1, 1, 0)                                                    \
-    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 4, 1, 1, 1, 0)                                                    \
-    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 4, 1, 0, 1, 0)                                                    \
-    X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, 0, DW_F32 | DW_F16)                                      \
-    X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, 0, DW_BF16)                                              \
-    X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, 0, DW_ALL)                                               \
-    X(DW_NCHW, 5, 1, 1, 4, 4, 0, 3, 0, 1, 0, DW_ALL)                                               \
-    X(DW_NCHW, 5, 2, 1, 4, 4, 0, 3, 0, 1, 0, DW_ALL)                                               \
-    X(DW_NCHW, 7, 1, 1, 4, 4, 0, 2, 0, 1, 0, DW_ALL)                                               \
-    X(DW_NCHW, 7, 2, 1, 2, 4, 0, 2, 0, 1, 0, DW_ALL)
+    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 3, 1, 0, DW_ALL)                                                  \
+    X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, DW_ALL)                                                  \
+    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, DW_ALL)                                                  \
+    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0)                                                       \
+    X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                         \
+    X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                                 \
+    X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 5, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 5, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 7, 1, 1, 4, 4, 0, 2, 0, 1, DW_ALL)                                                  \
+    X(DW_NCHW, 7, 2, 1, 2, 4, 0, 2, 0, 1, DW_ALL)
 /* What the planner needs of a row; the rest are template arguments only (dw_launch_direct). */
 struct dw_dcfg {
-    int layout, ks, sh, cpt, th, p, flat, wsm, dtypes;
+    int layout, ks, sh, cpt, th, p, flat, dtypes;
 };
-#define DW_DCFG_ROW(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, WSM, DTYPES)                 \
-    {LAY, KS, SH, CPT, TH, P, FLAT, WSM, DTYPES},
+#define DW_DCFG_ROW(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                      \
+    {LAY, KS, SH, CPT, TH, P, FLAT, DTYPES},
 static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
@@ -842,7 +773,6 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     for (int i = 0; i < DW_NDCFG; i++)
         if (dw_dcfgs[i].layout == (int)p->layout && dw_dcfgs[i].ks == g->r &&
             dw_dcfgs[i].sh == g->sh &&
-            (!dw_dcfgs[i].wsm || g->r * g->s * g->c * (int)sizeof(float) <= 48 * 1024) &&
             (dw_direct_mode < 0 ? (dw_dcfgs[i].dtypes >> p->dtype & 1) != 0
                                 : dw_direct_mode == 1 + i)) {
             ci = i;
@@ -870,7 +800,7 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     pl->threads = 256;
     pl->blocks_per_problem = (int)(((d->flat ? threads : row_threads) + 255) / 256);
     pl->grid_y = d->flat ? 1 : g->n * bands;
-    pl->smem = d->wsm ? g->r * g->s * g->c * (int)sizeof(float) : 0;
+    pl->smem = 0;
     return 1;
 }
 
@@ -1045,14 +975,13 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
  * dw_nchw_direct_kernel (CPT, P, SPLIT and HINT are NHWC's only). */
 typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
 template <class DT, int LAY, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT,
-          int FLAT, int WSM>
+          int FLAT>
 struct dw_direct_pick {
     static constexpr dw_direct_fn fn =
-        dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0, FLAT != 0, WSM != 0>;
+        dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0, FLAT != 0>;
 };
-template <class DT, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT, int FLAT,
-          int WSM>
-struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, WSM> {
+template <class DT, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT, int FLAT>
+struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT> {
     static constexpr dw_direct_fn fn = dw_nchw_direct_kernel<DT, KS, SH, TH, MINB>;
 };
 
@@ -1063,14 +992,14 @@ static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch
     const struct gpu_geom *g = &pl->g;
     dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)pl->grid_y, (unsigned)count);
     dim3 block((unsigned)pl->threads);
-#define DW_DCFG_FN(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, WSM, DTYPES)                  \
-    dw_direct_pick<DT, LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, WSM>::fn,
+#define DW_DCFG_FN(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                       \
+    dw_direct_pick<DT, LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT>::fn,
     static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
 #undef DW_DCFG_FN
     const int ci = pl->direct - 1;
     if (ci < 0 || ci >= DW_NDCFG)
         return CONVD_EINVAL;
-    hipLaunchKernelGGL(fns[ci], grid, block, pl->smem, stream, *g, *b, pl->cvb, pl->tiles_h);
+    hipLaunchKernelGGL(fns[ci], grid, block, 0, stream, *g, *b, pl->cvb, pl->tiles_h);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
