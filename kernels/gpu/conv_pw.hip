@@ -16,6 +16,7 @@
 #define PW_TC 4  /* outputs per thread */
 #define PW_TP 8  /* pixels per thread: two runs of 4, half a tile apart */
 #define PW_KC 16 /* input channels per shared-memory step */
+#define PW_U  16 /* staged elements per thread and operand: PW_KC * 128 / 128 threads */
 
 static int pw_enabled = 1;
 
@@ -73,34 +74,54 @@ __global__ void __launch_bounds__(256, 2)
         for (int j = 0; j < PW_TP; j++)
             acc[i][j] = 0.0f;
 
-    /* Loader lanes: k fastest where k is the contiguous index (NHWC pixels, all weights). */
+    /* Staging registers: each K step's elements, at most PW_U per thread and operand, loaded one
+     * step ahead so that step k + 1's loads are in flight while step k is multiplied (loading
+     * straight into shared memory serialised a global-memory latency per element row:
+     * shufflenet fp32 109-164 us). Every thread's elements are affine in u, so nothing per
+     * element stays in registers: NCHW pixels row u, column tid (threads >= tpx); NHWC pixels
+     * and weights channel tid % 16, row tid / 16 + u * nthr / 16 (threads a multiple of 32). */
     const int lk = tid & (PW_KC - 1), lr = tid >> 4, lstep = nthr >> 4;
-    for (int k0 = 0; k0 < g.cpg; k0 += PW_KC) {
-        const int k = k0 + lk;
-        if (NHWC) {
-            if (lr < lstep)
-                for (int j = lr; j < tpx; j += lstep) {
-                    const int pix = p0 + j;
-                    xsm[lk * xs + j] =
-                        k < g.cpg && pix < npix ? DT::load(xg[(size_t)pix * g.c + k]) : 0.0f;
-                }
-        } else {
-#pragma unroll 4
-            for (int kk = 0; kk < PW_KC; kk++)
-                for (int j = tid; j < tpx; j += nthr) {
-                    const int pix = p0 + j;
-                    xsm[kk * xs + j] = k0 + kk < g.cpg && pix < npix
-                                           ? DT::load(xg[(size_t)(k0 + kk) * npix + pix])
-                                           : 0.0f;
-                }
-        }
-        if (lr < lstep)
-            for (int i = lr; i < tch; i += lstep) {
-                const int ch = c0 + i;
-                wsm[lk * ws + i] =
-                    k < g.cpg && ch < g.kpg ? DT::load(w[(size_t)ch * g.cpg + k]) : 0.0f;
+    float sx[PW_U], sw[PW_U];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < PW_U; u++) {
+            if (NHWC) {
+                const int j = lr + u * lstep, k = k0 + lk;
+                const bool ok = j < tpx && k < g.cpg && p0 + j < npix;
+                /* 32-bit offsets: tensors have fewer than 2^31 elements. */
+                sx[u] = ok ? DT::load(xg[(p0 + j) * g.c + k]) : 0.0f;
+            } else {
+                const int k = k0 + u, pix = p0 + tid;
+                const bool ok = u < PW_KC && tid < tpx && k < g.cpg && pix < npix;
+                sx[u] = ok ? DT::load(xg[k * npix + pix]) : 0.0f;
             }
+            const int i = lr + u * lstep, k = k0 + lk;
+            const bool ok = i < tch && c0 + i < g.kpg && k < g.cpg;
+            sw[u] = ok ? DT::load(w[(c0 + i) * g.cpg + k]) : 0.0f;
+        }
+    };
+    auto store = [&]() {
+#pragma unroll
+        for (int u = 0; u < PW_U; u++) {
+            if (NHWC) {
+                const int j = lr + u * lstep;
+                if (j < tpx)
+                    xsm[lk * xs + j] = sx[u];
+            } else if (u < PW_KC && tid < tpx) {
+                xsm[u * xs + tid] = sx[u];
+            }
+            const int i = lr + u * lstep;
+            if (i < tch)
+                wsm[lk * ws + i] = sw[u];
+        }
+    };
+
+    load(0);
+    for (int k0 = 0; k0 < g.cpg; k0 += PW_KC) {
+        store();
         __syncthreads();
+        if (k0 + PW_KC < g.cpg)
+            load(k0 + PW_KC);
         const int kn = min(PW_KC, g.cpg - k0);
         const float *wr = wsm + ti * PW_TC, *xr = xsm + tj * 4;
 #pragma unroll 4
@@ -175,10 +196,10 @@ __global__ void __launch_bounds__(256, 2)
 
 /*
  * Tile choice: tpx from a few multiples of 8, tch a multiple of 4 up to 128, threads
- * (tch / 4) * (tpx / 8) between 64 and 256. Cost model: waves of blocks (two per SM, as the launch
- * bounds promise) times a block's time, which is its tile's FMA plus its K-step loads
- * (PW_LOAD_COST FMA-equivalents per staged element), so padded tiles and a last partial wave
- * both count.
+ * (tch / 4) * (tpx / 8) between 128 and 256 (so that PW_U staging registers hold a K step). Cost
+ * model: waves of blocks (two per SM, as the launch bounds promise) times a block's time, which is
+ * its tile's FMA plus its K-step loads (PW_LOAD_COST FMA-equivalents per staged element), so padded
+ * tiles and a last partial wave both count.
  */
 #define PW_LOAD_COST 8
 
@@ -206,7 +227,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
         const int tpx = tpxs[a];
         for (int tch = 4; tch <= 128; tch += 4) {
             const int threads = (tch / PW_TC) * (tpx / PW_TP);
-            if (threads < 64 || threads > 256 || threads % 32 != 0)
+            if (threads < 128 || threads > 256 || threads % 32 != 0)
                 continue;
             const int64_t ptiles = (npix + tpx - 1) / tpx;
             const int64_t ctiles = (g->kpg + tch - 1) / tch;
