@@ -421,23 +421,6 @@ __global__ void __launch_bounds__(256, MINB)
  * row. No shared memory and no barrier, as the NHWC direct kernel; it replaces the tiled NCHW
  * kernel's one block per plane, whose blocks each waited for one plane's load behind a barrier.
  */
-template <class DT> GPU_D void dw_chunk_load(const typename DT::T *p, bool valid, float *v)
-{
-    if (sizeof(typename DT::T) == 4) {
-        const float4 u = valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v[0] = u.x;
-        v[1] = u.y;
-        v[2] = u.z;
-        v[3] = u.w;
-    } else {
-        const uint2 u = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
-        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
-        v[1] = DT::load((uint16_t)(u.x >> 16));
-        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
-        v[3] = DT::load((uint16_t)(u.y >> 16));
-    }
-}
-
 template <class DT, int KS, int SH, int TH, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     dw_nchw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands)
@@ -477,7 +460,7 @@ __global__ void __launch_bounds__(256, MINB)
         for (int ch = 0; ch < NCH; ch++) {
             const int col = a0 + 4 * ch;
             const bool ok = rok && convd_math_inside(col, g.w);
-            dw_chunk_load<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
+            gpu_load4<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
         }
 #pragma unroll
         for (int o = 0; o < TH; o++) {

@@ -89,6 +89,25 @@ struct dt_bf16 {
     }
 };
 
+/* Four adjacent elements as fp32 from one 8-byte (16-bit types) or 16-byte (fp32) load, zeros
+ * when !valid: p must be aligned to that size. */
+template <class DT> GPU_D void gpu_load4(const typename DT::T *p, bool valid, float *v)
+{
+    if (sizeof(typename DT::T) == 4) {
+        const float4 u = valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[0] = u.x;
+        v[1] = u.y;
+        v[2] = u.z;
+        v[3] = u.w;
+    } else {
+        const uint2 u = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
+        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
+        v[1] = DT::load((uint16_t)(u.x >> 16));
+        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
+        v[3] = DT::load((uint16_t)(u.y >> 16));
+    }
+}
+
 /* Four adjacent elements from fp32, rounded to the storage type, as one 8-byte (16-bit types) or
  * 16-byte (fp32) store: p must be aligned to that size. */
 template <class DT> GPU_D void gpu_store4(typename DT::T *p, const float *v)
@@ -227,6 +246,7 @@ struct gpu_pw_plan {
     int ctiles, ptiles; /* output tiles per group, pixel tiles (NCHW: per image) */
     int threads, smem;
     int vec_out; /* outputs leave as 4-element runs */
+    int vec_in;  /* operands arrive as 4-element loads */
 };
 /* Whether p takes the pointwise kernel (shape, and not switched off for tests). */
 int gpu_pw_applies(const struct convd_problem *p);
