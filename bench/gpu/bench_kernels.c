@@ -59,6 +59,7 @@ struct opts {
     int sweep_mma;
     int sweep_dw;
     int sweep_nchw;
+    int sweep_fma;
     enum convd_gpu_family family;
 };
 
@@ -650,6 +651,18 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         b.ws_bytes = ws_bytes;
     }
 
+    /* --sweep-fma: fma-family problems on the direct FMA kernel as well as the implicit GEMM
+     * (where the router gave them the GEMM), same buffers, for the routing decision. */
+    if (o->sweep_fma && fam == CONVD_GPU_FAMILY_FMA && strstr(out->plan, "gemm") != NULL) {
+        convd_gpu_tune_fma_gemm(0);
+        char d2[200];
+        convd_gpu_describe(&p, CONVD_GPU_FAMILY_FMA, d2, sizeof(d2));
+        const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+        printf("sweep %s %s %s fma direct: %.1f us (gemm %.1f us) %s\n", sh->name,
+               convd_dtype_name(dt), convd_layout_name(lay), us, out->ours_us, d2);
+        convd_gpu_tune_fma_gemm(1);
+    }
+
     if (o->sweep_mma && fam == CONVD_GPU_FAMILY_MMA) {
         for (int cfg = 0; cfg < 16; cfg++) {
             if (convd_gpu_tune_mma_cfg(cfg) != 0)
@@ -720,7 +733,7 @@ static void usage(void)
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic] [--no-cudnn] [--sweep-mma]\n"
-           "         [--sweep-dw] [--sweep-nchw]\n");
+           "         [--sweep-dw] [--sweep-nchw] [--sweep-fma]\n");
 }
 
 static int parse_mask(const char *s, int is_dtype)
@@ -885,6 +898,8 @@ int main(int argc, char **argv)
             o.no_cudnn = 1;
         } else if (strcmp(a, "--sweep-mma") == 0) {
             o.sweep_mma = 1;
+        } else if (strcmp(a, "--sweep-fma") == 0) {
+            o.sweep_fma = 1;
         } else if (strcmp(a, "--sweep-dw") == 0) {
             o.sweep_dw = 1;
         } else if (strcmp(a, "--sweep-nchw") == 0) {

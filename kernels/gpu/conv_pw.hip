@@ -1,27 +1,32 @@
 /*
- * Pointwise (1x1, unit stride, no padding, any groups): a convolution that is a GEMM per group,
- * run as one. With P pixels (NCHW: one image's H*W, NHWC: all N*H*W, which are contiguous),
+ * Implicit GEMM on the FMA units: a grouped convolution is, per group, a GEMM of the outputs'
+ * weights [kpg][K] (K = cpg * R * S, ordered tap-major: k = (r * S + s) * cpg + c) with the
+ * input gathered for each output pixel, [K][pixels] (NCHW: one image's Ho*Wo pixels, NHWC: all
+ * N*Ho*Wo):
  *
- *   y[pixel][g * kpg + j] = sum over i < cpg of x[pixel][g * cpg + i] * w[g * kpg + j][i],
+ *   y[pixel][g * kpg + j] = sum over k < K of w[g * kpg + j][k] * x(pixel, tap(k), g * cpg + c(k)).
  *
- * a block computes a tile of tch outputs x tpx pixels of one group (and image, for NCHW): each
- * K step of PW_KC input channels is staged in shared memory as fp32, [k][pixel] and [k][output],
- * and every thread accumulates a 4 x 8 outer product per k from one 16-byte read of weights and
- * two of pixels. The general FMA kernel (conv_fma.hip) walks a halo window per tap and reads
- * shared memory once per 1-2 FMA; here it is 3 reads per 32 FMA, and NCHW needs no transposed
- * copies: the pixel operand is contiguous in both layouts, only the loader's order differs.
+ * A block computes a tile of tch outputs x tpx pixels of one group (and image, for NCHW): each
+ * K step of PW_KC elements is staged in shared memory as fp32, [k][pixel] and [k][output], and
+ * every thread accumulates a 4 x 8 outer product per k from one 16-byte read of weights and two
+ * of pixels. The direct FMA kernel (conv_fma.hip) walks a halo window per tap and reads shared
+ * memory once per 1-2 FMA; here it is 3 reads per 32 FMA, and NCHW needs no transposed copies.
+ * It serves 1x1 convolutions with unit stride and no padding (the GEMM itself, any cpg; "the
+ * pointwise kernel") and, where tiles of outputs fill its threads (kpg >= PW_MIN_KPG) and
+ * channels come in fours (cpg % 4 == 0), every other filter, stride, padding and dilation.
  */
 #include "gpu_internal.h"
 
-#define PW_TC 4  /* outputs per thread */
-#define PW_TP 8  /* pixels per thread: two runs of 4, half a tile apart */
-#define PW_KC 16 /* input channels per shared-memory step */
-#define PW_U  16 /* staged elements per thread and operand: PW_KC * 128 / 128 threads */
-#define PW_UV 4  /* the same in 4-element vectors */
+#define PW_TC      4  /* outputs per thread */
+#define PW_TP      8  /* pixels per thread: two runs of 4, half a tile apart */
+#define PW_KC      16 /* K elements per shared-memory step */
+#define PW_U       16 /* staged elements per thread and operand: PW_KC * 128 / 128 threads */
+#define PW_UV      4  /* the same in 4-element vectors */
+#define PW_MIN_KPG 24 /* smallest kpg that takes the GEMM for filters other than 1x1 */
 
 static int pw_enabled = 1;
 
-extern "C" int convd_gpu_tune_fma_pointwise(int on)
+extern "C" int convd_gpu_tune_fma_gemm(int on)
 {
     if (on != 0 && on != 1)
         return CONVD_EINVAL;
@@ -30,16 +35,28 @@ extern "C" int convd_gpu_tune_fma_pointwise(int on)
     return 0;
 }
 
+static int pw_is_pointwise(const struct convd_problem *p)
+{
+    return p->r == 1 && p->s == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_top == 0 &&
+           p->pad_bottom == 0 && p->pad_left == 0 && p->pad_right == 0;
+}
+
 int gpu_pw_applies(const struct convd_problem *p)
 {
-    return pw_enabled && p->r == 1 && p->s == 1 && p->stride_h == 1 && p->stride_w == 1 &&
-           p->pad_top == 0 && p->pad_bottom == 0 && p->pad_left == 0 && p->pad_right == 0;
+    if (!pw_enabled || p->groups < 1)
+        return 0;
+    const int64_t cpg = p->c / p->groups, kpg = p->k / p->groups;
+    return pw_is_pointwise(p) || (cpg % 4 == 0 && kpg >= PW_MIN_KPG);
 }
 
 /*
  * Grid: x over pixel tiles (NCHW: images x tiles of a plane), y over groups x output tiles,
  * z over problems. Threads: (tch / 4) x (tpx / 8), pixel-group fastest. NCHW output rows and
  * NHWC output pixels leave as 4-element runs where the sizes allow (vec_out), else elementwise.
+ * Loaders (template): NHWC with VEC gathers 4 channels of one tap per load (cpg % 4 == 0, any
+ * filter); NCHW without VEC gathers one element per load (any filter); NHWC without VEC and NCHW
+ * with VEC serve pointwise problems only (channels, or pixels of a plane, as the contiguous
+ * index).
  */
 template <class DT, int NHWC, int VEC>
 __global__ void __launch_bounds__(256, 2)
@@ -55,7 +72,8 @@ __global__ void __launch_bounds__(256, 2)
         n = pt / ptiles;
         pt -= n * ptiles;
     }
-    const int npix = NHWC ? g.n * g.h * g.w : g.h * g.w;
+    const int howo = g.ho * g.wo, hw = g.h * g.w, rs = g.r * g.s, kdim = g.cpg * rs;
+    const int npix = NHWC ? g.n * howo : howo; /* output pixels the tiles run over */
     const int p0 = pt * tpx, c0 = ct * tch;
     const int tid = (int)threadIdx.x, nthr = (int)blockDim.x;
     const int tpn = tpx / PW_TP, ti = tid / tpn, tj = tid - ti * tpn;
@@ -63,10 +81,9 @@ __global__ void __launch_bounds__(256, 2)
     float *xsm = pw_smem;                 /* [PW_KC][xs] */
     float *wsm = pw_smem + PW_KC * xs;    /* [PW_KC][ws] */
     const T *x = (const T *)b.x[prob];
-    const T *w = (const T *)b.w[prob] + (size_t)grp * g.kpg * g.cpg;
+    const T *w = (const T *)b.w[prob] + (size_t)grp * g.kpg * kdim;
     /* NCHW: this image's planes of the group; NHWC: the group's channels of pixel 0. */
-    const T *xg =
-        NHWC ? x + (size_t)grp * g.cpg : x + ((size_t)n * g.c + (size_t)grp * g.cpg) * npix;
+    const T *xg = NHWC ? x + (size_t)grp * g.cpg : x + ((size_t)n * g.c + (size_t)grp * g.cpg) * hw;
 
     float acc[PW_TC][PW_TP];
 #pragma unroll
@@ -75,40 +92,75 @@ __global__ void __launch_bounds__(256, 2)
         for (int j = 0; j < PW_TP; j++)
             acc[i][j] = 0.0f;
 
-    /* Staging registers: each K step's elements, at most PW_U per thread and operand, loaded one
-     * step ahead so that step k + 1's loads are in flight while step k is multiplied (loading
-     * straight into shared memory serialised a global-memory latency per element row:
-     * shufflenet fp32 109-164 us). Every thread's elements are affine in u, so nothing per
-     * element stays in registers: NCHW pixels row u, column tid (threads >= tpx); NHWC pixels
-     * and weights channel tid % 16, row tid / 16 + u * nthr / 16 (threads a multiple of 32). */
+    /* Staging registers: each K step's elements, at most PW_U (PW_UV vectors) per thread and
+     * operand, loaded one step ahead so that step k + 1's loads are in flight while step k is
+     * multiplied (loading straight into shared memory serialised a global-memory latency per
+     * element row: shufflenet fp32 109-164 us). A thread's elements are affine in u, and what a
+     * pixel needs (its image's offset and window origin) is decoded once per tile: NCHW pixel
+     * p0 + tid, rows u; NHWC and weights: k quad (or k) tid % 4 (16), rows tid / 4 (16) + u *
+     * nthr / 4 (16). The vector loaders took the pointwise shapes from 33% FFMA in the issued
+     * instructions (integer pipe busiest) to 0.4-0.55 of the FMA rate. */
     const int lk = tid & (PW_KC - 1), lr = tid >> 4, lstep = nthr >> 4;
-    float sx[VEC ? 1 : PW_U], sw[VEC ? 1 : PW_U];
-    /* VEC: the same elements by 4-element vectors (cpg a multiple of 4; NCHW: planes of a multiple
-     * of 4 pixels and tpx a power of two), PW_UV slots per operand: a quarter of the loads and of
-     * the bounds arithmetic, which the scalar loader spent more issue slots on than the FMA
-     * (Nsight: 33% of instructions FFMA, integer pipe busiest). */
     const int vk = tid & 3, vr = tid >> 2, vstep = nthr >> 2;
     const int qsh = VEC && !NHWC ? __ffs(tpx / 4) - 1 : 0; /* log2(quads per pixel row) */
+    constexpr int NS = VEC && NHWC ? PW_UV : 1;
+    int poff[NS], pih[NS], piw[NS]; /* NHWC gather: image offset, window origin per slot */
+    if (VEC && NHWC)
+#pragma unroll
+        for (int u = 0; u < NS; u++) {
+            const int j = vr + u * vstep, m = p0 + j;
+            poff[u] = 0;
+            pih[u] = -0x40000000; /* outside for every tap */
+            piw[u] = 0;
+            if (j < tpx && m < npix) {
+                const int img = m / howo, rem = m - img * howo, oh = rem / g.wo;
+                poff[u] = img * hw * g.c;
+                pih[u] = oh * g.sh - g.pt;
+                piw[u] = (rem - oh * g.wo) * g.sw - g.pl;
+            }
+        }
+    int nih = -0x40000000, niw = 0; /* NCHW gather: window origin of pixel p0 + tid */
+    if (!NHWC && !VEC && tid < tpx && p0 + tid < npix) {
+        const int oh = (p0 + tid) / g.wo;
+        nih = oh * g.sh - g.pt;
+        niw = (p0 + tid - oh * g.wo) * g.sw - g.pl;
+    }
     float vx[VEC ? PW_UV : 1][4], vw[VEC ? PW_UV : 1][4];
+    float sx[VEC ? 1 : PW_U], sw[VEC ? 1 : PW_U];
     auto load = [&](int k0) {
         if (VEC) {
+            /* This thread's k quad: 4 channels of one tap (cpg % 4 == 0). */
+            const int kq = k0 + vk * 4, tap = kq / g.cpg, c = kq - tap * g.cpg;
+            const int r = tap / g.s, dr = r * g.dh, ds = (tap - r * g.s) * g.dw;
+            const bool kok = kq < kdim;
 #pragma unroll
             for (int u = 0; u < PW_UV; u++) {
                 if (NHWC) {
-                    const int j = vr + u * vstep, k = k0 + vk * 4;
-                    const bool ok = j < tpx && k < g.cpg && p0 + j < npix;
-                    gpu_load4<DT>(xg + (ok ? (p0 + j) * g.c + k : 0), ok, vx[u]);
+                    const int ih = pih[u] + dr, iw = piw[u] + ds;
+                    const bool ok = kok && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
+                    gpu_load4<DT>(xg + (ok ? poff[u] + (ih * g.w + iw) * g.c + c : 0), ok, vx[u]);
                 } else {
                     const int e = tid + u * nthr, row = e >> qsh, q = e - (row << qsh);
                     const int k = k0 + row, pix = p0 + q * 4;
-                    const bool ok = row < PW_KC && k < g.cpg && pix < npix;
-                    gpu_load4<DT>(xg + (ok ? k * npix + pix : 0), ok, vx[u]);
+                    const bool ok = row < PW_KC && k < kdim && pix < npix;
+                    gpu_load4<DT>(xg + (ok ? k * hw + pix : 0), ok, vx[u]);
                 }
-                const int i = vr + u * vstep, k = k0 + vk * 4;
-                const bool ok = i < tch && c0 + i < g.kpg && k < g.cpg;
-                gpu_load4<DT>(w + (ok ? (c0 + i) * g.cpg + k : 0), ok, vw[u]);
+                const int i = vr + u * vstep;
+                const bool ok = i < tch && c0 + i < g.kpg && kok;
+                const T *wp = w + (ok ? (c0 + i) * kdim + c * rs + tap : 0);
+                if (rs == 1) {
+                    gpu_load4<DT>(wp, ok, vw[u]);
+                } else {
+#pragma unroll
+                    for (int t = 0; t < 4; t++)
+                        vw[u][t] = ok ? DT::load(wp[t * rs]) : 0.0f;
+                }
             }
         } else {
+            /* Weights: k = k0 + lk for every slot. NCHW pixels: k = k0 + u, (c, r, s) stepped. */
+            const int kw = k0 + lk, tapw = kw / g.cpg, cw = kw - tapw * g.cpg;
+            const int ktap = k0 / g.cpg;
+            int c = k0 - ktap * g.cpg, r = ktap / g.s, sc = ktap - r * g.s;
 #pragma unroll
             for (int u = 0; u < PW_U; u++) {
                 if (NHWC) {
@@ -117,13 +169,21 @@ __global__ void __launch_bounds__(256, 2)
                     /* 32-bit offsets: tensors have fewer than 2^31 elements. */
                     sx[u] = ok ? DT::load(xg[(p0 + j) * g.c + k]) : 0.0f;
                 } else {
-                    const int k = k0 + u, pix = p0 + tid;
-                    const bool ok = u < PW_KC && tid < tpx && k < g.cpg && pix < npix;
-                    sx[u] = ok ? DT::load(xg[k * npix + pix]) : 0.0f;
+                    const int ih = nih + r * g.dh, iw = niw + sc * g.dw;
+                    const bool ok = u < PW_KC && k0 + u < kdim && convd_math_inside(ih, g.h) &&
+                                    convd_math_inside(iw, g.w);
+                    sx[u] = ok ? DT::load(xg[c * hw + ih * g.w + iw]) : 0.0f;
+                    if (++c == g.cpg) {
+                        c = 0;
+                        if (++sc == g.s) {
+                            sc = 0;
+                            r++;
+                        }
+                    }
                 }
-                const int i = lr + u * lstep, k = k0 + lk;
-                const bool ok = i < tch && c0 + i < g.kpg && k < g.cpg;
-                sw[u] = ok ? DT::load(w[(c0 + i) * g.cpg + k]) : 0.0f;
+                const int i = lr + u * lstep;
+                const bool ok = i < tch && c0 + i < g.kpg && kw < kdim;
+                sw[u] = ok ? DT::load(w[(c0 + i) * kdim + cw * rs + tapw]) : 0.0f;
             }
         }
     };
@@ -167,12 +227,12 @@ __global__ void __launch_bounds__(256, 2)
     };
 
     load(0);
-    for (int k0 = 0; k0 < g.cpg; k0 += PW_KC) {
+    for (int k0 = 0; k0 < kdim; k0 += PW_KC) {
         store();
         __syncthreads();
-        if (k0 + PW_KC < g.cpg)
+        if (k0 + PW_KC < kdim)
             load(k0 + PW_KC);
-        const int kn = min(PW_KC, g.cpg - k0);
+        const int kn = min(PW_KC, kdim - k0);
         const float *wr = wsm + ti * PW_TC, *xr = xsm + tj * 4;
 #pragma unroll 4
         for (int kk = 0; kk < kn; kk++) {
@@ -257,7 +317,10 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
                      size_t why_len)
 {
     if (!gpu_pw_applies(p)) {
-        snprintf(why, why_len, "pointwise: needs a 1x1 filter, unit stride and no padding");
+        snprintf(why, why_len,
+                 "fma gemm: needs a 1x1 filter with unit stride and no padding, or cpg a "
+                 "multiple of 4 and kpg >= %d",
+                 PW_MIN_KPG);
         return CONVD_EUNSUPPORTED;
     }
     struct gpu_pw_plan pl;
@@ -267,13 +330,14 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
     pl.layout = p->layout;
     const struct gpu_geom *g = &pl.g;
     const int nhwc = p->layout == CONVD_LAYOUT_NHWC;
-    const int64_t npix = nhwc ? (int64_t)g->n * g->h * g->w : (int64_t)g->h * g->w;
+    const int pointwise = pw_is_pointwise(p);
+    const int64_t npix = nhwc ? (int64_t)g->n * g->ho * g->wo : (int64_t)g->ho * g->wo;
     struct gpu_device_info dev;
     if (gpu_device_info_get(&dev) != 0)
         dev.sm_count = 132;
     static const int tpxs[] = {128, 112, 96, 64, 32};
     /* NCHW vector loads step through a tile's pixel rows by shifts: power-of-two tiles only. */
-    const int pow2_only = !nhwc && g->cpg % 4 == 0 && npix % 4 == 0;
+    const int pow2_only = !nhwc && pointwise && g->cpg % 4 == 0 && npix % 4 == 0;
     double best = -1.0;
     for (size_t a = 0; a < sizeof(tpxs) / sizeof(tpxs[0]); a++) {
         const int tpx = tpxs[a];
@@ -290,7 +354,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
                 continue;
             const int64_t slots = (int64_t)dev.sm_count * 2;
             const double waves = (double)((blocks + slots - 1) / slots);
-            const double kp = (double)((g->cpg + PW_KC - 1) / PW_KC * PW_KC);
+            const double kp = (double)((g->cpg * g->r * g->s + PW_KC - 1) / PW_KC * PW_KC);
             const double cost =
                 waves * kp * ((double)tch * tpx + PW_LOAD_COST * (double)(tch + tpx));
             if (best < 0.0 || cost < best) {
@@ -308,7 +372,9 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
         return CONVD_EUNSUPPORTED;
     }
     pl.smem = PW_KC * (pl.tpx + 4 + pl.tch + 4) * (int)sizeof(float);
-    pl.vec_in = g->cpg % 4 == 0 && (nhwc || (npix % 4 == 0 && (pl.tpx & (pl.tpx - 1)) == 0));
+    /* NHWC: 4 channels of a tap per load (any filter); NCHW: 4 pixels of a plane (pointwise). */
+    pl.vec_in =
+        g->cpg % 4 == 0 && (nhwc || (pointwise && npix % 4 == 0 && (pl.tpx & (pl.tpx - 1)) == 0));
     /* 4-element output runs stay inside a row and aligned: NHWC needs K and kpg multiples of 4,
      * NCHW a plane of a multiple of 4 pixels (tiles start at multiples of 4). */
     pl.vec_out = nhwc ? g->k % 4 == 0 && g->kpg % 4 == 0 : npix % 4 == 0;

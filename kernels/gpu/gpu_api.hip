@@ -7,7 +7,8 @@
  *                                              3x3/5x5/7x7 NCHW, shared-memory tiles otherwise)
  *   fp16/bf16, cpg and kpg multiples of 8,
  *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
- *   1x1, unit stride, no padding            -> fma, pointwise GEMM kernel (both layouts native)
+ *   1x1 with unit stride and no padding, or
+ *     cpg % 4 == 0 and kpg >= 24            -> fma, implicit-GEMM kernel (both layouts native)
  *   anything whose halo tile fits           -> fma (fp32 always lands here: no TF32 path)
  *   the rest, and unaligned tensors         -> generic
  */
@@ -311,7 +312,7 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
         break;
     case CONVD_GPU_FAMILY_FMA:
         if (pl.u.fma.pointwise) {
-            snprintf(buf, len, "fma pointwise tile %dx%d threads %d smem %d blocks %dx%d",
+            snprintf(buf, len, "fma gemm tile %dx%d threads %d smem %d blocks %dx%d",
                      pl.u.fma.pw.tch, pl.u.fma.pw.tpx, pl.u.fma.pw.threads, pl.u.fma.pw.smem,
                      pl.u.fma.pw.ptiles *
                          (pl.u.fma.pw.layout == CONVD_LAYOUT_NHWC ? 1 : pl.u.fma.g.n),

@@ -88,10 +88,10 @@ int convd_gpu_tune_mma_cfg(int cfg);
  * last shape. */
 int convd_gpu_tune_dw_direct(int mode);
 
-/* Tests and benchmark only: 1 (the default) runs 1x1 convolutions with unit stride and no
- * padding on the fma family's pointwise GEMM kernel (conv_pw.hip), 0 on its general kernel.
- * Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_fma_pointwise(int on);
+/* Tests and benchmark only: 1 (the default) runs the fma family's problems that its implicit-GEMM
+ * kernel takes (conv_pw.hip: 1x1 with unit stride and no padding; cpg % 4 == 0 with kpg >= 24)
+ * there, 0 all on its direct kernel. Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_fma_gemm(int on);
 
 #ifdef __cplusplus
 }

@@ -389,39 +389,56 @@ static void test_fma(void **state)
     }
 }
 
-/* The fma family's pointwise GEMM kernel (1x1, unit stride, no padding): tails in pixels
- * (H*W = 63, not a multiple of 4 or of any tile), outputs (kpg 15, 45) and K steps (cpg 300),
- * dense and grouped; then the same problems on the general kernel, which must still serve them. */
-static void test_fma_pointwise(void **state)
+/* The fma family's implicit-GEMM kernel: pointwise problems (1x1, unit stride, no padding) with
+ * tails in pixels (H*W = 63, not a multiple of 4 or of any tile), outputs (kpg 15, 45) and K
+ * steps (cpg 300), dense and grouped; and general filters with cpg % 4 == 0 and kpg >= 24
+ * (stride 2, dilation, asymmetric padding, non-square filters, K not a multiple of the step).
+ * Then the same problems on the direct FMA kernel, which must still serve them. */
+static void test_fma_gemm(void **state)
 {
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_FMA;
-    const struct convd_problem ps[] = {
+    struct convd_problem ps[] = {
         mk(2, 7, 9, 30, 45, 1, 1, 3, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
         mk(3, 8, 8, 64, 64, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
         mk(1, 5, 6, 600, 90, 1, 1, 2, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
         mk(2, 14, 14, 240, 240, 1, 1, 3, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
         mk(1, 3, 3, 6, 2, 1, 1, 2, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(2, 11, 13, 48, 48, 3, 3, 2, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(2, 7, 7, 64, 128, 3, 3, 2, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(1, 12, 9, 32, 64, 3, 5, 1, 2, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(1, 10, 10, 20, 120, 1, 1, 5, 2, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
     };
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    ps[7].pad_top = 1;
+    ps[7].pad_bottom = 2;
+    ps[7].pad_left = 2;
+    ps[7].pad_right = 0;
+    ps[7].dil_h = 2;
     char d[200];
-    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+    for (size_t i = 0; i < np; i++) {
         assert_int_equal(convd_gpu_describe(&ps[i], F, d, sizeof(d)), 0);
-        assert_non_null(strstr(d, "pointwise"));
+        if (strstr(d, "gemm") == NULL)
+            fail_msg("case %zu not on the gemm kernel: %s", i, d);
         sweep(ps[i], F, 1, 0);
     }
     struct convd_problem q = ps[0];
-    q.stride_h = 2; /* not pointwise: the general kernel */
+    q.stride_h = 2; /* cpg 10: only 1x1 unit-stride problems take the gemm */
     assert_int_equal(convd_gpu_describe(&q, F, d, sizeof(d)), 0);
-    assert_null(strstr(d, "pointwise"));
-    assert_int_equal(convd_gpu_tune_fma_pointwise(0), 0);
-    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+    assert_null(strstr(d, "gemm"));
+    q = ps[5];
+    q.k = 40; /* kpg 20 < 24 */
+    assert_int_equal(convd_gpu_describe(&q, F, d, sizeof(d)), 0);
+    assert_null(strstr(d, "gemm"));
+    assert_int_equal(convd_gpu_tune_fma_gemm(0), 0);
+    for (size_t i = 0; i < np; i++) {
         assert_int_equal(convd_gpu_describe(&ps[i], F, d, sizeof(d)), 0);
-        assert_null(strstr(d, "pointwise"));
+        assert_null(strstr(d, "gemm"));
         sweep(ps[i], F, 1, 0);
     }
-    assert_int_equal(convd_gpu_tune_fma_pointwise(1), 0);
-    assert_int_equal(convd_gpu_tune_fma_pointwise(2), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_fma_gemm(1), 0);
+    assert_int_equal(convd_gpu_tune_fma_gemm(2), CONVD_EINVAL);
 }
 
 static void test_mma(void **state)
@@ -761,7 +778,7 @@ int main(void)
         cmocka_unit_test(test_depthwise_tiled),
         cmocka_unit_test(test_depthwise_direct_shapes),
         cmocka_unit_test(test_fma),
-        cmocka_unit_test(test_fma_pointwise),
+        cmocka_unit_test(test_fma_gemm),
         cmocka_unit_test(test_mma),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
