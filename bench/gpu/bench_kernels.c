@@ -651,15 +651,20 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         b.ws_bytes = ws_bytes;
     }
 
-    /* --sweep-fma: fma-family problems on the direct FMA kernel as well as the implicit GEMM
-     * (where the router gave them the GEMM), same buffers, for the routing decision. */
-    if (o->sweep_fma && fam == CONVD_GPU_FAMILY_FMA && strstr(out->plan, "gemm") != NULL) {
-        convd_gpu_tune_fma_gemm(0);
-        char d2[200];
-        convd_gpu_describe(&p, CONVD_GPU_FAMILY_FMA, d2, sizeof(d2));
-        const double us = time_graph(ours_run, &oc, b.nbuf, 10);
-        printf("sweep %s %s %s fma direct: %.1f us (gemm %.1f us) %s\n", sh->name,
-               convd_dtype_name(dt), convd_layout_name(lay), us, out->ours_us, d2);
+    /* --sweep-fma: fma-family problems on the direct FMA kernel (gemm mode 0) and, where it
+     * takes them, the implicit GEMM regardless of its planner's fill estimate (mode 2), same
+     * buffers, for the routing decision. */
+    if (o->sweep_fma && fam == CONVD_GPU_FAMILY_FMA) {
+        for (int mode = 0; mode <= 2; mode += 2) {
+            convd_gpu_tune_fma_gemm(mode);
+            char d2[200];
+            convd_gpu_describe(&p, CONVD_GPU_FAMILY_FMA, d2, sizeof(d2));
+            if (mode == 2 && strstr(d2, "gemm") == NULL)
+                continue;
+            const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            printf("sweep %s %s %s fma gemm mode %d: %.1f us (default %.1f us) %s\n", sh->name,
+                   convd_dtype_name(dt), convd_layout_name(lay), mode, us, out->ours_us, d2);
+        }
         convd_gpu_tune_fma_gemm(1);
     }
 

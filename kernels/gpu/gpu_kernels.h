@@ -88,10 +88,11 @@ int convd_gpu_tune_mma_cfg(int cfg);
  * last shape. */
 int convd_gpu_tune_dw_direct(int mode);
 
-/* Tests and benchmark only: 1 (the default) runs the fma family's problems that its implicit-GEMM
- * kernel takes (conv_pw.hip: 1x1 with unit stride and no padding; cpg % 4 == 0 with kpg >= 24)
- * there, 0 all on its direct kernel. Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_fma_gemm(int on);
+/* Tests and benchmark only: the fma family's implicit-GEMM kernel (conv_pw.hip; 1x1 with unit
+ * stride and no padding, and NHWC with cpg % 4 == 0 and kpg >= 24) for 0: no problem (all on the
+ * direct kernel), 1 (the default): those its planner expects to fill the GPU, 2: every problem it
+ * takes. Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_fma_gemm(int mode);
 
 #ifdef __cplusplus
 }
