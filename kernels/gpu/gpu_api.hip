@@ -8,7 +8,8 @@
  *   fp16/bf16, cpg and kpg multiples of 8,
  *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
  *   1x1 with unit stride and no padding, or
- *     cpg % 4 == 0 and kpg >= 24            -> fma, implicit-GEMM kernel (both layouts native)
+ *     NHWC, cpg % 4 == 0, kpg >= 24 and
+ *     tiles that fill the GPU              -> fma, implicit-GEMM kernel (NCHW 1x1 native)
  *   anything whose halo tile fits           -> fma (fp32 always lands here: no TF32 path)
  *   the rest, and unaligned tensors         -> generic
  */
