@@ -767,7 +767,7 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     if (g->c % d->cpt != 0)
         return 0;
     /* Threads: (image, band, column group, channel vector) for NHWC, (image, channel, band,
-     * column group) for NCHW; one flat range either way. */
+     * column group) for NCHW; NHWC rows without FLAT put (image, band) on grid y. */
     const int cvn = g->c / d->cpt;
     const int bands = (g->ho + d->th - 1) / d->th;
     const int64_t row_threads = (int64_t)((g->wo + d->p - 1) / d->p) * cvn;

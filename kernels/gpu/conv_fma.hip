@@ -514,7 +514,7 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     const struct gpu_geom *g = &pl.g;
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
     if (!out_nchw && gpu_pw_applies(p) && gpu_pw_plan_make(p, &pl.pw, why, why_len) == 0) {
-        pl.pointwise = 1;
+        pl.gemm = 1;
         pl.threads = pl.pw.threads;
         pl.smem = pl.pw.smem;
         *ret = pl;
@@ -715,7 +715,7 @@ static int fma_launch_dt(const struct gpu_fma_plan *pl, const struct fma_args *a
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
                    hipStream_t stream)
 {
-    if (pl->pointwise)
+    if (pl->gemm)
         return gpu_pw_launch(&pl->pw, b, count, stream);
     struct fma_args a;
     a.g = pl->g;

@@ -357,7 +357,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
         }
     }
     if (best < 0.0) {
-        snprintf(why, why_len, "pointwise: grid too large");
+        snprintf(why, why_len, "fma gemm: grid too large");
         return CONVD_EUNSUPPORTED;
     }
     if (!pointwise && pw_mode == 1) {

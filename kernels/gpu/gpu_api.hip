@@ -312,7 +312,7 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
                      pl.u.dw.blocks_per_problem);
         break;
     case CONVD_GPU_FAMILY_FMA:
-        if (pl.u.fma.pointwise) {
+        if (pl.u.fma.gemm) {
             snprintf(buf, len, "fma gemm tile %dx%d threads %d smem %d blocks %dx%d",
                      pl.u.fma.pw.tch, pl.u.fma.pw.tpx, pl.u.fma.pw.threads, pl.u.fma.pw.smem,
                      pl.u.fma.pw.ptiles *

@@ -238,7 +238,7 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
 int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 
-/* Pointwise GEMM (conv_pw.hip): 1x1, unit stride, no padding; part of the fma family. */
+/* Implicit GEMM on the FMA units (conv_pw.hip): part of the fma family. */
 struct gpu_pw_plan {
     struct gpu_geom g;
     int dtype, layout;
@@ -248,7 +248,8 @@ struct gpu_pw_plan {
     int vec_out; /* outputs leave as 4-element runs */
     int vec_in;  /* operands arrive as 4-element loads */
 };
-/* Whether p takes the pointwise kernel (shape, and not switched off for tests). */
+/* Whether the implicit GEMM takes p's shape (1x1 unit stride; NHWC cpg % 4 == 0, kpg >= 24)
+ * and is not switched off; its planner may still refuse a grid that would not fill the GPU. */
 int gpu_pw_applies(const struct convd_problem *p);
 int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, char *why,
                      size_t why_len);
@@ -277,7 +278,7 @@ struct gpu_fma_plan {
     int smap; /* thread mapping: 1 strip-major (t % strips), 0 chunk-major (t % nch) */
     int threads, smem;
     int out_nchw;
-    int pointwise; /* run on the pointwise kernel with plan pw (the fields above unused) */
+    int gemm; /* run on the implicit-GEMM kernel with plan pw (the fields above unused) */
     struct gpu_pw_plan pw;
 };
 /* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
