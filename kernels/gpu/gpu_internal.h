@@ -282,8 +282,8 @@ struct gpu_fma_plan {
     struct gpu_pw_plan pw;
 };
 /* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
- * the workspace; the kernel writes the output in NCHW. Pointwise problems take gpu_pw_* (both
- * layouts native, never transposed). */
+ * the workspace; the kernel writes the output in NCHW. Problems the implicit GEMM takes
+ * (gpu_pw_applies and its planner) run on gpu_pw_*, never transposed: NCHW ones are 1x1. */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
                       char *why, size_t why_len);
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,

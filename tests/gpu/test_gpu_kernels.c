@@ -267,10 +267,11 @@ static void depthwise_cases(void)
     sweep(mk(2, 11, 12, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
 }
 
-/* Default routing: 3x3 NHWC problems (and 5x5 in fp32) with equal strides of 1 or 2 run on the
- * direct kernel (bands of output rows and groups of columns that end inside or past the image,
- * padding wider than the filter's reach, no padding at all, images narrower than a band), the
- * rest on the tiled one. */
+/* Default routing: NHWC 3x3 and 5x5 problems and NCHW 3x3, 5x5 and 7x7 ones (with "same" left
+ * padding and widths of whole 4-element chunks) with equal strides of 1 or 2 run on the direct
+ * kernels (bands of output rows and groups of columns that end inside or past the image, padding
+ * wider than the filter's reach, no padding at all, images narrower than a band), the rest on the
+ * tiled ones. */
 static void test_depthwise(void **state)
 {
     (void)state;
@@ -285,7 +286,7 @@ static void test_depthwise(void **state)
     sweep(mk(70, 8, 8, 8, 8, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 0); /* many images */
 }
 
-/* The same cases with the direct kernel off: every NHWC problem on the tiled kernel. */
+/* The same cases with the direct kernels off: every problem on the tiled kernels. */
 static void test_depthwise_tiled(void **state)
 {
     (void)state;
@@ -297,12 +298,18 @@ static void test_depthwise_tiled(void **state)
     assert_int_equal(convd_gpu_tune_dw_direct(-2), CONVD_EINVAL);
 }
 
-/* Whether the depthwise family runs p on a direct kernel (its description says so). */
-static int dw_is_direct(const struct convd_problem *p)
+/* Whether family's plan for p names `word` in its description (which kernel runs it). */
+static int described_as(const struct convd_problem *p, enum convd_gpu_family family,
+                        const char *word)
 {
     char d[200];
-    assert_int_equal(convd_gpu_describe(p, CONVD_GPU_FAMILY_DEPTHWISE, d, sizeof(d)), 0);
-    return strstr(d, "direct") != NULL;
+    assert_int_equal(convd_gpu_describe(p, family, d, sizeof(d)), 0);
+    return strstr(d, word) != NULL;
+}
+
+static int dw_is_direct(const struct convd_problem *p)
+{
+    return described_as(p, CONVD_GPU_FAMILY_DEPTHWISE, "direct");
 }
 
 /* Every shape of work of the direct kernels, on problems whose edges cut their bands and column
@@ -392,10 +399,8 @@ static void test_fma(void **state)
 /* Whether the fma family runs p (as NHWC) on its implicit-GEMM kernel. */
 static int fma_is_gemm(struct convd_problem p)
 {
-    char d[200];
     p.layout = CONVD_LAYOUT_NHWC;
-    assert_int_equal(convd_gpu_describe(&p, CONVD_GPU_FAMILY_FMA, d, sizeof(d)), 0);
-    return strstr(d, "gemm") != NULL;
+    return described_as(&p, CONVD_GPU_FAMILY_FMA, "gemm");
 }
 
 /* The fma family's implicit-GEMM kernel: pointwise problems (1x1, unit stride, no padding) with
