@@ -60,6 +60,7 @@ struct opts {
     int sweep_dw;
     int sweep_nchw;
     int sweep_fma;
+    int sweep_direct;
     enum convd_gpu_family family;
 };
 
@@ -668,6 +669,22 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         convd_gpu_tune_fma_gemm(1);
     }
 
+    /* --sweep-direct: NCHW problems the direct family can run, routed without it (mode 0: the
+     * route it replaces) and on it with 1, 2 and 4 rows per thread, same buffers. */
+    if (o->sweep_direct && lay == CONVD_LAYOUT_NCHW &&
+        convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DIRECT, NULL, 0) == 0) {
+        static const int modes[] = {0, 1, 2, 4};
+        for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+            convd_gpu_tune_direct(modes[m]);
+            char d2[200];
+            convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, d2, sizeof(d2));
+            const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            printf("sweep %s %s nchw direct mode %d: %.1f us (default %.1f us) %s\n", sh->name,
+                   convd_dtype_name(dt), modes[m], us, out->ours_us, d2);
+        }
+        convd_gpu_tune_direct(-1);
+    }
+
     if (o->sweep_mma && fam == CONVD_GPU_FAMILY_MMA) {
         for (int cfg = 0; cfg < 16; cfg++) {
             if (convd_gpu_tune_mma_cfg(cfg) != 0)
@@ -737,8 +754,8 @@ static void usage(void)
 {
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
-           "         [--family auto|depthwise|fma|mma|generic] [--no-cudnn] [--sweep-mma]\n"
-           "         [--sweep-dw] [--sweep-nchw] [--sweep-fma]\n");
+           "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn]\n"
+           "         [--sweep-mma] [--sweep-dw] [--sweep-nchw] [--sweep-fma] [--sweep-direct]\n");
 }
 
 static int parse_mask(const char *s, int is_dtype)
@@ -909,6 +926,8 @@ int main(int argc, char **argv)
             o.sweep_dw = 1;
         } else if (strcmp(a, "--sweep-nchw") == 0) {
             o.sweep_nchw = 1;
+        } else if (strcmp(a, "--sweep-direct") == 0) {
+            o.sweep_direct = 1;
         } else {
             usage();
             return strcmp(a, "--help") == 0 ? 0 : 2;

@@ -5,6 +5,8 @@
  * Routing (convd_gpu_kernel_name() says where a problem goes):
  *   cpg = 1, kpg <= 2                       -> depthwise (direct kernels for 3x3/5x5 NHWC and
  *                                              3x3/5x5/7x7 NCHW, shared-memory tiles otherwise)
+ *   NCHW 3x3, pad_left 1, stride 1 or 2,
+ *     W and Wo multiples of 4, cpg <= 16   -> direct (grouped, NCHW native)
  *   fp16/bf16, cpg and kpg multiples of 8,
  *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
  *   1x1 with unit stride and no padding, or
@@ -123,6 +125,7 @@ struct gpu_plan {
         struct gpu_fma_plan fma;
         struct gpu_mma_plan mma;
         struct gpu_generic_plan gen;
+        struct gpu_gd_plan gd;
     } u;
 };
 
@@ -130,7 +133,7 @@ struct gpu_plan {
  * families run as NHWC (input and weights transposed first, output written NCHW by the
  * epilogue); without it they gather NCHW directly, which is slower. */
 static int plan_family(const struct convd_problem *p, enum convd_gpu_family family, int ws_ok,
-                       struct gpu_plan *ret, char *why, size_t why_len)
+                       int routing, struct gpu_plan *ret, char *why, size_t why_len)
 {
     ret->family = family;
     ret->transposed = 0;
@@ -154,6 +157,8 @@ static int plan_family(const struct convd_problem *p, enum convd_gpu_family fami
         return rc;
     case CONVD_GPU_FAMILY_GENERIC:
         return gpu_generic_plan_make(p, &ret->u.gen);
+    case CONVD_GPU_FAMILY_DIRECT:
+        return gpu_gd_plan_make(p, routing, &ret->u.gd, why, why_len);
     case CONVD_GPU_FAMILY_AUTO:
         break;
     }
@@ -164,11 +169,12 @@ static int plan_family(const struct convd_problem *p, enum convd_gpu_family fami
 /* The router: first family in preference order whose plan accepts the problem. */
 static int plan_auto(const struct convd_problem *p, int ws_ok, struct gpu_plan *ret)
 {
-    static const enum convd_gpu_family order[] = {CONVD_GPU_FAMILY_DEPTHWISE, CONVD_GPU_FAMILY_MMA,
+    static const enum convd_gpu_family order[] = {CONVD_GPU_FAMILY_DEPTHWISE,
+                                                  CONVD_GPU_FAMILY_DIRECT, CONVD_GPU_FAMILY_MMA,
                                                   CONVD_GPU_FAMILY_FMA, CONVD_GPU_FAMILY_GENERIC};
     char why[160];
     for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
-        if (plan_family(p, order[i], ws_ok, ret, why, sizeof(why)) == 0)
+        if (plan_family(p, order[i], ws_ok, 1, ret, why, sizeof(why)) == 0)
             return 0;
     return CONVD_EUNSUPPORTED;
 }
@@ -214,6 +220,8 @@ static int plan_launch(const struct gpu_plan *pl, const struct gpu_batch *b, int
         return gpu_mma_launch(&pl->u.mma, b, count, stream);
     case CONVD_GPU_FAMILY_GENERIC:
         return gpu_generic_launch(&pl->u.gen, b, count, stream);
+    case CONVD_GPU_FAMILY_DIRECT:
+        return gpu_gd_launch(&pl->u.gd, b, count, stream);
     case CONVD_GPU_FAMILY_AUTO:
         break;
     }
@@ -266,7 +274,7 @@ static int plan_cached(const struct convd_problem *p, enum convd_gpu_family req,
     pthread_mutex_unlock(&plan_cache_lock);
     char why[160];
     int rc = req == CONVD_GPU_FAMILY_AUTO ? plan_auto(p, ws_ok, ret)
-                                          : plan_family(p, req, ws_ok, ret, why, sizeof(why));
+                                          : plan_family(p, req, ws_ok, 0, ret, why, sizeof(why));
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&plan_cache_lock);
@@ -329,6 +337,10 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
         break;
     case CONVD_GPU_FAMILY_MMA:
         gpu_mma_describe(&pl.u.mma, buf, len);
+        break;
+    case CONVD_GPU_FAMILY_DIRECT:
+        snprintf(buf, len, "direct outputs %d rows %d threads %d smem %d blocks %dx%d", pl.u.gd.kt,
+                 pl.u.gd.th, pl.u.gd.threads, pl.u.gd.smem, pl.u.gd.planes, pl.u.gd.grid_y);
         break;
     default:
         snprintf(buf, len, "%s", convd_gpu_family_name(pl.family));
@@ -480,6 +492,8 @@ extern "C" const char *convd_gpu_family_name(enum convd_gpu_family family)
         return "mma";
     case CONVD_GPU_FAMILY_GENERIC:
         return "generic";
+    case CONVD_GPU_FAMILY_DIRECT:
+        return "direct";
     }
     return "unknown";
 }
@@ -513,7 +527,7 @@ extern "C" int convd_gpu_family_check(const struct convd_problem *p, enum convd_
     if (rc != 0 || family == CONVD_GPU_FAMILY_AUTO)
         return rc;
     struct gpu_plan pl;
-    return plan_family(p, family, 0, &pl, why, why_len);
+    return plan_family(p, family, 0, 0, &pl, why, why_len);
 }
 
 extern "C" int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,

@@ -238,6 +238,24 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
 int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 
+/* Grouped direct NCHW kernel (conv_gd.hip): the "direct" family. */
+struct gpu_gd_plan {
+    struct gpu_geom g;
+    int dtype;
+    int kt, ktiles; /* outputs per thread (divides kpg), output tiles per group */
+    int th;         /* output rows per thread */
+    int cgs, bands; /* 4-column groups per row, row bands per plane */
+    int planes;     /* (image, group, output tile) planes: grid x */
+    int grid_y;     /* blocks per plane */
+    int threads, smem;
+};
+/* routing: refuse what the router should not send here (cpg past the measured bound, or the
+ * family switched off by convd_gpu_tune_direct); 0 plans whatever the kernel can run. */
+int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
+                     size_t why_len);
+int gpu_gd_launch(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
+                  hipStream_t stream);
+
 /* Implicit GEMM on the FMA units (conv_pw.hip): part of the fma family. */
 struct gpu_pw_plan {
     struct gpu_geom g;

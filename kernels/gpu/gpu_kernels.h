@@ -26,13 +26,14 @@ enum convd_gpu_family {
     CONVD_GPU_FAMILY_FMA = 2,       /* register-tiled direct FMA, halo tile in shared memory */
     CONVD_GPU_FAMILY_MMA = 3,       /* tensor-core implicit GEMM (fp16/bf16, NVIDIA) */
     CONVD_GPU_FAMILY_GENERIC = 4,   /* one thread per output element; takes anything */
+    CONVD_GPU_FAMILY_DIRECT = 5,    /* NCHW 3x3, small cpg: registers, filter in shared memory */
 };
-#define CONVD_GPU_FAMILY_COUNT 5
+#define CONVD_GPU_FAMILY_COUNT 6
 
 /* Most problems one launch takes; convd_gpu_conv() loops launches past it. */
 #define CONVD_GPU_BATCH_MAX 32
 
-/* "auto", "depthwise", "fma", "mma", "generic"; "unknown" otherwise. */
+/* "auto", "depthwise", "fma", "mma", "generic", "direct"; "unknown" otherwise. */
 const char *convd_gpu_family_name(enum convd_gpu_family family);
 
 /* Parses a family name; returns 0 or CONVD_EINVAL. */
@@ -93,6 +94,14 @@ int convd_gpu_tune_dw_direct(int mode);
  * direct kernel), 1 (the default): those its planner expects to fill the GPU, 2: every problem it
  * takes. Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_fma_gemm(int mode);
+
+/* Tests and benchmark only: the direct family (conv_gd.hip; NCHW 3x3 with pad_left 1, equal
+ * strides of 1 or 2, no dilation, W and Wo multiples of 4) for -1 (the default): routed where
+ * cpg is small enough, rows per thread from the planner; 0: never routed; 1, 2 or 4: routed
+ * wherever it applies, with that many output rows per thread. Asking for the family by name runs
+ * it on any problem it applies to, whatever the mode. Process-global; CONVD_EINVAL for other
+ * values. */
+int convd_gpu_tune_direct(int mode);
 
 #ifdef __cplusplus
 }

@@ -455,6 +455,104 @@ static void test_fma_gemm(void **state)
     assert_int_equal(convd_gpu_tune_fma_gemm(3), CONVD_EINVAL);
 }
 
+/* Runs p in NCHW over every dtype, plain and with bias and ReLU. */
+static void sweep_nchw(struct convd_problem p, enum convd_gpu_family fam)
+{
+    p.layout = CONVD_LAYOUT_NCHW;
+    for (int d = 0; d < 3; d++) {
+        p.dtype = dtypes[d];
+        p.has_bias = false;
+        p.relu = false;
+        check_problem(&p, fam, 1);
+        p.has_bias = true;
+        p.relu = true;
+        check_problem(&p, fam, 1);
+    }
+}
+
+/* The direct family (grouped NCHW, 3x3): every rows-per-thread shape (modes 1, 2, 4) on
+ * problems whose bands and column groups the edges cut, outputs per thread of 4, 2 and 1 (kpg
+ * 4, 6 and 5; 8 in two tiles), stride 2, asymmetric padding with the right side past the
+ * image, one input channel with several outputs, and a dense layer; then the router's choice. */
+static void test_direct(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_DIRECT;
+    struct convd_problem ps[] = {
+        mk(2, 13, 16, 16, 16, 3, 3, 4, 1, 1, 1, 0, CONVD_LAYOUT_NCHW), /* cpg 4, kpg 4 */
+        mk(1, 9, 12, 9, 15, 3, 3, 3, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),   /* cpg 3, kpg 5 */
+        mk(2, 15, 24, 8, 8, 3, 3, 4, 2, 1, 1, 0, CONVD_LAYOUT_NCHW),   /* cpg 2, stride 2 */
+        mk(1, 10, 16, 10, 12, 3, 3, 2, 1, 1, 1, 0, CONVD_LAYOUT_NCHW), /* cpg 5, kpg 6 */
+        mk(1, 8, 8, 24, 8, 3, 3, 1, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),    /* dense */
+        mk(2, 11, 16, 16, 32, 3, 3, 2, 2, 1, 1, 0, CONVD_LAYOUT_NCHW), /* kpg 16, stride 2 */
+        mk(1, 12, 20, 6, 24, 3, 3, 6, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),  /* cpg 1, kpg 4 */
+        mk(3, 7, 8, 16, 64, 3, 3, 2, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),   /* kpg 32 */
+    };
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    ps[3].pad_top = 0;
+    ps[3].pad_bottom = 2;
+    ps[3].pad_right = 5; /* Wo = 20: the last column group reads only padding */
+    ps[5].pad_bottom = 0;
+    static const int modes[] = {1, 2, 4};
+    for (int m = 0; m < 3; m++) {
+        assert_int_equal(convd_gpu_tune_direct(modes[m]), 0);
+        for (size_t i = 0; i < np; i++) {
+            if (!described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "direct"))
+                fail_msg("case %zu not routed to the direct family in mode %d", i, modes[m]);
+            sweep_nchw(ps[i], F);
+        }
+    }
+    assert_int_equal(convd_gpu_tune_direct(-1), 0);
+    for (int i = 0; i < 12; i++) {
+        struct convd_problem p;
+        tu_random_problem(&rng, &p, 0, 0, 9);
+        p.layout = CONVD_LAYOUT_NCHW;
+        p.r = p.s = 3;
+        p.stride_w = p.stride_h;
+        p.dil_h = p.dil_w = 1;
+        p.pad_left = 1;
+        p.w = (p.w + 3) / 4 * 4 + 4;
+        if (p.stride_h > 2)
+            p.stride_h = p.stride_w = 2;
+        /* Wo a multiple of 4: widen the right padding. */
+        while (((p.w + p.pad_left + p.pad_right - 3) / p.stride_w + 1) % 4 != 0)
+            p.pad_right++;
+        char why[160];
+        if (convd_problem_check(&p, why, sizeof(why)) != 0)
+            continue;
+        check_problem(&p, F, 1);
+    }
+    /* Routing: small cpg in NCHW goes here; cpg past the bound only when asked for by name. */
+    struct convd_problem q =
+        mk(1, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
+    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    q.groups = 2; /* cpg 64 */
+    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    assert_int_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    q.groups = 32;
+    q.w = 54; /* not whole chunks */
+    assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    q.w = 56;
+    q.pad_left = 0; /* the window starts 3 elements into its first chunk */
+    q.pad_right = 2;
+    assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    q.pad_left = q.pad_right = 1;
+    q.layout = CONVD_LAYOUT_NHWC;
+    assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    q.layout = CONVD_LAYOUT_NCHW;
+    q.dil_w = 2;
+    q.pad_right = 3;
+    assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    assert_int_equal(convd_gpu_tune_direct(0), 0);
+    q = ps[0];
+    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
+    assert_int_equal(convd_gpu_tune_direct(-1), 0);
+    assert_int_equal(convd_gpu_tune_direct(3), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_direct(-2), CONVD_EINVAL);
+}
+
 static void test_mma(void **state)
 {
     (void)state;
@@ -630,6 +728,9 @@ static void test_group_identity(void **state)
             identity_case(p, CONVD_GPU_FAMILY_MMA);
             p = mk(2, 9, 8, 6, 12, 3, 3, 6, 1, 1, 1, dtypes[d], CONVD_LAYOUT_NCHW);
             identity_case(p, CONVD_GPU_FAMILY_DEPTHWISE);
+            p = mk(2, 9, 8, 12, 24, 3, 3, 3, 1, 1, 1, dtypes[d], CONVD_LAYOUT_NCHW);
+            p.has_bias = true;
+            identity_case(p, CONVD_GPU_FAMILY_DIRECT);
         }
 }
 
@@ -715,6 +816,9 @@ static void test_multi_problem(void **state)
     batch_case(p, CONVD_GPU_FAMILY_DEPTHWISE, 3);
     p = mk(2, 9, 7, 24, 36, 1, 1, 3, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
     batch_case(p, CONVD_GPU_FAMILY_FMA, 7); /* pointwise */
+    p = mk(2, 10, 12, 16, 16, 3, 3, 4, 2, 1, 1, CONVD_DTYPE_BF16, CONVD_LAYOUT_NCHW);
+    p.has_bias = true;
+    batch_case(p, CONVD_GPU_FAMILY_DIRECT, 9);
     p = mk(1, 6, 7, 6, 9, 2, 3, 3, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
     batch_case(p, CONVD_GPU_FAMILY_GENERIC, 33);
 }
@@ -793,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_depthwise_direct_shapes),
         cmocka_unit_test(test_fma),
         cmocka_unit_test(test_fma_gemm),
+        cmocka_unit_test(test_direct),
         cmocka_unit_test(test_mma),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
