@@ -513,7 +513,7 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     pl.out_nchw = out_nchw;
     const struct gpu_geom *g = &pl.g;
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
-    if (!out_nchw && gpu_pw_applies(p) && gpu_pw_plan_make(p, &pl.pw, why, why_len) == 0) {
+    if (gpu_pw_applies(p) && gpu_pw_plan_make(p, out_nchw, &pl.pw, why, why_len) == 0) {
         pl.gemm = 1;
         pl.threads = pl.pw.threads;
         pl.smem = pl.pw.smem;

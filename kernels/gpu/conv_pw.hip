@@ -15,9 +15,11 @@
  * layouts) and, in NHWC, where tiles of outputs fill its threads (kpg >= PW_MIN_KPG) and channels
  * come in fours (cpg % 4 == 0), every other filter, stride, padding and dilation, when the
  * planner expects its tiles to use the GPU well (PW_MIN_EFF); the rest stays on the direct
- * kernel. NCHW gathers for general filters (one element per load) measured 1.4-1.9x slower than
- * the direct kernel on transposed copies (resnext50_l4 172.7 against 108.9 us) and are not
- * built; NHWC weights are [K][R][S][cpg], already tap-major.
+ * kernel. NCHW problems with other filters run on the NHWC copies the router makes (input and
+ * weights transposed) and leave through an NCHW epilogue; NCHW gathers for general filters (one
+ * element per load) measured 1.4-1.9x slower than the direct kernel on transposed copies
+ * (resnext50_l4 172.7 against 108.9 us) and are not built. NHWC weights are [K][R][S][cpg],
+ * already tap-major.
  */
 #include "gpu_internal.h"
 
@@ -71,7 +73,7 @@ int gpu_pw_applies(const struct convd_problem *p)
 template <class DT, int NHWC, int VEC>
 __global__ void __launch_bounds__(256, 2)
     pw_kernel(const struct gpu_geom g, const struct gpu_batch b, int tch, int tpx, int ctiles,
-              int ptiles, int vec_out)
+              int ptiles, int vec_out, int out_nchw)
 {
     typedef typename DT::T T;
     extern __shared__ float pw_smem[];
@@ -252,7 +254,40 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int j = 0; j < PW_TP; j++)
             acc[i][j] = gpu_epilogue(acc[i][j], bv[i], g.relu);
-    if (NHWC) {
+    if (NHWC && out_nchw) {
+        /* NHWC input (a transposed copy of an NCHW problem), NCHW output: per output channel,
+         * two runs of 4 adjacent pixels, whole runs inside one image when its plane is a
+         * multiple of 4 pixels (vec_out), else pixel by pixel. */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int pix = p0 + tj * 4 + h * (tpx / 2);
+            if (pix >= npix)
+                continue;
+            const int img = pix / howo, rem = pix - img * howo;
+            T *yp = y + ((size_t)img * g.k + (size_t)grp * g.kpg + ch0) * howo + rem;
+#pragma unroll
+            for (int i = 0; i < PW_TC; i++) {
+                if (ch0 + i >= g.kpg)
+                    break;
+                if (vec_out && pix + 4 <= npix) {
+                    gpu_store4<DT>(yp + (size_t)i * howo, &acc[i][h * 4]);
+                } else {
+                    int im = img, rm = rem;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        if (pix + j >= npix)
+                            break;
+                        y[((size_t)im * g.k + (size_t)grp * g.kpg + ch0 + i) * howo + rm] =
+                            DT::store(acc[i][h * 4 + j]);
+                        if (++rm == howo) {
+                            rm = 0;
+                            im++;
+                        }
+                    }
+                }
+            }
+        }
+    } else if (NHWC) {
         /* Per pixel, the thread's 4 outputs are adjacent channels. */
 #pragma unroll
         for (int j = 0; j < PW_TP; j++) {
@@ -302,8 +337,8 @@ __global__ void __launch_bounds__(256, 2)
  */
 #define PW_LOAD_COST 8
 
-int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, char *why,
-                     size_t why_len)
+int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_pw_plan *ret,
+                     char *why, size_t why_len)
 {
     if (!gpu_pw_applies(p)) {
         snprintf(why, why_len,
@@ -317,6 +352,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
     gpu_geom_from_problem(p, &pl.g);
     pl.dtype = p->dtype;
     pl.layout = p->layout;
+    pl.out_nchw = out_nchw && p->layout == CONVD_LAYOUT_NHWC;
     const struct gpu_geom *g = &pl.g;
     const int nhwc = p->layout == CONVD_LAYOUT_NHWC;
     const int pointwise = pw_is_pointwise(p);
@@ -378,8 +414,10 @@ int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, cha
     pl.vec_in =
         g->cpg % 4 == 0 && (nhwc || (pointwise && npix % 4 == 0 && (pl.tpx & (pl.tpx - 1)) == 0));
     /* 4-element output runs stay inside a row and aligned: NHWC needs K and kpg multiples of 4,
-     * NCHW a plane of a multiple of 4 pixels (tiles start at multiples of 4). */
-    pl.vec_out = nhwc ? g->k % 4 == 0 && g->kpg % 4 == 0 : npix % 4 == 0;
+     * NCHW (native or from NHWC copies) a plane of a multiple of 4 pixels (tiles and runs start
+     * at multiples of 4). */
+    pl.vec_out =
+        nhwc && !pl.out_nchw ? g->k % 4 == 0 && g->kpg % 4 == 0 : (int64_t)g->ho * g->wo % 4 == 0;
     *ret = pl;
     return 0;
 }
@@ -395,7 +433,7 @@ static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b,
     dim3 block((unsigned)pl->threads);
 #define PW_GO(NHWC, VEC)                                                                           \
     hipLaunchKernelGGL((pw_kernel<DT, NHWC, VEC>), grid, block, pl->smem, stream, *g, *b, pl->tch, \
-                       pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out)
+                       pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw)
     if (nhwc && pl->vec_in)
         PW_GO(1, 1);
     else if (nhwc)

@@ -11,7 +11,8 @@
  *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
  *   1x1 with unit stride and no padding, or
  *     NHWC, cpg % 4 == 0, kpg >= 24 and
- *     tiles that fill the GPU              -> fma, implicit-GEMM kernel (NCHW 1x1 native)
+ *     tiles that fill the GPU              -> fma, implicit-GEMM kernel (NCHW 1x1 native, other
+ *                                              NCHW filters on NHWC copies)
  *   anything whose halo tile fits           -> fma (fp32 always lands here: no TF32 path)
  *   the rest, and unaligned tensors         -> generic
  */

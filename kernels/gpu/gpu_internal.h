@@ -263,14 +263,15 @@ struct gpu_pw_plan {
     int tch, tpx;       /* tile: outputs x pixels */
     int ctiles, ptiles; /* output tiles per group, pixel tiles (NCHW: per image) */
     int threads, smem;
-    int vec_out; /* outputs leave as 4-element runs */
-    int vec_in;  /* operands arrive as 4-element loads */
+    int vec_out;  /* outputs leave as 4-element runs */
+    int vec_in;   /* operands arrive as 4-element loads */
+    int out_nchw; /* NHWC input (transposed copies of an NCHW problem), NCHW output */
 };
 /* Whether the implicit GEMM takes p's shape (1x1 unit stride; NHWC cpg % 4 == 0, kpg >= 24)
  * and is not switched off; its planner may still refuse a grid that would not fill the GPU. */
 int gpu_pw_applies(const struct convd_problem *p);
-int gpu_pw_plan_make(const struct convd_problem *p, struct gpu_pw_plan *ret, char *why,
-                     size_t why_len);
+int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_pw_plan *ret,
+                     char *why, size_t why_len);
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 
@@ -301,7 +302,8 @@ struct gpu_fma_plan {
 };
 /* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
  * the workspace; the kernel writes the output in NCHW. Problems the implicit GEMM takes
- * (gpu_pw_applies and its planner) run on gpu_pw_*, never transposed: NCHW ones are 1x1. */
+ * (gpu_pw_applies and its planner) run on gpu_pw_*: NCHW pointwise ones natively, other NCHW
+ * ones on the transposed copies with the GEMM's NCHW epilogue. */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
                       char *why, size_t why_len);
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,

@@ -407,8 +407,10 @@ static int fma_is_gemm(struct convd_problem p)
  * tails in pixels (H*W = 63, not a multiple of 4 or of any tile), outputs (kpg 15, 45) and K
  * steps (cpg 300), dense and grouped, in both layouts; and general filters in NHWC with
  * cpg % 4 == 0 and kpg >= 24 (stride 2, dilation, asymmetric padding, non-square filters, K not
- * a multiple of the step), forced onto it (mode 2: these small grids would not fill the GPU).
- * Then the same problems on the direct FMA kernel, which must still serve them. */
+ * a multiple of the step), forced onto it (mode 2: these small grids would not fill the GPU);
+ * in NCHW those run on transposed copies with the GEMM writing NCHW (planes of 143 and 49
+ * pixels: runs that cross images; 64: whole runs). Then the same problems on the direct FMA
+ * kernel, which must still serve them. */
 static void test_fma_gemm(void **state)
 {
     (void)state;
@@ -424,6 +426,7 @@ static void test_fma_gemm(void **state)
         mk(2, 7, 7, 64, 128, 3, 3, 2, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
         mk(1, 12, 9, 32, 64, 3, 5, 1, 2, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
         mk(1, 10, 10, 20, 120, 1, 1, 5, 2, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
+        mk(2, 8, 8, 32, 48, 3, 3, 1, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW),
     };
     const size_t np = sizeof(ps) / sizeof(ps[0]);
     ps[7].pad_top = 1;
@@ -435,6 +438,9 @@ static void test_fma_gemm(void **state)
     for (size_t i = 0; i < np; i++) {
         if (!fma_is_gemm(ps[i]))
             fail_msg("case %zu not on the gemm kernel", i);
+        /* NCHW too: natively (1x1) or on NHWC copies with the GEMM's NCHW epilogue. */
+        if (!described_as(&ps[i], F, "gemm"))
+            fail_msg("case %zu in NCHW not on the gemm kernel", i);
         sweep(ps[i], F, 1, 0);
     }
     struct convd_problem q = ps[0];
