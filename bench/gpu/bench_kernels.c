@@ -670,19 +670,26 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     }
 
     /* --sweep-direct: NCHW problems the direct family can run, routed without it (mode 0: the
-     * route it replaces) and on it with 1, 2 and 4 rows per thread, same buffers. */
+     * route it replaces) and on it with 1, 2 and 4 rows per thread, each without and with the
+     * next plane's prefetch, same buffers. */
     if (o->sweep_direct && lay == CONVD_LAYOUT_NCHW &&
         convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DIRECT, NULL, 0) == 0) {
         static const int modes[] = {0, 1, 2, 4};
-        for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
-            convd_gpu_tune_direct(modes[m]);
-            char d2[200];
-            convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, d2, sizeof(d2));
-            const double us = time_graph(ours_run, &oc, b.nbuf, 10);
-            printf("sweep %s %s nchw direct mode %d: %.1f us (default %.1f us) %s\n", sh->name,
-                   convd_dtype_name(dt), modes[m], us, out->ours_us, d2);
-        }
+        oc.fam = CONVD_GPU_FAMILY_AUTO; /* the router decides, not the family routed first */
+        for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++)
+            for (int pf = 0; pf <= (modes[m] > 0); pf++) {
+                convd_gpu_tune_direct(modes[m]);
+                convd_gpu_tune_direct_prefetch(pf);
+                char d2[200];
+                convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, d2, sizeof(d2));
+                const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+                printf("sweep %s %s nchw direct mode %d prefetch %d: %.1f us (default %.1f us) "
+                       "%s\n",
+                       sh->name, convd_dtype_name(dt), modes[m], pf, us, out->ours_us, d2);
+            }
         convd_gpu_tune_direct(-1);
+        convd_gpu_tune_direct_prefetch(0);
+        oc.fam = fam;
     }
 
     if (o->sweep_mma && fam == CONVD_GPU_FAMILY_MMA) {

@@ -21,6 +21,16 @@
  * family still runs when asked for by name); 1, 2, 4: those rows per thread, routed wherever the
  * kernel applies. */
 static int gd_mode = -1;
+static int gd_prefetch = 0;
+
+extern "C" int convd_gpu_tune_direct_prefetch(int on)
+{
+    if (on < 0 || on > 1)
+        return CONVD_EINVAL;
+    gd_prefetch = on;
+    gpu_plan_cache_invalidate();
+    return 0;
+}
 
 extern "C" int convd_gpu_tune_direct(int mode)
 {
@@ -31,7 +41,38 @@ extern "C" int convd_gpu_tune_direct(int mode)
     return 0;
 }
 
-template <class DT, int SH, int KT, int TH>
+/* A 4-element chunk as loaded (16 bytes of fp32 or 8 of a 16-bit type), and its fp32 values. */
+template <int ES> struct gd_raw;
+template <> struct gd_raw<4> {
+    typedef float4 V;
+    static GPU_D V zero()
+    {
+        return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    template <class DT> static GPU_D void to_f32(const V &u, float *v)
+    {
+        v[0] = u.x;
+        v[1] = u.y;
+        v[2] = u.z;
+        v[3] = u.w;
+    }
+};
+template <> struct gd_raw<2> {
+    typedef uint2 V;
+    static GPU_D V zero()
+    {
+        return make_uint2(0u, 0u);
+    }
+    template <class DT> static GPU_D void to_f32(const V &u, float *v)
+    {
+        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
+        v[1] = DT::load((uint16_t)(u.x >> 16));
+        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
+        v[3] = DT::load((uint16_t)(u.y >> 16));
+    }
+};
+
+template <class DT, int SH, int KT, int TH, bool PF>
 __global__ void __launch_bounds__(256, 2)
     gd_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands,
                    int ktiles)
@@ -73,49 +114,95 @@ __global__ void __launch_bounds__(256, 2)
                 acc[o][k][pp] = 0.0f;
 
     const int oh0 = band * TH, ih0 = oh0 * SH - g.pt, a0 = cg * P * SH - 4;
-    for (int c = 0; c < g.cpg; c++) {
-        const T *xp = xg + (size_t)c * hw;
-        const float *wc = gd_w + c * (KS * KS * KT);
+    /* One input row of the window (as fp32) into the accumulators of the output rows it feeds. */
+    auto row_fma = [&](const float *wc, int i, const float *win) {
 #pragma unroll
-        for (int i = 0; i < IR; i++) {
-            const int ih = ih0 + i;
-            const bool rok = convd_math_inside(ih, g.h);
-            const T *xr = xp + (rok ? ih : 0) * g.w;
-            float win[NCH * 4];
+        for (int o = 0; o < TH; o++) {
+            const int r = i - o * SH;
+            if (r < 0 || r >= KS)
+                continue;
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) {
-                const int col = a0 + 4 * ch;
-                const bool ok = rok && convd_math_inside(col, g.w);
-                gpu_load4<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
-            }
-#pragma unroll
-            for (int o = 0; o < TH; o++) {
-                const int r = i - o * SH;
-                if (r < 0 || r >= KS)
-                    continue;
-#pragma unroll
-                for (int s = 0; s < KS; s++) {
-                    float wv[KT];
-                    const float *wp = wc + (r * KS + s) * KT;
-                    if (KT == 4) {
-                        const float4 q = *(const float4 *)wp;
-                        wv[0] = q.x;
-                        wv[1 % KT] = q.y;
-                        wv[2 % KT] = q.z;
-                        wv[3 % KT] = q.w;
-                    } else if (KT == 2) {
-                        const float2 q = *(const float2 *)wp;
-                        wv[0] = q.x;
-                        wv[1 % KT] = q.y;
-                    } else {
-                        wv[0] = wp[0];
-                    }
-#pragma unroll
-                    for (int k = 0; k < KT; k++)
-#pragma unroll
-                        for (int pp = 0; pp < P; pp++)
-                            acc[o][k][pp] = fmaf(win[OFF + pp * SH + s], wv[k], acc[o][k][pp]);
+            for (int s = 0; s < KS; s++) {
+                float wv[KT];
+                const float *wp = wc + (r * KS + s) * KT;
+                if (KT == 4) {
+                    const float4 q = *(const float4 *)wp;
+                    wv[0] = q.x;
+                    wv[1 % KT] = q.y;
+                    wv[2 % KT] = q.z;
+                    wv[3 % KT] = q.w;
+                } else if (KT == 2) {
+                    const float2 q = *(const float2 *)wp;
+                    wv[0] = q.x;
+                    wv[1 % KT] = q.y;
+                } else {
+                    wv[0] = wp[0];
                 }
+#pragma unroll
+                for (int k = 0; k < KT; k++)
+#pragma unroll
+                    for (int pp = 0; pp < P; pp++)
+                        acc[o][k][pp] = fmaf(win[OFF + pp * SH + s], wv[k], acc[o][k][pp]);
+            }
+        }
+    };
+    if constexpr (PF) {
+        /* The next plane's window is loaded (raw) while this one is multiplied. */
+        typedef typename gd_raw<sizeof(T)>::V V;
+        V cur[IR][NCH];
+        auto fetch = [&](int c, V(&dst)[IR][NCH]) {
+            const T *xp = xg + (size_t)c * hw;
+#pragma unroll
+            for (int i = 0; i < IR; i++) {
+                const int ih = ih0 + i;
+                const bool rok = convd_math_inside(ih, g.h);
+                const T *xr = xp + (rok ? ih : 0) * g.w;
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) {
+                    const int col = a0 + 4 * ch;
+                    const bool ok = rok && convd_math_inside(col, g.w);
+                    dst[i][ch] = ok ? *(const V *)(xr + col) : gd_raw<sizeof(T)>::zero();
+                }
+            }
+        };
+        fetch(0, cur);
+        for (int c = 0; c < g.cpg; c++) {
+            V nxt[IR][NCH];
+            if (c + 1 < g.cpg)
+                fetch(c + 1, nxt);
+            const float *wc = gd_w + c * (KS * KS * KT);
+#pragma unroll
+            for (int i = 0; i < IR; i++) {
+                float win[NCH * 4];
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++)
+                    gd_raw<sizeof(T)>::template to_f32<DT>(cur[i][ch], win + 4 * ch);
+                row_fma(wc, i, win);
+            }
+            if (c + 1 < g.cpg)
+#pragma unroll
+                for (int i = 0; i < IR; i++)
+#pragma unroll
+                    for (int ch = 0; ch < NCH; ch++)
+                        cur[i][ch] = nxt[i][ch];
+        }
+    } else {
+        for (int c = 0; c < g.cpg; c++) {
+            const T *xp = xg + (size_t)c * hw;
+            const float *wc = gd_w + c * (KS * KS * KT);
+#pragma unroll
+            for (int i = 0; i < IR; i++) {
+                const int ih = ih0 + i;
+                const bool rok = convd_math_inside(ih, g.h);
+                const T *xr = xp + (rok ? ih : 0) * g.w;
+                float win[NCH * 4];
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) {
+                    const int col = a0 + 4 * ch;
+                    const bool ok = rok && convd_math_inside(col, g.w);
+                    gpu_load4<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
+                }
+                row_fma(wc, i, win);
             }
         }
     }
@@ -179,6 +266,7 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
         return CONVD_EUNSUPPORTED;
     }
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
+    pl.prefetch = gd_prefetch;
     pl.ktiles = g->kpg / pl.kt;
     pl.smem = g->cpg * 9 * pl.kt * (int)sizeof(float);
     struct gpu_device_info dev;
@@ -233,7 +321,8 @@ static int gd_launch_sh(const struct gpu_gd_plan *pl, const struct gpu_batch *b,
     void (*fn)(const struct gpu_geom, const struct gpu_batch, int, int, int) = NULL;
 #define GD_PICK(KT, TH)                                                                            \
     if (pl->kt == KT && pl->th == TH)                                                              \
-        fn = gd_nchw_kernel<DT, SH, KT, TH>;
+        fn = pl->prefetch ? gd_nchw_kernel<DT, SH, KT, TH, true>                                   \
+                          : gd_nchw_kernel<DT, SH, KT, TH, false>;
     GD_PICK(1, 1)
     GD_PICK(1, 2)
     GD_PICK(2, 1)

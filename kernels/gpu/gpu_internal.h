@@ -248,6 +248,7 @@ struct gpu_gd_plan {
     int planes;     /* (image, group, output tile) planes: grid x */
     int grid_y;     /* blocks per plane */
     int threads, smem;
+    int prefetch; /* next input plane's window loaded while this one is multiplied */
 };
 /* routing: refuse what the router should not send here (cpg past the measured bound, or the
  * family switched off by convd_gpu_tune_direct); 0 plans whatever the kernel can run. */

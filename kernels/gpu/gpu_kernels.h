@@ -102,6 +102,9 @@ int convd_gpu_tune_fma_gemm(int mode);
  * it on any problem it applies to, whatever the mode. Process-global; CONVD_EINVAL for other
  * values. */
 int convd_gpu_tune_direct(int mode);
+/* Tests and benchmark only: 1 loads the direct kernel's next input plane while it multiplies the
+ * current one, 0 (the default) does not. */
+int convd_gpu_tune_direct_prefetch(int on);
 
 #ifdef __cplusplus
 }

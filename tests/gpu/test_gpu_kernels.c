@@ -485,15 +485,17 @@ static void test_direct(void **state)
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_DIRECT;
+    const enum convd_dtype H = CONVD_DTYPE_FP16; /* sweep_nchw runs every dtype */
+    const enum convd_layout L = CONVD_LAYOUT_NCHW;
     struct convd_problem ps[] = {
-        mk(2, 13, 16, 16, 16, 3, 3, 4, 1, 1, 1, 0, CONVD_LAYOUT_NCHW), /* cpg 4, kpg 4 */
-        mk(1, 9, 12, 9, 15, 3, 3, 3, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),   /* cpg 3, kpg 5 */
-        mk(2, 15, 24, 8, 8, 3, 3, 4, 2, 1, 1, 0, CONVD_LAYOUT_NCHW),   /* cpg 2, stride 2 */
-        mk(1, 10, 16, 10, 12, 3, 3, 2, 1, 1, 1, 0, CONVD_LAYOUT_NCHW), /* cpg 5, kpg 6 */
-        mk(1, 8, 8, 24, 8, 3, 3, 1, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),    /* dense */
-        mk(2, 11, 16, 16, 32, 3, 3, 2, 2, 1, 1, 0, CONVD_LAYOUT_NCHW), /* kpg 16, stride 2 */
-        mk(1, 12, 20, 6, 24, 3, 3, 6, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),  /* cpg 1, kpg 4 */
-        mk(3, 7, 8, 16, 64, 3, 3, 2, 1, 1, 1, 0, CONVD_LAYOUT_NCHW),   /* kpg 32 */
+        mk(2, 13, 16, 16, 16, 3, 3, 4, 1, 1, 1, H, L), /* cpg 4, kpg 4 */
+        mk(1, 9, 12, 9, 15, 3, 3, 3, 1, 1, 1, H, L),   /* cpg 3, kpg 5 */
+        mk(2, 15, 24, 8, 8, 3, 3, 4, 2, 1, 1, H, L),   /* cpg 2, stride 2 */
+        mk(1, 10, 16, 10, 12, 3, 3, 2, 1, 1, 1, H, L), /* cpg 5, kpg 6 */
+        mk(1, 8, 8, 24, 8, 3, 3, 1, 1, 1, 1, H, L),    /* dense */
+        mk(2, 11, 16, 16, 32, 3, 3, 2, 2, 1, 1, H, L), /* kpg 16, stride 2 */
+        mk(1, 12, 20, 6, 24, 3, 3, 6, 1, 1, 1, H, L),  /* cpg 1, kpg 4 */
+        mk(3, 7, 8, 16, 64, 3, 3, 2, 1, 1, 1, H, L),   /* kpg 32 */
     };
     const size_t np = sizeof(ps) / sizeof(ps[0]);
     ps[3].pad_top = 0;
@@ -501,15 +503,17 @@ static void test_direct(void **state)
     ps[3].pad_right = 5; /* Wo = 20: the last column group reads only padding */
     ps[5].pad_bottom = 0;
     static const int modes[] = {1, 2, 4};
-    for (int m = 0; m < 3; m++) {
-        assert_int_equal(convd_gpu_tune_direct(modes[m]), 0);
+    for (int m = 0; m < 6; m++) {
+        assert_int_equal(convd_gpu_tune_direct(modes[m % 3]), 0);
+        assert_int_equal(convd_gpu_tune_direct_prefetch(m / 3), 0);
         for (size_t i = 0; i < np; i++) {
             if (!described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "direct"))
-                fail_msg("case %zu not routed to the direct family in mode %d", i, modes[m]);
+                fail_msg("case %zu not routed to the direct family in mode %d", i, modes[m % 3]);
             sweep_nchw(ps[i], F);
         }
     }
     assert_int_equal(convd_gpu_tune_direct(-1), 0);
+    assert_int_equal(convd_gpu_tune_direct_prefetch(0), 0);
     for (int i = 0; i < 12; i++) {
         struct convd_problem p;
         tu_random_problem(&rng, &p, 0, 0, 9);
@@ -530,8 +534,7 @@ static void test_direct(void **state)
         check_problem(&p, F, 1);
     }
     /* Routing: small cpg in NCHW goes here; cpg past the bound only when asked for by name. */
-    struct convd_problem q =
-        mk(1, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
+    struct convd_problem q = mk(1, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, H, L);
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
     q.groups = 2; /* cpg 64 */
     assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
