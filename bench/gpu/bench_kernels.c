@@ -688,7 +688,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                        sh->name, convd_dtype_name(dt), modes[m], pf, us, out->ours_us, d2);
             }
         convd_gpu_tune_direct(-1);
-        convd_gpu_tune_direct_prefetch(0);
+        convd_gpu_tune_direct_prefetch(-1);
         oc.fam = fam;
     }
 

@@ -21,13 +21,13 @@
  * family still runs when asked for by name); 1, 2, 4: those rows per thread, routed wherever the
  * kernel applies. */
 static int gd_mode = -1;
-static int gd_prefetch = 0;
+static int gd_prefetch = -1;
 
-extern "C" int convd_gpu_tune_direct_prefetch(int on)
+extern "C" int convd_gpu_tune_direct_prefetch(int mode)
 {
-    if (on < 0 || on > 1)
+    if (mode < -1 || mode > 1)
         return CONVD_EINVAL;
-    gd_prefetch = on;
+    gd_prefetch = mode;
     gpu_plan_cache_invalidate();
     return 0;
 }
@@ -247,9 +247,21 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
     return 1;
 }
 
-/* Where the router sends a problem the kernel takes (gd_mode -1). Channels per group bound the
- * work per thread: each input plane costs a window of loads and 36 * KT FMA per row of outputs. */
-#define GD_MAX_CPG 16
+/*
+ * Where the router sends a problem the kernel takes (gd_mode -1), from --sweep-direct against
+ * the routes it replaced (H200, N = 32 unless said): fp32 wins up to cpg 24 (regnety16_l2 68.0
+ * against the implicit GEMM's 86.7 us; resnext50_l1 59.7 against 138.7) and ties at 64 (dense
+ * 304.6 against 299.6), so it takes cpg <= 32. In 16-bit the tensor cores win from cpg 8 at
+ * stride 1 (resnext50_l2 fp16: mma 42.1, here 49.1) but not at stride 2, where the mma route
+ * first transposes an input four times the output (resnext50_l2_down fp16: 79.7 against 54.6);
+ * cpg <= 4 wins everywhere (cpg2_hero 52.7 -> 20.7, latency_b1 18.3 -> 5.1).
+ */
+static int gd_routes(const struct gpu_geom *g, int dtype)
+{
+    if (dtype == CONVD_DTYPE_FP32)
+        return g->cpg <= 32;
+    return g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2);
+}
 
 int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
                      size_t why_len)
@@ -261,12 +273,12 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
     const struct gpu_geom *g = &pl.g;
     if (!gd_shape_ok(p, g, why, why_len))
         return CONVD_EUNSUPPORTED;
-    if (routing && (gd_mode == 0 || (gd_mode < 0 && g->cpg > GD_MAX_CPG))) {
-        snprintf(why, why_len, "direct: not routed for cpg=%d (at most %d)", g->cpg, GD_MAX_CPG);
+    if (routing && (gd_mode == 0 || (gd_mode < 0 && !gd_routes(g, p->dtype)))) {
+        snprintf(why, why_len, "direct: not routed for cpg=%d at stride %d in %s", g->cpg, g->sh,
+                 convd_dtype_name(p->dtype));
         return CONVD_EUNSUPPORTED;
     }
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
-    pl.prefetch = gd_prefetch;
     pl.ktiles = g->kpg / pl.kt;
     pl.smem = g->cpg * 9 * pl.kt * (int)sizeof(float);
     struct gpu_device_info dev;
@@ -298,6 +310,14 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
                 break;
             }
         }
+    /* Prefetch pays where a plane's window is a few rows of several threads' work (2 or 4 rows:
+     * resnext50_l1 fp32 63.3 -> 59.7 us, l2_down fp16 66.5 -> 54.6, cpg2_hero 21.9 -> 20.7) and
+     * costs where it is not (1 row: l1 fp16 53.4 -> 67.9); fp32 at stride 2 with 4 outputs
+     * spills with it (l2_down 73.1 -> 94.6). */
+    if (gd_prefetch >= 0)
+        pl.prefetch = gd_prefetch;
+    else
+        pl.prefetch = pl.th >= 2 && !(p->dtype == CONVD_DTYPE_FP32 && g->sh == 2 && pl.kt == 4);
     pl.bands = (g->ho + pl.th - 1) / pl.th;
     const int64_t per_plane = (int64_t)pl.cgs * pl.bands;
     const int64_t ys = (per_plane + 255) / 256;

@@ -513,7 +513,7 @@ static void test_direct(void **state)
         }
     }
     assert_int_equal(convd_gpu_tune_direct(-1), 0);
-    assert_int_equal(convd_gpu_tune_direct_prefetch(0), 0);
+    assert_int_equal(convd_gpu_tune_direct_prefetch(-1), 0);
     for (int i = 0; i < 12; i++) {
         struct convd_problem p;
         tu_random_problem(&rng, &p, 0, 0, 9);
@@ -536,9 +536,18 @@ static void test_direct(void **state)
     /* Routing: small cpg in NCHW goes here; cpg past the bound only when asked for by name. */
     struct convd_problem q = mk(1, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, H, L);
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    q.groups = 16; /* cpg 8: the tensor cores' at stride 1, here at stride 2 */
+    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    q.stride_h = q.stride_w = 2;
+    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    q.stride_h = q.stride_w = 1;
+    q.dtype = CONVD_DTYPE_FP32;
+    q.groups = 4; /* fp32: up to cpg 32 */
+    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
     q.groups = 2; /* cpg 64 */
     assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
     assert_int_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    q.dtype = CONVD_DTYPE_FP16;
     q.groups = 32;
     q.w = 54; /* not whole chunks */
     assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
@@ -560,6 +569,7 @@ static void test_direct(void **state)
     assert_int_equal(convd_gpu_tune_direct(-1), 0);
     assert_int_equal(convd_gpu_tune_direct(3), CONVD_EINVAL);
     assert_int_equal(convd_gpu_tune_direct(-2), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_direct_prefetch(2), CONVD_EINVAL);
 }
 
 static void test_mma(void **state)
