@@ -687,6 +687,16 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                        "%s\n",
                        sh->name, convd_dtype_name(dt), modes[m], pf, us, out->ours_us, d2);
             }
+        if (p.k / p.groups % 8 == 0) {
+            convd_gpu_tune_direct(1);
+            convd_gpu_tune_direct_outputs8(1);
+            char d2[200];
+            convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, d2, sizeof(d2));
+            const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            printf("sweep %s %s nchw direct 8 outputs: %.1f us (default %.1f us) %s\n", sh->name,
+                   convd_dtype_name(dt), us, out->ours_us, d2);
+            convd_gpu_tune_direct_outputs8(0);
+        }
         convd_gpu_tune_direct(-1);
         convd_gpu_tune_direct_prefetch(-1);
         oc.fam = fam;

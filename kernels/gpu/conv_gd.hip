@@ -22,6 +22,16 @@
  * kernel applies. */
 static int gd_mode = -1;
 static int gd_prefetch = -1;
+static int gd_outputs8 = 0;
+
+extern "C" int convd_gpu_tune_direct_outputs8(int on)
+{
+    if (on < 0 || on > 1)
+        return CONVD_EINVAL;
+    gd_outputs8 = on;
+    gpu_plan_cache_invalidate();
+    return 0;
+}
 
 extern "C" int convd_gpu_tune_direct_prefetch(int mode)
 {
@@ -125,16 +135,19 @@ __global__ void __launch_bounds__(256, 2)
             for (int s = 0; s < KS; s++) {
                 float wv[KT];
                 const float *wp = wc + (r * KS + s) * KT;
-                if (KT == 4) {
-                    const float4 q = *(const float4 *)wp;
-                    wv[0] = q.x;
-                    wv[1 % KT] = q.y;
-                    wv[2 % KT] = q.z;
-                    wv[3 % KT] = q.w;
+                if (KT % 4 == 0) {
+#pragma unroll
+                    for (int q = 0; q < KT / 4; q++) {
+                        const float4 v = *(const float4 *)(wp + 4 * q);
+                        wv[4 * q] = v.x;
+                        wv[(4 * q + 1) % KT] = v.y;
+                        wv[(4 * q + 2) % KT] = v.z;
+                        wv[(4 * q + 3) % KT] = v.w;
+                    }
                 } else if (KT == 2) {
-                    const float2 q = *(const float2 *)wp;
-                    wv[0] = q.x;
-                    wv[1 % KT] = q.y;
+                    const float2 v = *(const float2 *)wp;
+                    wv[0] = v.x;
+                    wv[1 % KT] = v.y;
                 } else {
                     wv[0] = wp[0];
                 }
@@ -279,6 +292,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
         return CONVD_EUNSUPPORTED;
     }
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
+    if (gd_outputs8 && g->kpg % 8 == 0)
+        pl.kt = 8;
     pl.ktiles = g->kpg / pl.kt;
     pl.smem = g->cpg * 9 * pl.kt * (int)sizeof(float);
     struct gpu_device_info dev;
@@ -300,7 +315,7 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
     /* Rows per thread: the most (fewest loads and weight reads per FMA) that still give the GPU
      * about 8 warps per SM, a forced mode's otherwise. 4 rows spill at the 128 registers of two
      * blocks per SM with 4 outputs (64 accumulators) or at stride 2 (a 9-row window). */
-    const int th_max = pl.kt == 4 || g->sh == 2 ? 2 : 4;
+    const int th_max = pl.kt == 8 ? 1 : pl.kt == 4 || g->sh == 2 ? 2 : 4;
     pl.th = gd_mode > 0 ? (gd_mode < th_max ? gd_mode : th_max) : 1;
     if (gd_mode <= 0)
         for (int th = th_max; th >= 1; th /= 2) {
@@ -349,6 +364,7 @@ static int gd_launch_sh(const struct gpu_gd_plan *pl, const struct gpu_batch *b,
     GD_PICK(2, 2)
     GD_PICK(4, 1)
     GD_PICK(4, 2)
+    GD_PICK(8, 1)
     if constexpr (SH == 1) {
         GD_PICK(1, 4)
         GD_PICK(2, 4)

@@ -107,6 +107,9 @@ int convd_gpu_tune_direct(int mode);
  * it multiplies the current one: -1 (the default) where its planner expects it to pay, 0 never,
  * 1 always. Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_direct_prefetch(int mode);
+/* Tests and benchmark only: 1 gives the direct kernel's threads 8 outputs (one row) where kpg is
+ * a multiple of 8, 0 (the default) at most 4. */
+int convd_gpu_tune_direct_outputs8(int on);
 
 #ifdef __cplusplus
 }

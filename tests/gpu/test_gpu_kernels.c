@@ -503,9 +503,11 @@ static void test_direct(void **state)
     ps[3].pad_right = 5; /* Wo = 20: the last column group reads only padding */
     ps[5].pad_bottom = 0;
     static const int modes[] = {1, 2, 4};
-    for (int m = 0; m < 6; m++) {
+    for (int m = 0; m < 7; m++) {
+        /* m 6: 8 outputs per thread where kpg allows (one row, no prefetch) */
+        assert_int_equal(convd_gpu_tune_direct_outputs8(m == 6), 0);
         assert_int_equal(convd_gpu_tune_direct(modes[m % 3]), 0);
-        assert_int_equal(convd_gpu_tune_direct_prefetch(m / 3), 0);
+        assert_int_equal(convd_gpu_tune_direct_prefetch(m / 3 % 2), 0);
         for (size_t i = 0; i < np; i++) {
             if (!described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "direct"))
                 fail_msg("case %zu not routed to the direct family in mode %d", i, modes[m % 3]);
@@ -514,6 +516,7 @@ static void test_direct(void **state)
     }
     assert_int_equal(convd_gpu_tune_direct(-1), 0);
     assert_int_equal(convd_gpu_tune_direct_prefetch(-1), 0);
+    assert_int_equal(convd_gpu_tune_direct_outputs8(0), 0);
     for (int i = 0; i < 12; i++) {
         struct convd_problem p;
         tu_random_problem(&rng, &p, 0, 0, 9);
