@@ -671,11 +671,12 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
 
     /* --sweep-direct: NCHW problems the direct family can run, routed without it (mode 0: the
      * route it replaces) and on it with 1, 2 and 4 rows per thread, each without and with the
-     * next plane's prefetch, same buffers. */
+     * next plane's prefetch, then with 8 outputs per thread where kpg allows, same buffers. */
     if (o->sweep_direct && lay == CONVD_LAYOUT_NCHW &&
         convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DIRECT, NULL, 0) == 0) {
         static const int modes[] = {0, 1, 2, 4};
-        oc.fam = CONVD_GPU_FAMILY_AUTO; /* the router decides, not the family routed first */
+        oc.fam = CONVD_GPU_FAMILY_AUTO;    /* the router decides, not the family routed first */
+        convd_gpu_tune_direct_outputs8(0); /* 4 outputs per thread here, 8 below */
         for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++)
             for (int pf = 0; pf <= (modes[m] > 0); pf++) {
                 convd_gpu_tune_direct(modes[m]);
@@ -695,7 +696,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
             const double us = time_graph(ours_run, &oc, b.nbuf, 10);
             printf("sweep %s %s nchw direct 8 outputs: %.1f us (default %.1f us) %s\n", sh->name,
                    convd_dtype_name(dt), us, out->ours_us, d2);
-            convd_gpu_tune_direct_outputs8(0);
+            convd_gpu_tune_direct_outputs8(-1);
         }
         convd_gpu_tune_direct(-1);
         convd_gpu_tune_direct_prefetch(-1);

@@ -22,13 +22,13 @@
  * kernel applies. */
 static int gd_mode = -1;
 static int gd_prefetch = -1;
-static int gd_outputs8 = 0;
+static int gd_outputs8 = -1;
 
-extern "C" int convd_gpu_tune_direct_outputs8(int on)
+extern "C" int convd_gpu_tune_direct_outputs8(int mode)
 {
-    if (on < 0 || on > 1)
+    if (mode < -1 || mode > 1)
         return CONVD_EINVAL;
-    gd_outputs8 = on;
+    gd_outputs8 = mode;
     gpu_plan_cache_invalidate();
     return 0;
 }
@@ -262,17 +262,17 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
 
 /*
  * Where the router sends a problem the kernel takes (gd_mode -1), from --sweep-direct against
- * the routes it replaced (H200, N = 32 unless said): fp32 wins up to cpg 24 (regnety16_l2 68.0
- * against the implicit GEMM's 86.7 us; resnext50_l1 59.7 against 138.7) and ties at 64 (dense
- * 304.6 against 299.6), so it takes cpg <= 32. In 16-bit the tensor cores win from cpg 8 at
- * stride 1 (resnext50_l2 fp16: mma 42.1, here 49.1) but not at stride 2, where the mma route
- * first transposes an input four times the output (resnext50_l2_down fp16: 79.7 against 54.6);
- * cpg <= 4 wins everywhere (cpg2_hero 52.7 -> 20.7, latency_b1 18.3 -> 5.1).
+ * the routes it replaced (H200, N = 32 unless said): fp32 wins at every cpg measured, 4 to 64
+ * (resnext50_l1 59.7 against 138.7 us; regnety16_l2, cpg 24, 64.1 against the implicit GEMM's
+ * 86.7; dense, cpg 64, 282 against 300), so it takes cpg <= 64. In 16-bit the tensor cores win from
+ * cpg 8 at stride 1 (resnext50_l2 fp16: mma 42.1, here 49.1) but not at stride 2, where the mma
+ * route first transposes an input four times the output (resnext50_l2_down fp16: 79.7
+ * against 54.6); cpg <= 4 wins everywhere (cpg2_hero 52.7 -> 20.7, latency_b1 18.3 -> 5.1).
  */
 static int gd_routes(const struct gpu_geom *g, int dtype)
 {
     if (dtype == CONVD_DTYPE_FP32)
-        return g->cpg <= 32;
+        return g->cpg <= 64;
     return g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2);
 }
 
@@ -292,7 +292,10 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
         return CONVD_EUNSUPPORTED;
     }
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
-    if (gd_outputs8 && g->kpg % 8 == 0)
+    /* 8 outputs (one row) where kpg allows pay in fp32 (resnext50_l2_down 73.3 -> 64.7 us,
+     * regnety16_l2 69.2 -> 64.1, dense 311 -> 282) and not in 16-bit (+-2%: the window's loads
+     * cost less there than the accumulators' registers). */
+    if (g->kpg % 8 == 0 && (gd_outputs8 > 0 || (gd_outputs8 < 0 && p->dtype == CONVD_DTYPE_FP32)))
         pl.kt = 8;
     pl.ktiles = g->kpg / pl.kt;
     pl.smem = g->cpg * 9 * pl.kt * (int)sizeof(float);

@@ -6,7 +6,7 @@
  *   cpg = 1, kpg <= 2                       -> depthwise (direct kernels for 3x3/5x5 NHWC and
  *                                              3x3/5x5/7x7 NCHW, shared-memory tiles otherwise)
  *   NCHW 3x3, pad_left 1, stride 1 or 2,
- *     W and Wo multiples of 4; fp32 cpg <= 32,
+ *     W and Wo multiples of 4; fp32 cpg <= 64,
  *     16-bit cpg <= 4 (8 at stride 2)      -> direct (grouped, NCHW native)
  *   fp16/bf16, cpg and kpg multiples of 8,
  *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)

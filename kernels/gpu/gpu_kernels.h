@@ -97,7 +97,7 @@ int convd_gpu_tune_fma_gemm(int mode);
 
 /* Tests and benchmark only: the direct family (conv_gd.hip; NCHW 3x3 with pad_left 1, equal
  * strides of 1 or 2, no dilation, W and Wo multiples of 4) for -1 (the default): routed where
- * it measured faster than the other families (cpg <= 32 in fp32; cpg <= 4, or 8 at stride 2, in
+ * it measured faster than the other families (cpg <= 64 in fp32; cpg <= 4, or 8 at stride 2, in
  * 16-bit), rows per thread from the planner; 0: never routed; 1, 2 or 4: routed
  * wherever it applies, with that many output rows per thread. Asking for the family by name runs
  * it on any problem it applies to, whatever the mode. Process-global; CONVD_EINVAL for other
@@ -107,9 +107,10 @@ int convd_gpu_tune_direct(int mode);
  * it multiplies the current one: -1 (the default) where its planner expects it to pay, 0 never,
  * 1 always. Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_direct_prefetch(int mode);
-/* Tests and benchmark only: 1 gives the direct kernel's threads 8 outputs (one row) where kpg is
- * a multiple of 8, 0 (the default) at most 4. */
-int convd_gpu_tune_direct_outputs8(int on);
+/* Tests and benchmark only: where kpg is a multiple of 8, the direct kernel's threads take 8
+ * outputs (one row) for -1 (the default) in fp32, 1 in every dtype; 0 keeps them at 4.
+ * Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_direct_outputs8(int mode);
 
 #ifdef __cplusplus
 }

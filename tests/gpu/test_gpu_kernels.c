@@ -516,7 +516,7 @@ static void test_direct(void **state)
     }
     assert_int_equal(convd_gpu_tune_direct(-1), 0);
     assert_int_equal(convd_gpu_tune_direct_prefetch(-1), 0);
-    assert_int_equal(convd_gpu_tune_direct_outputs8(0), 0);
+    assert_int_equal(convd_gpu_tune_direct_outputs8(-1), 0);
     for (int i = 0; i < 12; i++) {
         struct convd_problem p;
         tu_random_problem(&rng, &p, 0, 0, 9);
@@ -545,9 +545,9 @@ static void test_direct(void **state)
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
     q.stride_h = q.stride_w = 1;
     q.dtype = CONVD_DTYPE_FP32;
-    q.groups = 4; /* fp32: up to cpg 32 */
-    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
-    q.groups = 2; /* cpg 64 */
+    q.groups = 2; /* fp32: up to cpg 64, 8 outputs per thread */
+    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct outputs 8"));
+    q.groups = 1; /* cpg 128 */
     assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
     assert_int_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
     q.dtype = CONVD_DTYPE_FP16;
@@ -573,6 +573,7 @@ static void test_direct(void **state)
     assert_int_equal(convd_gpu_tune_direct(3), CONVD_EINVAL);
     assert_int_equal(convd_gpu_tune_direct(-2), CONVD_EINVAL);
     assert_int_equal(convd_gpu_tune_direct_prefetch(2), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_direct_outputs8(2), CONVD_EINVAL);
 }
 
 static void test_mma(void **state)
