@@ -24,63 +24,30 @@ static int gd_mode = -1;
 static int gd_prefetch = -1;
 static int gd_outputs8 = -1;
 
-extern "C" int convd_gpu_tune_direct_outputs8(int mode)
+/* Sets one of the switches above to mode in [lo, hi] and forgets the plans made with it. */
+static int gd_tune(int *knob, int mode, int lo, int hi)
 {
-    if (mode < -1 || mode > 1)
+    if (mode < lo || mode > hi)
         return CONVD_EINVAL;
-    gd_outputs8 = mode;
+    *knob = mode;
     gpu_plan_cache_invalidate();
     return 0;
+}
+
+extern "C" int convd_gpu_tune_direct_outputs8(int mode)
+{
+    return gd_tune(&gd_outputs8, mode, -1, 1);
 }
 
 extern "C" int convd_gpu_tune_direct_prefetch(int mode)
 {
-    if (mode < -1 || mode > 1)
-        return CONVD_EINVAL;
-    gd_prefetch = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
+    return gd_tune(&gd_prefetch, mode, -1, 1);
 }
 
 extern "C" int convd_gpu_tune_direct(int mode)
 {
-    if (mode < -1 || mode > 4 || mode == 3)
-        return CONVD_EINVAL;
-    gd_mode = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
+    return mode == 3 ? CONVD_EINVAL : gd_tune(&gd_mode, mode, -1, 4);
 }
-
-/* A 4-element chunk as loaded (16 bytes of fp32 or 8 of a 16-bit type), and its fp32 values. */
-template <int ES> struct gd_raw;
-template <> struct gd_raw<4> {
-    typedef float4 V;
-    static GPU_D V zero()
-    {
-        return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    template <class DT> static GPU_D void to_f32(const V &u, float *v)
-    {
-        v[0] = u.x;
-        v[1] = u.y;
-        v[2] = u.z;
-        v[3] = u.w;
-    }
-};
-template <> struct gd_raw<2> {
-    typedef uint2 V;
-    static GPU_D V zero()
-    {
-        return make_uint2(0u, 0u);
-    }
-    template <class DT> static GPU_D void to_f32(const V &u, float *v)
-    {
-        v[0] = DT::load((uint16_t)(u.x & 0xffffu));
-        v[1] = DT::load((uint16_t)(u.x >> 16));
-        v[2] = DT::load((uint16_t)(u.y & 0xffffu));
-        v[3] = DT::load((uint16_t)(u.y >> 16));
-    }
-};
 
 template <class DT, int SH, int KT, int TH, bool PF>
 __global__ void __launch_bounds__(256, 2)
@@ -161,7 +128,8 @@ __global__ void __launch_bounds__(256, 2)
     };
     if constexpr (PF) {
         /* The next plane's window is loaded (raw) while this one is multiplied. */
-        typedef typename gd_raw<sizeof(T)>::V V;
+        typedef gpu_chunk4<sizeof(T)> C;
+        typedef typename C::V V;
         V cur[IR][NCH];
         auto fetch = [&](int c, V(&dst)[IR][NCH]) {
             const T *xp = xg + (size_t)c * hw;
@@ -174,7 +142,7 @@ __global__ void __launch_bounds__(256, 2)
                 for (int ch = 0; ch < NCH; ch++) {
                     const int col = a0 + 4 * ch;
                     const bool ok = rok && convd_math_inside(col, g.w);
-                    dst[i][ch] = ok ? *(const V *)(xr + col) : gd_raw<sizeof(T)>::zero();
+                    dst[i][ch] = C::load(xr + (ok ? col : 0), ok);
                 }
             }
         };
@@ -189,7 +157,7 @@ __global__ void __launch_bounds__(256, 2)
                 float win[NCH * 4];
 #pragma unroll
                 for (int ch = 0; ch < NCH; ch++)
-                    gd_raw<sizeof(T)>::template to_f32<DT>(cur[i][ch], win + 4 * ch);
+                    C::template to_f32<DT>(cur[i][ch], win + 4 * ch);
                 row_fma(wc, i, win);
             }
             if (c + 1 < g.cpg)

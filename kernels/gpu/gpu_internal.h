@@ -89,23 +89,43 @@ struct dt_bf16 {
     }
 };
 
-/* Four adjacent elements as fp32 from one 8-byte (16-bit types) or 16-byte (fp32) load, zeros
- * when !valid: p must be aligned to that size. */
-template <class DT> GPU_D void gpu_load4(const typename DT::T *p, bool valid, float *v)
-{
-    if (sizeof(typename DT::T) == 4) {
-        const float4 u = valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+/* Four adjacent elements as loaded: one 8-byte (16-bit types) or 16-byte (fp32) vector, zeros
+ * when !valid (p must be aligned to that size), and its values as fp32. Kernels that load a
+ * chunk early and convert it later (prefetch) keep the vector; gpu_load4 does both at once. */
+template <int ES> struct gpu_chunk4;
+template <> struct gpu_chunk4<4> {
+    typedef float4 V;
+    static GPU_D V load(const void *p, bool valid)
+    {
+        return valid ? *(const float4 *)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    template <class DT> static GPU_D void to_f32(const V &u, float *v)
+    {
         v[0] = u.x;
         v[1] = u.y;
         v[2] = u.z;
         v[3] = u.w;
-    } else {
-        const uint2 u = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
+    }
+};
+template <> struct gpu_chunk4<2> {
+    typedef uint2 V;
+    static GPU_D V load(const void *p, bool valid)
+    {
+        return valid ? *(const uint2 *)p : make_uint2(0u, 0u);
+    }
+    template <class DT> static GPU_D void to_f32(const V &u, float *v)
+    {
         v[0] = DT::load((uint16_t)(u.x & 0xffffu));
         v[1] = DT::load((uint16_t)(u.x >> 16));
         v[2] = DT::load((uint16_t)(u.y & 0xffffu));
         v[3] = DT::load((uint16_t)(u.y >> 16));
     }
+};
+
+template <class DT> GPU_D void gpu_load4(const typename DT::T *p, bool valid, float *v)
+{
+    typedef gpu_chunk4<sizeof(typename DT::T)> C;
+    C::template to_f32<DT>(C::load(p, valid), v);
 }
 
 /* Four adjacent elements from fp32, rounded to the storage type, as one 8-byte (16-bit types) or
