@@ -297,42 +297,66 @@ template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const
         *(uint32_t *)p = u[0];
 }
 
+/* A direct thread's filter taps for CPT channels, as fp32. (Kept as stored, two 16-bit channels
+ * per register, and converted per use, they measured slower: effnet_dw5 fp16 20.4 against 19.8
+ * us, convnext_dw7 77.3 against 74.1; bench/gpu/NOTES.md, round 8.) */
+template <class DT, int CPT, int KS> struct dw_filt {
+    float w[KS * KS][CPT];
+    GPU_D void load(const typename DT::T *wp)
+    {
+#pragma unroll
+        for (int j = 0; j < CPT; j++)
+#pragma unroll
+            for (int t = 0; t < KS * KS; t++)
+                w[t][j] = DT::load(wp[(size_t)j * (KS * KS) + t]);
+    }
+};
+
 /*
  * NHWC direct: the band's input rows, NC = (P - 1) * SH + KS columns each, multiplied into
  * acc[TH][P][CPT]. CHECK = false for threads whose whole window lies inside the image (all but
- * the border ones): no bounds tests and no selects on the loads.
+ * the border ones): no bounds tests and no selects on the loads. Addresses are 32-bit element
+ * offsets from the image (the planner keeps an image below 2^31 elements): one multiply-add per
+ * load for the offset, one for the address; with CHECK, the columns' bounds are one bit mask per
+ * thread and a row's is folded into it, so a load's test is one logic operation (measured: the
+ * 64-bit address and two bounds tests per load took as many instructions as the FMAs).
  */
 template <class DT, int CPT, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
-GPU_D void dw_direct_body(const typename DT::T *xb, size_t rowe, const struct gpu_geom &g, int ih0,
-                          int iw0, const float (&wt)[KS * KS][CPT], float (&acc)[TH][P][CPT])
+GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_geom &g, int ih0,
+                          int iw0, const dw_filt<DT, CPT, KS> &wt, float (&acc)[TH][P][CPT])
 {
     constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
+    static_assert(NC <= 32, "the column mask is 32 bits");
+    uint32_t cmask = 0;
+    if (CHECK) {
+#pragma unroll
+        for (int q = 0; q < NC; q++)
+            cmask |= (uint32_t)convd_math_inside(iw0 + q, g.w) << q;
+    }
+    const int cstep = g.c;
 #pragma unroll
     for (int i = 0; i < IR; i++) {
         const int ih = ih0 + i;
-        const bool rok = !CHECK || convd_math_inside(ih, g.h);
-        const typename DT::T *xr = xb + (size_t)(rok ? ih : 0) * rowe;
+        const uint32_t rmask = !CHECK || convd_math_inside(ih, g.h) ? cmask : 0u;
+        const int roff = ih * rowe + iw0 * cstep;
+        float v[NC][CPT];
 #pragma unroll
-        for (int q = 0; q < NC; q++) {
-            const int iw = iw0 + q;
-            const bool ok = !CHECK || (rok && convd_math_inside(iw, g.w));
-            float v[CPT];
-            dw_direct_load<DT, CPT, HINT>(xr + (size_t)(ok ? iw : 0) * g.c, ok, v);
+        for (int q = 0; q < NC; q++)
+            dw_direct_load<DT, CPT, HINT>(xb + (roff + q * cstep), !CHECK || (rmask >> q & 1u) != 0,
+                                          v[q]);
 #pragma unroll
-            for (int o = 0; o < TH; o++) {
-                const int r = i - o * SH;
-                if (r < 0 || r >= KS)
-                    continue;
+        for (int o = 0; o < TH; o++) {
+            const int r = i - o * SH;
+            if (r < 0 || r >= KS)
+                continue;
 #pragma unroll
-                for (int pp = 0; pp < P; pp++) {
-                    const int sc = q - pp * SH;
-                    if (sc < 0 || sc >= KS)
-                        continue;
+            for (int sc = 0; sc < KS; sc++)
+#pragma unroll
+                for (int pp = 0; pp < P; pp++)
 #pragma unroll
                     for (int j = 0; j < CPT; j++)
-                        acc[o][pp][j] = fmaf(v[j], wt[r * KS + sc][j], acc[o][pp][j]);
-                }
-            }
+                        acc[o][pp][j] =
+                            fmaf(v[pp * SH + sc][j], wt.w[r * KS + sc][j], acc[o][pp][j]);
         }
     }
 }
@@ -364,12 +388,8 @@ __global__ void __launch_bounds__(256, MINB)
     const T *bias = (const T *)b.b[prob];
     T *y = (T *)b.y[prob];
 
-    float wt[KS * KS][CPT];
-#pragma unroll
-    for (int j = 0; j < CPT; j++)
-#pragma unroll
-        for (int t = 0; t < KS * KS; t++)
-            wt[t][j] = DT::load(w[(size_t)(c0 + j) * (KS * KS) + t]);
+    dw_filt<DT, CPT, KS> wt;
+    wt.load(w + (size_t)c0 * (KS * KS));
     float acc[TH][P][CPT];
 #pragma unroll
     for (int o = 0; o < TH; o++)
@@ -380,7 +400,7 @@ __global__ void __launch_bounds__(256, MINB)
                 acc[o][pp][j] = 0.0f;
 
     const int ih0 = oh0 * SH - g.pt, iw0 = ow0 * SH - g.pl;
-    const size_t rowe = (size_t)g.w * g.c;
+    const int rowe = g.w * g.c;
     const T *xb = x + (size_t)n * g.h * rowe + c0;
     if (SPLIT && ih0 >= 0 && ih0 + IR <= g.h && iw0 >= 0 && iw0 + NC <= g.w)
         dw_direct_body<DT, CPT, KS, SH, TH, P, false, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
@@ -696,8 +716,11 @@ static int dw_smax(const struct convd_problem *p)
  * 3x3 instances spills (29.3 against 26.4). For 5x5, 4 rows x 4 columns on the flat grid
  * (effnet_dw5 fp16 25.5 us, bf16 26.9, fp32 31.5; 27.8, 30.1, 33.7 on rows of blocks) beat the
  * tiled kernel (34.8, 36.5, 44.1) and every other direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2:
- * 38.2, 40.0, 44.6; one channel: 33.5, 34.4, 32.7). NCHW: 4 rows beat 8 (effnet_dw5 fp16 18.5
- * against 20.5) except for 3x3 bf16 (mbv2_dw_s1 25.9 against 30.1).
+ * 38.2, 40.0, 44.6; one channel: 33.5, 34.4, 32.7). With 32-bit offsets and mask tests in the
+ * loads (round 8) the same shapes ran effnet_dw5 19.8, 22.3, 25.8 and mbv2_dw_s1 23.8, 27.2,
+ * 36.5. 7x7 (round 8): 4 rows x 4 columns at 1 block/SM (243-255 registers) took convnext_dw7
+ * 74.1, 78.1, 77.4 against 2 rows 88-98 and the tiled kernel 116, 119, 112. NCHW: 4 rows beat 8
+ * (effnet_dw5 fp16 18.5 against 20.5) except for 3x3 bf16 (mbv2_dw_s1 25.9 against 30.1).
  */
 #define DW_F32  (1 << CONVD_DTYPE_FP32)
 #define DW_F16  (1 << CONVD_DTYPE_FP16)
@@ -710,6 +733,9 @@ static int dw_smax(const struct convd_problem *p)
     X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, DW_ALL)                                                  \
     X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, DW_ALL)                                                  \
     X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0)                                                       \
+    X(DW_NHWC, 7, 1, 2, 4, 4, 0, 1, 1, 1, DW_ALL)                                                  \
+    X(DW_NHWC, 7, 1, 2, 2, 4, 0, 1, 1, 1, 0)                                                       \
+    X(DW_NHWC, 7, 1, 2, 6, 4, 0, 1, 1, 1, 0)                                                       \
     X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                         \
     X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                                 \
     X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
@@ -772,8 +798,9 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     const int bands = (g->ho + d->th - 1) / d->th;
     const int64_t row_threads = (int64_t)((g->wo + d->p - 1) / d->p) * cvn;
     const int64_t threads = (int64_t)g->n * bands * row_threads;
-    if (threads > 0x7fffffff - 256 || (!d->flat && (int64_t)g->n * bands > 65535))
-        return 0;
+    if (threads > 0x7fffffff - 256 || (!d->flat && (int64_t)g->n * bands > 65535) ||
+        (int64_t)(g->h + g->r) * (g->w + g->s) * g->c > 0x7fffffff)
+        return 0; /* dw_direct_body's offsets within an image (and its padding) are 32-bit */
     pl->direct = 1 + ci;
     pl->vec = d->cpt;
     pl->cvb = p->layout == CONVD_LAYOUT_NCHW ? g->wo / d->p : cvn;
