@@ -68,4 +68,34 @@ CONVD_HD int convd_math_inside(int32_t v, int32_t n)
     return (uint32_t)v < (uint32_t)n;
 }
 
+/*
+ * Division by a divisor fixed at launch, 1 <= d <= 2^31 - 1, of dividends 0 <= x <= 2^31 - 1, as
+ * a multiply-high, an add and a shift (the round-up method of Granlund and Montgomery,
+ * "Division by Invariant Integers using Multiplication", 1994): with l = ceil(log2(d)) and
+ * m = floor(2^32 * (2^l - d) / d) + 1 (which fits 32 bits), x / d = (hi32(x * m) + x) >> l. The
+ * kernels' work-item decodes divide by runtime tile counts several times per item; a hardware-less
+ * integer division costs about 20 instructions, this one 3. Made once on the host.
+ */
+struct convd_math_fdiv {
+    uint32_t d, m, l;
+};
+
+CONVD_HD struct convd_math_fdiv convd_math_fdiv_make(uint32_t d)
+{
+    struct convd_math_fdiv f;
+    uint32_t l = 0;
+    while (l < 31 && (1u << l) < d)
+        l++;
+    f.d = d;
+    f.l = l;
+    f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << l) - d)) / d + 1);
+    return f;
+}
+
+CONVD_HD uint32_t convd_math_fdiv_div(uint32_t x, struct convd_math_fdiv f)
+{
+    const uint32_t hi = (uint32_t)(((uint64_t)x * f.m) >> 32);
+    return (hi + x) >> f.l;
+}
+
 #endif

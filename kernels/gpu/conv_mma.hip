@@ -39,6 +39,10 @@ struct mma_args {
     int fast_w;
     int out_nchw; /* NHWC input (a transposed copy), NCHW output */
     int items;    /* count * nblk * tiles < 2^31 (tiles and outputs are bounded by it) */
+    /* The item decode's divisors (mma_decode runs twice per item in every thread). */
+    struct convd_math_fdiv fd_tiles, fd_nblk, fd_tiles_w, fd_tiles_h;
+    /* mma_load_a's and the NHWC epilogue's per-thread decodes, once per item. */
+    struct convd_math_fdiv fd_vpp, fd_kc8, fd_hplane, fd_iw, fd_vpr, fd_tplane, fd_tw;
 };
 
 struct mma_cfg {
@@ -135,14 +139,16 @@ struct mma_item {
 GPU_D struct mma_item mma_decode(const struct mma_args &a, int item)
 {
     struct mma_item it;
-    int tile = item % a.tiles;
-    const int q = item / a.tiles;
-    const int nb = q % a.nblk;
-    it.prob = q / a.nblk;
-    const int tw_i = tile % a.tiles_w;
-    tile /= a.tiles_w;
-    const int th_i = tile % a.tiles_h;
-    it.n0 = (tile / a.tiles_h) * a.imgs;
+    const int q = (int)convd_math_fdiv_div((uint32_t)item, a.fd_tiles);
+    int tile = item - q * a.tiles;
+    it.prob = (int)convd_math_fdiv_div((uint32_t)q, a.fd_nblk);
+    const int nb = q - it.prob * a.nblk;
+    const int trow = (int)convd_math_fdiv_div((uint32_t)tile, a.fd_tiles_w);
+    const int tw_i = tile - trow * a.tiles_w;
+    tile = trow;
+    const int timg = (int)convd_math_fdiv_div((uint32_t)tile, a.fd_tiles_h);
+    const int th_i = tile - timg * a.tiles_h;
+    it.n0 = timg * a.imgs;
     it.oh0 = th_i * a.th;
     it.ow0 = tw_i * a.tw;
     if (a.sgb > 0) {
@@ -178,14 +184,16 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
         const uint32_t abase = mma_smem_addr(abuf);
         if (nthr % vpp == 0) {
             /* Each thread keeps one channel vector and walks pixels: one decode per pixel. */
-            const int cv = tid % vpp;
-            const int sgl = cv / kc8, c = c0 + (cv - sgl * kc8) * 8;
+            const gpu_div_fast by_vpp{a.fd_vpp};
+            const int pix0 = by_vpp.div(tid), cv = tid - pix0 * vpp;
+            const int sgl = gpu_div_fast{a.fd_kc8}.div(cv), c = c0 + (cv - sgl * kc8) * 8;
             const bool cvalid = sgl < it.nsg && c < a.cpgm;
             const T *xc = x + it.ch0 + sgl * a.cpgm + c;
-            const int pstep = nthr / vpp;
+            const int pstep = by_vpp.div(nthr);
             struct gpu_walk wk;
-            gpu_walk_init(&wk, tid / vpp, pstep, a.ih, a.iw);
-            for (int pix = tid / vpp; pix < hpix; pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
+            gpu_walk_init_by(&wk, pix0, pstep, a.ih, a.iw, gpu_div_fast{a.fd_hplane},
+                             gpu_div_fast{a.fd_iw});
+            for (int pix = pix0; pix < hpix; pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
                 const int n = it.n0 + wk.hi, ih = ih0 + wk.mid, iw = iw0 + wk.lo;
                 const bool valid =
                     cvalid && n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
@@ -381,7 +389,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         const bool has_next = st + 1 < nstages;
         const int nitem = chunk + 1 == a.nchunks ? item + 1 : item;
         const int nchunk = chunk + 1 == a.nchunks ? 0 : chunk + 1;
-        const bool key_change = has_next && (nitem / a.tiles) != (item / a.tiles);
+        const bool key_change = has_next && convd_math_fdiv_div((uint32_t)nitem, a.fd_tiles) !=
+                                                convd_math_fdiv_div((uint32_t)item, a.fd_tiles);
         const bool prefetch = has_next && (!resident || !key_change);
         if (prefetch) {
             const struct mma_item nit = mma_decode(a, nitem);
@@ -477,11 +486,13 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             const int tslots = a.th * a.tw;
             if (NHWC && !a.out_nchw && nthr % (a.bn >> 3) == 0) {
                 /* Each thread keeps one 8-channel column and walks output pixels. */
-                const int vpr = a.bn >> 3, c8 = tid % vpr, mstep = nthr / vpr;
-                const int k = it.k0 + c8 * 8;
+                const gpu_div_fast by_vpr{a.fd_vpr};
+                const int vpr = a.bn >> 3, m0 = by_vpr.div(tid), c8 = tid - m0 * vpr;
+                const int mstep = by_vpr.div(nthr), k = it.k0 + c8 * 8;
                 struct gpu_walk wk;
-                gpu_walk_init(&wk, tid / vpr, mstep, a.th, a.tw);
-                for (int m = tid / vpr; m < bm; m += mstep, gpu_walk_step(&wk, a.th, a.tw)) {
+                gpu_walk_init_by(&wk, m0, mstep, a.th, a.tw, gpu_div_fast{a.fd_tplane},
+                                 gpu_div_fast{a.fd_tw});
+                for (int m = m0; m < bm; m += mstep, gpu_walk_step(&wk, a.th, a.tw)) {
                     const int n = it.n0 + wk.hi, oh = it.oh0 + wk.mid, ow = it.ow0 + wk.lo;
                     if (wk.hi < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
                         *(uint4 *)(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + k) =
@@ -652,6 +663,10 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.tiles_h = pl->tiles_h;
     a.tiles_w = pl->tiles_w;
     a.tiles = pl->tiles;
+    a.fd_tiles = convd_math_fdiv_make((uint32_t)a.tiles);
+    a.fd_nblk = convd_math_fdiv_make((uint32_t)a.nblk);
+    a.fd_tiles_w = convd_math_fdiv_make((uint32_t)a.tiles_w);
+    a.fd_tiles_h = convd_math_fdiv_make((uint32_t)a.tiles_h);
     a.ih = pl->ih;
     a.iw = pl->iw;
     a.kc = pl->kc;
@@ -670,6 +685,13 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.stage_sep = pl->off_stage != pl->off_a0;
     a.fast_w = pl->fast_w;
     a.out_nchw = pl->out_nchw;
+    a.fd_vpp = convd_math_fdiv_make((uint32_t)(a.cbc >> 3 > 0 ? a.cbc >> 3 : 1));
+    a.fd_kc8 = convd_math_fdiv_make((uint32_t)(a.kc >> 3 > 0 ? a.kc >> 3 : 1));
+    a.fd_hplane = convd_math_fdiv_make((uint32_t)(a.ih * a.iw));
+    a.fd_iw = convd_math_fdiv_make((uint32_t)a.iw);
+    a.fd_vpr = convd_math_fdiv_make((uint32_t)(a.bn >> 3 > 0 ? a.bn >> 3 : 1));
+    a.fd_tplane = convd_math_fdiv_make((uint32_t)(a.th * a.tw));
+    a.fd_tw = convd_math_fdiv_make((uint32_t)a.tw);
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)

@@ -189,17 +189,41 @@ struct gpu_walk {
     int shi, smid, slo;
 };
 
-GPU_D void gpu_walk_init(struct gpu_walk *w, int start, int step, int nmid, int nlo)
+/* Divisions for gpu_walk_init: the '/' operator, or a divisor made on the host. */
+struct gpu_div_plain {
+    int d;
+    GPU_D int div(int x) const
+    {
+        return x / d;
+    }
+};
+struct gpu_div_fast {
+    struct convd_math_fdiv f;
+    GPU_D int div(int x) const
+    {
+        return (int)convd_math_fdiv_div((uint32_t)x, f);
+    }
+};
+
+/* start, step >= 0; by_plane divides by nmid * nlo, by_lo by nlo. */
+template <class D>
+GPU_D void gpu_walk_init_by(struct gpu_walk *w, int start, int step, int nmid, int nlo, D by_plane,
+                            D by_lo)
 {
     const int plane = nmid * nlo;
-    w->hi = start / plane;
+    w->hi = by_plane.div(start);
     const int r = start - w->hi * plane;
-    w->mid = r / nlo;
+    w->mid = by_lo.div(r);
     w->lo = r - w->mid * nlo;
-    w->shi = step / plane;
+    w->shi = by_plane.div(step);
     const int sr = step - w->shi * plane;
-    w->smid = sr / nlo;
+    w->smid = by_lo.div(sr);
     w->slo = sr - w->smid * nlo;
+}
+
+GPU_D void gpu_walk_init(struct gpu_walk *w, int start, int step, int nmid, int nlo)
+{
+    gpu_walk_init_by(w, start, step, nmid, nlo, gpu_div_plain{nmid * nlo}, gpu_div_plain{nlo});
 }
 
 GPU_D void gpu_walk_step(struct gpu_walk *w, int nmid, int nlo)

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "convd/conv.h"
+#include "conv_math.h"
 
 static struct convd_problem valid_problem(void)
 {
@@ -371,6 +372,43 @@ static void test_same(void **state)
     assert_false(convd_problem_same(&a, &b));
 }
 
+/* The kernels' division by invariant divisors against the '/' operator: every divisor up to 4096
+ * and powers of two and their neighbours up to 2^31 - 1, at dividends around every multiple of the
+ * divisor near 0, near 2^31 - 1 and in between. */
+static void check_fdiv(uint32_t d)
+{
+    const struct convd_math_fdiv f = convd_math_fdiv_make(d);
+    const uint32_t max = 0x7fffffffu;
+    const uint32_t starts[] = {0, d > 64 ? d - 64 : 0, max / 3, max / 2, max - 300};
+    for (size_t i = 0; i < sizeof(starts) / sizeof(starts[0]); i++)
+        for (uint32_t x = starts[i]; x - starts[i] < 300 && x <= max; x++) {
+            const uint32_t q = convd_math_fdiv_div(x, f);
+            if (q != x / d) {
+                print_error("%u / %u: fast division gave %u, want %u\n", x, d, q, x / d);
+                fail();
+            }
+        }
+    for (uint32_t k = 1; k < 64; k++) { /* dividends just below and at multiples of d */
+        const uint64_t x = (uint64_t)d * k * (max / d / 64 + 1);
+        for (int e = -1; e <= 0; e++)
+            if (x + e <= max)
+                assert_int_equal(convd_math_fdiv_div((uint32_t)(x + e), f), (x + e) / d);
+    }
+}
+
+static void test_fdiv(void **state)
+{
+    (void)state;
+    for (uint32_t d = 1; d <= 4096; d++)
+        check_fdiv(d);
+    for (int b = 12; b < 31; b++)
+        for (int e = -3; e <= 3; e++)
+            check_fdiv((1u << b) + (uint32_t)e);
+    check_fdiv(0x7fffffffu);
+    check_fdiv(0x7ffffffeu);
+    check_fdiv(1000003u);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -385,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_names_and_parsers),
         cmocka_unit_test(test_init_and_str),
         cmocka_unit_test(test_same),
+        cmocka_unit_test(test_fdiv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
