@@ -43,6 +43,8 @@ struct mma_args {
     struct convd_math_fdiv fd_tiles, fd_nblk, fd_tiles_w, fd_tiles_h;
     /* mma_load_a's and the NHWC epilogue's per-thread decodes, once per item. */
     struct convd_math_fdiv fd_vpp, fd_kc8, fd_hplane, fd_iw, fd_vpr, fd_tplane, fd_tw;
+    /* mma_load_b's, per element (block-diagonal) or per 8-element vector. */
+    struct convd_math_fdiv fd_kt, fd_kt8, fd_kc, fd_cpg, fd_kpgm, fd_kpg;
 };
 
 struct mma_cfg {
@@ -183,7 +185,8 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
         const int vpp = a.cbc >> 3;
         const uint32_t abase = mma_smem_addr(abuf);
         if (nthr % vpp == 0) {
-            /* Each thread keeps one channel vector and walks pixels: one decode per pixel. */
+            /* Each thread keeps one channel vector and walks pixels: one decode per pixel. Pixel
+             * indices are 32-bit (the API keeps every tensor below 2^31 elements). */
             const gpu_div_fast by_vpp{a.fd_vpp};
             const int pix0 = by_vpp.div(tid), cv = tid - pix0 * vpp;
             const int sgl = gpu_div_fast{a.fd_kc8}.div(cv), c = c0 + (cv - sgl * kc8) * 8;
@@ -197,7 +200,7 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
                 const int n = it.n0 + wk.hi, ih = ih0 + wk.mid, iw = iw0 + wk.lo;
                 const bool valid =
                     cvalid && n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
-                const T *src = valid ? xc + ((size_t)(n * g.h + ih) * g.w + iw) * g.c : x;
+                const T *src = valid ? xc + (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c : x;
                 mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
             }
             return;
@@ -210,9 +213,9 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
             const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
             const bool valid = n < g.n && convd_math_inside(ih, g.h) &&
                                convd_math_inside(iw, g.w) && sgl < it.nsg && c < a.cpgm;
-            const T *src =
-                valid ? x + ((size_t)(n * g.h + ih) * g.w + iw) * g.c + it.ch0 + sgl * a.cpgm + c
-                      : x;
+            const T *src = valid ? x + (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c +
+                                       it.ch0 + sgl * a.cpgm + c
+                                 : x;
             mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
         }
     } else {
@@ -274,12 +277,14 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
     const int rs = g.r * g.s;
     const int kt = a.nk16 * 16;
     const int kflat = rs * a.kc;
+    const gpu_div_fast by_kc{a.fd_kc};
     if (a.fast_w) {
         const int vpr = kt >> 3;
+        const gpu_div_fast by_vpr{a.fd_kt8};
         const uint32_t bbase = mma_smem_addr(bbuf);
         for (int v = tid; v < a.bn * vpr; v += nthr) {
-            const int nl = v / vpr, q = (v - nl * vpr) * 8;
-            const int tap = q / a.kc, c = c0 + q - tap * a.kc;
+            const int nl = by_vpr.div(v), q = (v - nl * vpr) * 8;
+            const int tap = by_kc.div(q), c = c0 + q - tap * a.kc;
             const int k = it.k0 + nl;
             const bool valid = k < it.kend && q < kflat && c < a.cpgm;
             const T *src = valid ? w + ((size_t)k * rs + tap) * g.cpg + c : w;
@@ -296,13 +301,14 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
                 v[u] = 0;
                 dst[u] = -1;
                 if (e < nel) {
-                    const int nl = e / kt, q = e - nl * kt;
-                    const int tap = q / a.kc, cc = c0 + q - tap * a.kc;
+                    const int nl = gpu_div_fast{a.fd_kt}.div(e), q = e - nl * kt;
+                    const int tap = by_kc.div(q), cc = c0 + q - tap * a.kc;
                     const int k = it.k0 + nl;
                     dst[u] = nl * a.brs + q * 2;
                     if (k < it.kend && q < kflat && cc < a.cpgm) {
-                        const int sub = cc / g.cpg;
-                        if (sub == (k % a.kpgm) / g.kpg) {
+                        const int sub = gpu_div_fast{a.fd_cpg}.div(cc);
+                        const int kq = gpu_div_fast{a.fd_kpgm}.div(k);
+                        if (sub == gpu_div_fast{a.fd_kpg}.div(k - kq * a.kpgm)) {
                             const int c = cc - sub * g.cpg;
                             v[u] = NHWC ? w[((size_t)k * rs + tap) * g.cpg + c]
                                         : w[((size_t)k * g.cpg + c) * rs + tap];
@@ -495,7 +501,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                 for (int m = m0; m < bm; m += mstep, gpu_walk_step(&wk, a.th, a.tw)) {
                     const int n = it.n0 + wk.hi, oh = it.oh0 + wk.mid, ow = it.ow0 + wk.lo;
                     if (wk.hi < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
-                        *(uint4 *)(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + k) =
+                        *(uint4 *)(y + (size_t)(uint32_t)((n * g.ho + oh) * g.wo + ow) * g.k + k) =
                             *(const uint4 *)(stage + m * pitch + c8 * 16);
                 }
             } else if (NHWC && !a.out_nchw) {
@@ -507,7 +513,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                     const int n = it.n0 + img, oh = it.oh0 + tr, ow = it.ow0 + tc;
                     const int k = it.k0 + c8 * 8;
                     if (img < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
-                        *(uint4 *)(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + k) =
+                        *(uint4 *)(y + (size_t)(uint32_t)((n * g.ho + oh) * g.wo + ow) * g.k + k) =
                             *(const uint4 *)(stage + m * pitch + c8 * 16);
                 }
             } else {
@@ -692,6 +698,12 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.fd_vpr = convd_math_fdiv_make((uint32_t)(a.bn >> 3 > 0 ? a.bn >> 3 : 1));
     a.fd_tplane = convd_math_fdiv_make((uint32_t)(a.th * a.tw));
     a.fd_tw = convd_math_fdiv_make((uint32_t)a.tw);
+    a.fd_kt = convd_math_fdiv_make((uint32_t)(a.nk16 * 16));
+    a.fd_kt8 = convd_math_fdiv_make((uint32_t)(a.nk16 * 2));
+    a.fd_kc = convd_math_fdiv_make((uint32_t)a.kc);
+    a.fd_cpg = convd_math_fdiv_make((uint32_t)a.g.cpg);
+    a.fd_kpgm = convd_math_fdiv_make((uint32_t)a.kpgm);
+    a.fd_kpg = convd_math_fdiv_make((uint32_t)a.g.kpg);
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
