@@ -324,6 +324,42 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
     }
 }
 
+/* The epilogue's first half: accumulators -> bias, ReLU, rounding -> staging, as [m][n] rows of
+ * `pitch` bytes (NHWC output: a pixel's channels are one run) or [n][m] (NCHW: a channel's
+ * pixels are one run; rows n, n + 1 of a (bm + 8)-element pitch, so that the warp's 8 m and 4 n
+ * pairs fall in distinct banks). */
+template <class DT, int MT, int NT, bool NCHW_OUT>
+GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, const typename DT::T *bias,
+                     const struct mma_item &it, const struct gpu_geom &g, int wm, int wn, int lane,
+                     int pitch)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
+        const int k = it.k0 + n;
+        float b0 = 0.0f, b1 = 0.0f;
+        if (g.bias && k < it.kend) {
+            b0 = DT::load(bias[k]);
+            b1 = DT::load(bias[k + 1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t v = DT::store2(gpu_epilogue(acc[mt][nt][2 * h], b0, g.relu),
+                                              gpu_epilogue(acc[mt][nt][2 * h + 1], b1, g.relu));
+                if (NCHW_OUT) {
+                    *(uint16_t *)(stage + n * pitch + (m + 8 * h) * 2) = (uint16_t)v;
+                    *(uint16_t *)(stage + (n + 1) * pitch + (m + 8 * h) * 2) = (uint16_t)(v >> 16);
+                } else {
+                    *(uint32_t *)(stage + (m + 8 * h) * pitch + n * 2) = v;
+                }
+            }
+        }
+    }
+}
+
 /* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
  * the persistent grid relies on a second resident block to overlap one block's epilogue and
  * barriers with another's tensor-core work. Holding the 256-thread ones to 3 blocks (80
@@ -458,36 +494,12 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             const bool nchw_out = !NHWC || a.out_nchw;
             const int pitch = (a.bn + 8) * 2, mpitch = (bm + 8) * 2;
             __syncthreads();
-            /* Accumulators -> bias, ReLU, rounding -> staging. */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
-                const int k = it.k0 + n;
-                float b0 = 0.0f, b1 = 0.0f;
-                if (g.bias && k < it.kend) {
-                    b0 = DT::load(bias[k]);
-                    b1 = DT::load(bias[k + 1]);
-                }
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t lo = DT::store(gpu_epilogue(acc[mt][nt][2 * h], b0, g.relu));
-                        const uint32_t hi =
-                            DT::store(gpu_epilogue(acc[mt][nt][2 * h + 1], b1, g.relu));
-                        if (nchw_out) {
-                            /* Rows n, n + 1 of a (bm + 8)-element pitch: the warp's 8 m and 4
-                             * n pairs fall in distinct banks. */
-                            *(uint16_t *)(stage + n * mpitch + (m + 8 * h) * 2) = (uint16_t)lo;
-                            *(uint16_t *)(stage + (n + 1) * mpitch + (m + 8 * h) * 2) =
-                                (uint16_t)hi;
-                        } else {
-                            *(uint32_t *)(stage + (m + 8 * h) * pitch + n * 2) = lo | (hi << 16);
-                        }
-                    }
-                }
-            }
+            /* Accumulators -> bias, ReLU, rounding -> staging; one branch on the layout
+             * around the whole loop (inside it, both layouts' stores were issued, predicated). */
+            if (nchw_out)
+                mma_stage<DT, MT, NT, true>(acc, stage, bias, it, g, wm, wn, lane, mpitch);
+            else
+                mma_stage<DT, MT, NT, false>(acc, stage, bias, it, g, wm, wn, lane, pitch);
             __syncthreads();
             const int tslots = a.th * a.tw;
             if (NHWC && !a.out_nchw && nthr % (a.bn >> 3) == 0) {

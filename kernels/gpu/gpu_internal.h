@@ -70,6 +70,16 @@ struct dt_f16 {
         return __builtin_bit_cast(uint16_t, (_Float16)f);
 #endif
     }
+    /* Two values rounded as store() does, lo in the low half: one conversion instruction. */
+    static GPU_D uint32_t store2(float lo, float hi)
+    {
+#if defined(CONVD_GPU_NVIDIA)
+        const __half2 h = __floats2half2_rn(lo, hi);
+        return *(const uint32_t *)&h;
+#else
+        return (uint32_t)store(lo) | (uint32_t)store(hi) << 16;
+#endif
+    }
 };
 
 struct dt_bf16 {
@@ -86,6 +96,10 @@ struct dt_bf16 {
             return (T)((u >> 16) | 0x40u); /* quiet NaN stays NaN */
         u += 0x7fffu + ((u >> 16) & 1u);
         return (T)(u >> 16);
+    }
+    static GPU_D uint32_t store2(float lo, float hi)
+    {
+        return (uint32_t)store(lo) | (uint32_t)store(hi) << 16;
     }
 };
 
@@ -132,13 +146,10 @@ template <class DT> GPU_D void gpu_load4(const typename DT::T *p, bool valid, fl
  * 16-byte (fp32) store: p must be aligned to that size. */
 template <class DT> GPU_D void gpu_store4(typename DT::T *p, const float *v)
 {
-    if (sizeof(typename DT::T) == 4) {
+    if constexpr (sizeof(typename DT::T) == 4)
         *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-        const uint32_t lo = (uint32_t)DT::store(v[0]) | ((uint32_t)DT::store(v[1]) << 16);
-        const uint32_t hi = (uint32_t)DT::store(v[2]) | ((uint32_t)DT::store(v[3]) << 16);
-        *(uint2 *)p = make_uint2(lo, hi);
-    }
+    else
+        *(uint2 *)p = make_uint2(DT::store2(v[0], v[1]), DT::store2(v[2], v[3]));
 }
 
 /* Asynchronous copies global -> shared of 4 or 16 bytes, zero-filled when !valid (cp.async on
