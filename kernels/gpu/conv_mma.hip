@@ -45,6 +45,8 @@ struct mma_args {
     struct convd_math_fdiv fd_vpp, fd_kc8, fd_hplane, fd_iw, fd_vpr, fd_tplane, fd_tw;
     /* mma_load_b's, per element (block-diagonal) or per 8-element vector. */
     struct convd_math_fdiv fd_kt, fd_kt8, fd_kc, fd_cpg, fd_kpgm, fd_kpg;
+    int halo_vpt; /* NHWC halo vectors per thread (mma_halo_nhwc), 0: mma_halo_nhwc_any */
+    struct convd_math_fdiv fd_tpp;
 };
 
 struct mma_cfg {
@@ -169,6 +171,71 @@ GPU_D struct mma_item mma_decode(const struct mma_args &a, int item)
     return it;
 }
 
+/*
+ * The NHWC halo of one item and chunk into A, 16-byte cp.async per 8-channel vector. VPT vectors
+ * per thread of one pixel (vpp / VPT threads per pixel, a divisor of the block): the thread keeps
+ * its vectors' channel offsets and walks pixels, so a pixel's decode, bounds and address serve
+ * VPT copies (it was 57 instructions per copy with one vector per thread). Its vectors are
+ * vpp / VPT apart, so that each copy instruction of a warp covers adjacent vectors. Pixel indices
+ * are 32-bit (the API keeps every tensor below 2^31 elements).
+ */
+template <class T, int VPT>
+GPU_D void mma_halo_nhwc(const struct mma_args &a, const struct mma_item &it, const T *x, int c0,
+                         uint32_t abase, int tid, int nthr, int ih0, int iw0, int hpix)
+{
+    const struct gpu_geom &g = a.g;
+    const int vpp = a.cbc >> 3, tpp = vpp / VPT, kc8 = a.kc >> 3;
+    const gpu_div_fast by_tpp{a.fd_tpp};
+    const int pix0 = by_tpp.div(tid), cv0 = tid - pix0 * tpp;
+    const T *xc[VPT];
+    bool cvalid[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        const int cv = cv0 + j * tpp;
+        const int sgl = gpu_div_fast{a.fd_kc8}.div(cv), c = c0 + (cv - sgl * kc8) * 8;
+        cvalid[j] = sgl < it.nsg && c < a.cpgm;
+        xc[j] = x + it.ch0 + sgl * a.cpgm + c;
+    }
+    const int pstep = by_tpp.div(nthr);
+    struct gpu_walk wk;
+    gpu_walk_init_by(&wk, pix0, pstep, a.ih, a.iw, gpu_div_fast{a.fd_hplane},
+                     gpu_div_fast{a.fd_iw});
+    for (int pix = pix0; pix < hpix; pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
+        const int n = it.n0 + wk.hi, ih = ih0 + wk.mid, iw = iw0 + wk.lo;
+        const bool pvalid = n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
+        const size_t po = pvalid ? (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c : 0;
+        const uint32_t dst = abase + pix * a.ps + cv0 * 16;
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            const bool valid = pvalid && cvalid[j];
+            mma_cp16(dst + j * tpp * 16, valid ? xc[j] + po : x, valid);
+        }
+    }
+}
+
+/* The same for any vpp and block size: one (pixel, vector) per step, decoded by host-made
+ * divisors. */
+template <class T>
+GPU_D void mma_halo_nhwc_any(const struct mma_args &a, const struct mma_item &it, const T *x,
+                             int c0, uint32_t abase, int tid, int nthr, int ih0, int iw0, int hpix)
+{
+    const struct gpu_geom &g = a.g;
+    const int vpp = a.cbc >> 3, kc8 = a.kc >> 3, ihw = a.ih * a.iw;
+    for (int v = tid; v < hpix * vpp; v += nthr) {
+        const int pix = gpu_div_fast{a.fd_vpp}.div(v), cv = v - pix * vpp;
+        const int sgl = gpu_div_fast{a.fd_kc8}.div(cv), c = c0 + (cv - sgl * kc8) * 8;
+        const int img = gpu_div_fast{a.fd_hplane}.div(pix), rem = pix - img * ihw;
+        const int ihl = gpu_div_fast{a.fd_iw}.div(rem), iwl = rem - ihl * a.iw;
+        const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
+        const bool valid = n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w) &&
+                           sgl < it.nsg && c < a.cpgm;
+        const T *src = valid ? x + (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c + it.ch0 +
+                                   sgl * a.cpgm + c
+                             : x;
+        mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
+    }
+}
+
 /* Copies the halo of one item and chunk into A. */
 template <class DT, int NHWC>
 GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
@@ -180,44 +247,16 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
     const int ihw = a.ih * a.iw;
     const int hpix = a.imgs * ihw;
     const int ih0 = it.oh0 * g.sh - g.pt, iw0 = it.ow0 * g.sw - g.pl;
-    const int kc8 = a.kc >> 3;
     if (NHWC) {
-        const int vpp = a.cbc >> 3;
         const uint32_t abase = mma_smem_addr(abuf);
-        if (nthr % vpp == 0) {
-            /* Each thread keeps one channel vector and walks pixels: one decode per pixel. Pixel
-             * indices are 32-bit (the API keeps every tensor below 2^31 elements). */
-            const gpu_div_fast by_vpp{a.fd_vpp};
-            const int pix0 = by_vpp.div(tid), cv = tid - pix0 * vpp;
-            const int sgl = gpu_div_fast{a.fd_kc8}.div(cv), c = c0 + (cv - sgl * kc8) * 8;
-            const bool cvalid = sgl < it.nsg && c < a.cpgm;
-            const T *xc = x + it.ch0 + sgl * a.cpgm + c;
-            const int pstep = by_vpp.div(nthr);
-            struct gpu_walk wk;
-            gpu_walk_init_by(&wk, pix0, pstep, a.ih, a.iw, gpu_div_fast{a.fd_hplane},
-                             gpu_div_fast{a.fd_iw});
-            for (int pix = pix0; pix < hpix; pix += pstep, gpu_walk_step(&wk, a.ih, a.iw)) {
-                const int n = it.n0 + wk.hi, ih = ih0 + wk.mid, iw = iw0 + wk.lo;
-                const bool valid =
-                    cvalid && n < g.n && convd_math_inside(ih, g.h) && convd_math_inside(iw, g.w);
-                const T *src = valid ? xc + (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c : x;
-                mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
-            }
-            return;
-        }
-        for (int v = tid; v < hpix * vpp; v += nthr) {
-            const int pix = v / vpp, cv = v - pix * vpp;
-            const int sgl = cv / kc8, c = c0 + (cv - sgl * kc8) * 8;
-            const int img = pix / ihw, rem = pix - img * ihw;
-            const int ihl = rem / a.iw, iwl = rem - ihl * a.iw;
-            const int n = it.n0 + img, ih = ih0 + ihl, iw = iw0 + iwl;
-            const bool valid = n < g.n && convd_math_inside(ih, g.h) &&
-                               convd_math_inside(iw, g.w) && sgl < it.nsg && c < a.cpgm;
-            const T *src = valid ? x + (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c +
-                                       it.ch0 + sgl * a.cpgm + c
-                                 : x;
-            mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
-        }
+        if (a.halo_vpt == 3)
+            mma_halo_nhwc<T, 3>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
+        else if (a.halo_vpt == 2)
+            mma_halo_nhwc<T, 2>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
+        else if (a.halo_vpt == 1)
+            mma_halo_nhwc<T, 1>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
+        else
+            mma_halo_nhwc_any<T>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
     } else {
         /* NCHW: the layout is transposed on the way in. A warp takes (channel, image, halo row)
          * units, its lanes the row's columns (coalesced loads); four units' loads are in flight
@@ -716,6 +755,14 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.fd_cpg = convd_math_fdiv_make((uint32_t)a.g.cpg);
     a.fd_kpgm = convd_math_fdiv_make((uint32_t)a.kpgm);
     a.fd_kpg = convd_math_fdiv_make((uint32_t)a.g.kpg);
+    /* Halo vectors per thread: 3 or 2 where they divide the pixel's vectors and leave a whole
+     * number of pixels per block step, else 1 where that holds, else the any-shape loop. */
+    const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1;
+    a.halo_vpt = 0;
+    for (int vpt = 3; vpt >= 1 && a.halo_vpt == 0; vpt--)
+        if (vpp % vpt == 0 && pl->threads % (vpp / vpt) == 0)
+            a.halo_vpt = vpt;
+    a.fd_tpp = convd_math_fdiv_make((uint32_t)(a.halo_vpt > 0 ? vpp / a.halo_vpt : 1));
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
