@@ -47,6 +47,8 @@ struct mma_args {
     struct convd_math_fdiv fd_kt, fd_kt8, fd_kc, fd_cpg, fd_kpgm, fd_kpg;
     int halo_vpt; /* NHWC halo vectors per thread (mma_halo_nhwc), 0: mma_halo_nhwc_any */
     struct convd_math_fdiv fd_tpp;
+    int out_vpt; /* NHWC copy-out columns per thread (mma_out_nhwc), 0: the any-shape loop */
+    struct convd_math_fdiv fd_tpr;
 };
 
 struct mma_cfg {
@@ -399,6 +401,34 @@ GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, const typena
     }
 }
 
+/* The NHWC copy-out of one item: each thread keeps VPT 8-channel columns (vpr / VPT apart, so a
+ * warp's stores cover adjacent columns) and walks output pixels, one decode and address per
+ * pixel for VPT 16-byte stores. */
+template <class T, int VPT>
+GPU_D void mma_out_nhwc(const struct mma_args &a, const struct mma_item &it, T *y,
+                        const uint8_t *stage, int pitch, int bm, int tid, int nthr)
+{
+    const struct gpu_geom &g = a.g;
+    const gpu_div_fast by_tpr{a.fd_tpr};
+    const int tpr = (a.bn >> 3) / VPT, m0 = by_tpr.div(tid), c80 = tid - m0 * tpr;
+    const int mstep = by_tpr.div(nthr);
+    struct gpu_walk wk;
+    gpu_walk_init_by(&wk, m0, mstep, a.th, a.tw, gpu_div_fast{a.fd_tplane}, gpu_div_fast{a.fd_tw});
+    for (int m = m0; m < bm; m += mstep, gpu_walk_step(&wk, a.th, a.tw)) {
+        const int n = it.n0 + wk.hi, oh = it.oh0 + wk.mid, ow = it.ow0 + wk.lo;
+        if (wk.hi >= a.imgs || n >= g.n || oh >= g.ho || ow >= g.wo)
+            continue;
+        T *yp = y + (size_t)(uint32_t)((n * g.ho + oh) * g.wo + ow) * g.k + it.k0;
+        const uint8_t *sp = stage + m * pitch;
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            const int c8 = c80 + j * tpr;
+            if (it.k0 + c8 * 8 < it.kend)
+                *(uint4 *)(yp + c8 * 8) = *(const uint4 *)(sp + c8 * 16);
+        }
+    }
+}
+
 /* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
  * the persistent grid relies on a second resident block to overlap one block's epilogue and
  * barriers with another's tensor-core work. Holding the 256-thread ones to 3 blocks (80
@@ -541,26 +571,16 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                 mma_stage<DT, MT, NT, false>(acc, stage, bias, it, g, wm, wn, lane, pitch);
             __syncthreads();
             const int tslots = a.th * a.tw;
-            if (NHWC && !a.out_nchw && nthr % (a.bn >> 3) == 0) {
-                /* Each thread keeps one 8-channel column and walks output pixels. */
-                const gpu_div_fast by_vpr{a.fd_vpr};
-                const int vpr = a.bn >> 3, m0 = by_vpr.div(tid), c8 = tid - m0 * vpr;
-                const int mstep = by_vpr.div(nthr), k = it.k0 + c8 * 8;
-                struct gpu_walk wk;
-                gpu_walk_init_by(&wk, m0, mstep, a.th, a.tw, gpu_div_fast{a.fd_tplane},
-                                 gpu_div_fast{a.fd_tw});
-                for (int m = m0; m < bm; m += mstep, gpu_walk_step(&wk, a.th, a.tw)) {
-                    const int n = it.n0 + wk.hi, oh = it.oh0 + wk.mid, ow = it.ow0 + wk.lo;
-                    if (wk.hi < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
-                        *(uint4 *)(y + (size_t)(uint32_t)((n * g.ho + oh) * g.wo + ow) * g.k + k) =
-                            *(const uint4 *)(stage + m * pitch + c8 * 16);
-                }
+            if (NHWC && !a.out_nchw && a.out_vpt == 2) {
+                mma_out_nhwc<T, 2>(a, it, y, stage, pitch, bm, tid, nthr);
+            } else if (NHWC && !a.out_nchw && a.out_vpt == 1) {
+                mma_out_nhwc<T, 1>(a, it, y, stage, pitch, bm, tid, nthr);
             } else if (NHWC && !a.out_nchw) {
                 const int vpr = a.bn >> 3;
                 for (int v = tid; v < bm * vpr; v += nthr) {
-                    const int m = v / vpr, c8 = v - m * vpr;
-                    const int img = m / tslots, rem = m - img * tslots;
-                    const int tr = rem / a.tw, tc = rem - tr * a.tw;
+                    const int m = gpu_div_fast{a.fd_vpr}.div(v), c8 = v - m * vpr;
+                    const int img = gpu_div_fast{a.fd_tplane}.div(m), rem = m - img * tslots;
+                    const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
                     const int n = it.n0 + img, oh = it.oh0 + tr, ow = it.ow0 + tc;
                     const int k = it.k0 + c8 * 8;
                     if (img < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
@@ -763,6 +783,9 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
         if (vpp % vpt == 0 && pl->threads % (vpp / vpt) == 0)
             a.halo_vpt = vpt;
     a.fd_tpp = convd_math_fdiv_make((uint32_t)(a.halo_vpt > 0 ? vpp / a.halo_vpt : 1));
+    const int vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
+    a.out_vpt = vpr % 2 == 0 && pl->threads % (vpr / 2) == 0 ? 2 : pl->threads % vpr == 0 ? 1 : 0;
+    a.fd_tpr = convd_math_fdiv_make((uint32_t)(a.out_vpt > 0 ? vpr / a.out_vpt : 1));
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
