@@ -47,7 +47,8 @@ struct mma_args {
     struct convd_math_fdiv fd_kt, fd_kt8, fd_kc, fd_cpg, fd_kpgm, fd_kpg;
     int halo_vpt; /* NHWC halo vectors per thread (mma_halo_nhwc), 0: mma_halo_nhwc_any */
     struct convd_math_fdiv fd_tpp;
-    int out_vpt; /* NHWC copy-out columns per thread (mma_out_nhwc), 0: the any-shape loop */
+    int out_vpt;  /* NHWC copy-out columns per thread (mma_out_nhwc), 0: the any-shape loop */
+    int merged_w; /* 4 or 2: mma_load_b_merged for groups of that many channels, else 0 */
     struct convd_math_fdiv fd_tpr;
 };
 
@@ -306,6 +307,44 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
     }
 }
 
+/*
+ * B for merged groups of CPG = 4 or 2 channels (8 per super-group, one chunk): each 16-byte
+ * octet of a row is one tap of the super-group, whose only non-zero part is the output's own
+ * group, CPG contiguous weights; one 8- or 4-byte load and one 16-byte store per octet (the
+ * element-wise loader spent about 50 instructions per element; bench/gpu/NOTES.md, round 8).
+ */
+template <class T, int CPG>
+GPU_D void mma_load_b_merged(const struct mma_args &a, const struct mma_item &it, const T *w,
+                             uint8_t *bbuf, int tid, int nthr)
+{
+    static_assert(CPG == 2 || CPG == 4, "two or four channels per group");
+    const struct gpu_geom &g = a.g;
+    const int rs = g.r * g.s, vpr = a.nk16 * 2;
+    const gpu_div_fast by_vpr{a.fd_kt8};
+    for (int v = tid; v < a.bn * vpr; v += nthr) {
+        const int nl = by_vpr.div(v), tap = v - nl * vpr, k = it.k0 + nl;
+        uint32_t q[4] = {0u, 0u, 0u, 0u};
+        if (k < it.kend && tap < rs) {
+            const int kq = gpu_div_fast{a.fd_kpgm}.div(k);
+            const int sub = gpu_div_fast{a.fd_kpg}.div(k - kq * a.kpgm);
+            const T *src = w + ((size_t)k * rs + tap) * CPG;
+            if (CPG == 4) {
+                const uint2 u = *(const uint2 *)src;
+                q[0] = sub == 0 ? u.x : 0u;
+                q[1] = sub == 0 ? u.y : 0u;
+                q[2] = sub == 1 ? u.x : 0u;
+                q[3] = sub == 1 ? u.y : 0u;
+            } else {
+                const uint32_t u = *(const uint32_t *)src;
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    q[i] = sub == i ? u : 0u;
+            }
+        }
+        *(uint4 *)(bbuf + nl * a.brs + tap * 16) = make_uint4(q[0], q[1], q[2], q[3]);
+    }
+}
+
 /* Copies the weights of one item's outputs and chunk into B: [n][tap * kc + c], zero padded,
  * block-diagonal when groups are merged. */
 template <class DT, int NHWC>
@@ -319,7 +358,11 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
     const int kt = a.nk16 * 16;
     const int kflat = rs * a.kc;
     const gpu_div_fast by_kc{a.fd_kc};
-    if (a.fast_w) {
+    if (NHWC && a.merged_w == 4) {
+        mma_load_b_merged<T, 4>(a, it, w, bbuf, tid, nthr);
+    } else if (NHWC && a.merged_w == 2) {
+        mma_load_b_merged<T, 2>(a, it, w, bbuf, tid, nthr);
+    } else if (a.fast_w) {
         const int vpr = kt >> 3;
         const gpu_div_fast by_vpr{a.fd_kt8};
         const uint32_t bbase = mma_smem_addr(bbuf);
@@ -786,6 +829,10 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     const int vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
     a.out_vpt = vpr % 2 == 0 && pl->threads % (vpr / 2) == 0 ? 2 : pl->threads % vpr == 0 ? 1 : 0;
     a.fd_tpr = convd_math_fdiv_make((uint32_t)(a.out_vpt > 0 ? vpr / a.out_vpt : 1));
+    a.merged_w =
+        a.gm > 1 && a.cpgm == 8 && a.kc == 8 && a.nchunks == 1 && (a.g.cpg == 4 || a.g.cpg == 2)
+            ? a.g.cpg
+            : 0;
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
