@@ -45,7 +45,7 @@ struct mma_args {
     struct convd_math_fdiv fd_vpp, fd_kc8, fd_hplane, fd_iw, fd_vpr, fd_tplane, fd_tw;
     /* mma_load_b's, per element (block-diagonal) or per 8-element vector. */
     struct convd_math_fdiv fd_kt, fd_kt8, fd_kc, fd_cpg, fd_kpgm, fd_kpg;
-    int halo_vpt; /* NHWC halo vectors per thread (mma_halo_nhwc, 1-4), 0: mma_halo_nhwc_any */
+    int halo_vpt; /* NHWC halo vectors per thread (mma_halo_nhwc), 0: mma_halo_nhwc_any */
     struct convd_math_fdiv fd_tpp;
     int out_vpt;  /* NHWC copy-out columns per thread (mma_out_nhwc), 0: the any-shape loop */
     int merged_w; /* 4 or 2: mma_load_b_merged for groups of that many channels, else 0 */
@@ -252,9 +252,7 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
     const int ih0 = it.oh0 * g.sh - g.pt, iw0 = it.ow0 * g.sw - g.pl;
     if (NHWC) {
         const uint32_t abase = mma_smem_addr(abuf);
-        if (a.halo_vpt == 4)
-            mma_halo_nhwc<T, 4>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
-        else if (a.halo_vpt == 3)
+        if (a.halo_vpt == 3)
             mma_halo_nhwc<T, 3>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
         else if (a.halo_vpt == 2)
             mma_halo_nhwc<T, 2>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
@@ -616,9 +614,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                 mma_stage<DT, MT, NT, false>(acc, stage, bias, it, g, wm, wn, lane, pitch);
             __syncthreads();
             const int tslots = a.th * a.tw;
-            if (NHWC && !a.out_nchw && a.out_vpt == 4) {
-                mma_out_nhwc<T, 4>(a, it, y, stage, pitch, bm, tid, nthr);
-            } else if (NHWC && !a.out_nchw && a.out_vpt == 2) {
+            if (NHWC && !a.out_nchw && a.out_vpt == 2) {
                 mma_out_nhwc<T, 2>(a, it, y, stage, pitch, bm, tid, nthr);
             } else if (NHWC && !a.out_nchw && a.out_vpt == 1) {
                 mma_out_nhwc<T, 1>(a, it, y, stage, pitch, bm, tid, nthr);
@@ -822,19 +818,16 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.fd_cpg = convd_math_fdiv_make((uint32_t)a.g.cpg);
     a.fd_kpgm = convd_math_fdiv_make((uint32_t)a.kpgm);
     a.fd_kpg = convd_math_fdiv_make((uint32_t)a.g.kpg);
-    /* Halo vectors per thread: 4, 3 or 2 where they divide the pixel's vectors and leave a whole
+    /* Halo vectors per thread: 3 or 2 where they divide the pixel's vectors and leave a whole
      * number of pixels per block step, else 1 where that holds, else the any-shape loop. */
     const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1;
     a.halo_vpt = 0;
-    for (int vpt = 4; vpt >= 1 && a.halo_vpt == 0; vpt--)
+    for (int vpt = 3; vpt >= 1 && a.halo_vpt == 0; vpt--)
         if (vpp % vpt == 0 && pl->threads % (vpp / vpt) == 0)
             a.halo_vpt = vpt;
     a.fd_tpp = convd_math_fdiv_make((uint32_t)(a.halo_vpt > 0 ? vpp / a.halo_vpt : 1));
     const int vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
-    a.out_vpt = 0;
-    for (int vpt = 4; vpt >= 1 && a.out_vpt == 0; vpt /= 2)
-        if (vpr % vpt == 0 && pl->threads % (vpr / vpt) == 0)
-            a.out_vpt = vpt;
+    a.out_vpt = vpr % 2 == 0 && pl->threads % (vpr / 2) == 0 ? 2 : pl->threads % vpr == 0 ? 1 : 0;
     a.fd_tpr = convd_math_fdiv_make((uint32_t)(a.out_vpt > 0 ? vpr / a.out_vpt : 1));
     a.merged_w =
         a.gm > 1 && a.cpgm == 8 && a.kc == 8 && a.nchunks == 1 && (a.g.cpg == 4 || a.g.cpg == 2)
