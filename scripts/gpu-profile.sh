@@ -9,6 +9,8 @@
 # and the clocks left alone (METHOD.md). Writes OUTDIR/ncu-SHAPE-DTYPE-LAYOUT.txt (and .stalls,
 # the stall reasons per issued instruction), and prints
 # the lines that say where the time went (throughputs, issue slots, occupancy, top stall reasons).
+# With SOURCE=1 it also writes OUTDIR/ncu-SHAPE-DTYPE-LAYOUT-sass.csv, every SASS instruction with
+# its execution count and stall samples; bench/gpu/sass_hotspots.py summarises it.
 set -uo pipefail
 
 OUT=${1:?usage: scripts/gpu-profile.sh OUTDIR SHAPE:DTYPE:LAYOUT:REGEX ...}
@@ -42,5 +44,11 @@ for t in "$@"; do
         "$BUILD/bin/convd-bench-kernels" --shapes "$SHAPES" --only "$shape" --dtypes "$dtype" \
         --layouts "$layout" --no-cudnn --iters 1 --warmup 0 >"$log.stalls" 2>&1 || rc=1
     grep -E "stalled" "$log.stalls" | sort -k3 -g -r | head -6
+    if [ "${SOURCE:-0}" = 1 ]; then
+        ncu --clock-control none -k "regex:$regex" --launch-count 1 --section SourceCounters \
+            --page source --print-source sass --csv \
+            "$BUILD/bin/convd-bench-kernels" --shapes "$SHAPES" --only "$shape" --dtypes "$dtype" \
+            --layouts "$layout" --no-cudnn --iters 1 --warmup 0 >"${log%.txt}-sass.csv" 2>&1 || rc=1
+    fi
 done
 exit $rc
