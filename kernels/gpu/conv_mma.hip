@@ -763,6 +763,17 @@ static int mma_launch_cfg(const struct gpu_mma_plan *pl, struct mma_args *a,
     return CONVD_EINVAL;
 }
 
+/* How many of an item's `vecs` 16-byte vectors per pixel one thread copies: the most, up to
+ * `most`, that divides them and leaves a whole number of pixels per block step of `threads`;
+ * 0 when even one does not (the any-shape loops). */
+static int mma_per_thread(int vecs, int threads, int most)
+{
+    for (int vpt = most; vpt >= 1; vpt--)
+        if (vecs % vpt == 0 && threads % (vecs / vpt) == 0)
+            return vpt;
+    return 0;
+}
+
 int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
                    hipStream_t stream)
 {
@@ -818,16 +829,12 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.fd_cpg = convd_math_fdiv_make((uint32_t)a.g.cpg);
     a.fd_kpgm = convd_math_fdiv_make((uint32_t)a.kpgm);
     a.fd_kpg = convd_math_fdiv_make((uint32_t)a.g.kpg);
-    /* Halo vectors per thread: 3 or 2 where they divide the pixel's vectors and leave a whole
-     * number of pixels per block step, else 1 where that holds, else the any-shape loop. */
+    /* Halo vectors and copy-out columns per thread (mma_per_thread; 4 measured slower). */
     const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1;
-    a.halo_vpt = 0;
-    for (int vpt = 3; vpt >= 1 && a.halo_vpt == 0; vpt--)
-        if (vpp % vpt == 0 && pl->threads % (vpp / vpt) == 0)
-            a.halo_vpt = vpt;
+    a.halo_vpt = mma_per_thread(vpp, pl->threads, 3);
     a.fd_tpp = convd_math_fdiv_make((uint32_t)(a.halo_vpt > 0 ? vpp / a.halo_vpt : 1));
     const int vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
-    a.out_vpt = vpr % 2 == 0 && pl->threads % (vpr / 2) == 0 ? 2 : pl->threads % vpr == 0 ? 1 : 0;
+    a.out_vpt = mma_per_thread(vpr, pl->threads, 2);
     a.fd_tpr = convd_math_fdiv_make((uint32_t)(a.out_vpt > 0 ? vpr / a.out_vpt : 1));
     a.merged_w =
         a.gm > 1 && a.cpgm == 8 && a.kc == 8 && a.nchunks == 1 && (a.g.cpg == 4 || a.g.cpg == 2)

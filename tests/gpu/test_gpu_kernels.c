@@ -358,7 +358,7 @@ static void test_depthwise_direct_shapes(void **state)
     r.w = 28;
     r.pad_left = 1; /* not "same" on the left */
     assert_false(dw_is_direct(&r));
-    /* NHWC: 3x3, 5x5 and 7x7 at stride 1 in every dtype (7x7 fp16/bf16 with packed taps). */
+    /* NHWC: 3x3, 5x5 and 7x7 at stride 1 in every dtype. */
     for (int ks = 3; ks <= 7; ks += 2)
         for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
             struct convd_problem h = mk(2, 20, 20, 32, 32, ks, ks, 32, 1, ks / 2, 1,
