@@ -10,10 +10,10 @@
  * straight into registers and ran at 1-2 blocks per SM for lack of registers (0.05-0.4 of the
  * bandwidth); the shared-memory tile keeps many loads in flight with few registers.
  *
- * NHWC direct (3x3 and 5x5 filters; equal strides of 1 or 2, no dilation, kpg = 1):
- * no shared memory and no barrier. A thread owns CPT adjacent channels of P adjacent output
- * columns and a band of TH output rows; consecutive threads take consecutive channel vectors and
- * then consecutive column groups, so each input-row load of a warp is one contiguous run and the
+ * NHWC direct (3x3, 5x5 and 7x7 filters; equal strides of 1 or 2, no dilation; kpg = 2 for 3x3
+ * stride 1): no shared memory and no barrier. A thread owns CPT adjacent channels (and their
+ * CPT * kpg adjacent outputs) of P adjacent output columns and a band of TH output rows;
+ * consecutive threads take consecutive channel vectors and then consecutive column groups, so each input-row load of a warp is one contiguous run and the
  * neighbours' loads of the same bytes hit L1. The filter lives in registers as fp32; the band's
  * input rows stream through registers once each, fully unrolled, so the next rows' loads are in
  * flight while the current one is multiplied. It runs the MobileNet shapes in half the time of the
@@ -276,12 +276,12 @@ GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
     }
 }
 
-/* CPT elements (4 or 8 bytes in all) from fp32, rounded to the output type, one store. */
+/* CPT elements (4, 8 or 16 bytes in all) from fp32, rounded to the output type, one store. */
 template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 4 || BYTES == 8, "direct stores are 4 or 8 bytes");
-    uint32_t u[2];
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "direct stores are 4, 8 or 16 bytes");
+    uint32_t u[4];
     if (sizeof(typename DT::T) == 4) {
 #pragma unroll
         for (int j = 0; j < CPT; j++)
@@ -291,13 +291,15 @@ template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const
         for (int j = 0; j < CPT / 2; j++)
             u[j] = (uint32_t)DT::store(v[2 * j]) | ((uint32_t)DT::store(v[2 * j + 1]) << 16);
     }
-    if (BYTES == 8)
+    if (BYTES == 16)
+        *(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
+    else if (BYTES == 8)
         *(uint2 *)p = make_uint2(u[0], u[1]);
     else
         *(uint32_t *)p = u[0];
 }
 
-/* A direct thread's filter taps for CPT channels, as fp32. (Kept as stored, two 16-bit channels
+/* A direct thread's filter taps for its CPT outputs (channels times kpg), as fp32. (Kept as stored, two 16-bit channels
  * per register, and converted per use, they measured slower: effnet_dw5 fp16 20.4 against 19.8
  * us, convnext_dw7 77.3 against 74.1; bench/gpu/NOTES.md, round 8.) */
 template <class DT, int CPT, int KS> struct dw_filt {
@@ -314,16 +316,17 @@ template <class DT, int CPT, int KS> struct dw_filt {
 
 /*
  * NHWC direct: the band's input rows, NC = (P - 1) * SH + KS columns each, multiplied into
- * acc[TH][P][CPT]. CHECK = false for threads whose whole window lies inside the image (all but
+ * acc[TH][P][CPT * KPG] (input channel j feeds outputs j * KPG .. j * KPG + KPG - 1). CHECK = false for threads whose whole window lies inside the image (all but
  * the border ones): no bounds tests and no selects on the loads. Addresses are 32-bit element
  * offsets from the image (the planner keeps an image below 2^31 elements): one multiply-add per
  * load for the offset, one for the address; with CHECK, the columns' bounds are one bit mask per
  * thread and a row's is folded into it, so a load's test is one logic operation (measured: the
  * 64-bit address and two bounds tests per load took as many instructions as the FMAs).
  */
-template <class DT, int CPT, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
+template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
 GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_geom &g, int ih0,
-                          int iw0, const dw_filt<DT, CPT, KS> &wt, float (&acc)[TH][P][CPT])
+                          int iw0, const dw_filt<DT, CPT * KPG, KS> &wt,
+                          float (&acc)[TH][P][CPT * KPG])
 {
     constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
     static_assert(NC <= 32, "the column mask is 32 bits");
@@ -354,9 +357,9 @@ GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_g
 #pragma unroll
                 for (int pp = 0; pp < P; pp++)
 #pragma unroll
-                    for (int j = 0; j < CPT; j++)
-                        acc[o][pp][j] =
-                            fmaf(v[pp * SH + sc][j], wt.w[r * KS + sc][j], acc[o][pp][j]);
+                    for (int j = 0; j < CPT * KPG; j++)
+                        acc[o][pp][j] = fmaf(v[pp * SH + sc][j / KPG], wt.w[r * KS + sc][j],
+                                             acc[o][pp][j]);
         }
     }
 }
@@ -368,11 +371,12 @@ GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_g
  * end of a row (effnet_dw5's rows of 840 threads leave 18% of 4 blocks of 256 idle; the decode
  * costs the 3x3 instances 10 spilled registers at 80). KS x KS filter, stride SH both ways.
  */
-template <class DT, int CPT, int KS, int SH, int TH, int P, bool SPLIT, int MINB, bool HINT,
-          bool FLAT>
+template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool SPLIT, int MINB,
+          bool HINT, bool FLAT>
 __global__ void __launch_bounds__(256, MINB)
     dw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cvn, int bands)
 {
+    constexpr int NO = CPT * KPG; /* outputs per pixel of a thread */
     typedef typename DT::T T;
     constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
     const int prob = blockIdx.z;
@@ -388,30 +392,30 @@ __global__ void __launch_bounds__(256, MINB)
     const T *bias = (const T *)b.b[prob];
     T *y = (T *)b.y[prob];
 
-    dw_filt<DT, CPT, KS> wt;
-    wt.load(w + (size_t)c0 * (KS * KS));
-    float acc[TH][P][CPT];
+    dw_filt<DT, NO, KS> wt;
+    wt.load(w + (size_t)c0 * KPG * (KS * KS));
+    float acc[TH][P][NO];
 #pragma unroll
     for (int o = 0; o < TH; o++)
 #pragma unroll
         for (int pp = 0; pp < P; pp++)
 #pragma unroll
-            for (int j = 0; j < CPT; j++)
+            for (int j = 0; j < NO; j++)
                 acc[o][pp][j] = 0.0f;
 
     const int ih0 = oh0 * SH - g.pt, iw0 = ow0 * SH - g.pl;
     const int rowe = g.w * g.c;
     const T *xb = x + (size_t)n * g.h * rowe + c0;
     if (SPLIT && ih0 >= 0 && ih0 + IR <= g.h && iw0 >= 0 && iw0 + NC <= g.w)
-        dw_direct_body<DT, CPT, KS, SH, TH, P, false, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
+        dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, false, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
     else
-        dw_direct_body<DT, CPT, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
+        dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
 
-    float bv[CPT];
+    float bv[NO];
 #pragma unroll
-    for (int j = 0; j < CPT; j++)
-        bv[j] = g.bias ? DT::load(bias[c0 + j]) : 0.0f;
-    T *yb = y + ((size_t)(n * g.ho + oh0) * g.wo + ow0) * g.k + c0;
+    for (int j = 0; j < NO; j++)
+        bv[j] = g.bias ? DT::load(bias[c0 * KPG + j]) : 0.0f;
+    T *yb = y + ((size_t)(n * g.ho + oh0) * g.wo + ow0) * g.k + c0 * KPG;
 #pragma unroll
     for (int o = 0; o < TH; o++) {
         if (oh0 + o >= g.ho)
@@ -420,11 +424,11 @@ __global__ void __launch_bounds__(256, MINB)
         for (int pp = 0; pp < P; pp++) {
             if (ow0 + pp >= g.wo)
                 break;
-            float ov[CPT];
+            float ov[NO];
 #pragma unroll
-            for (int j = 0; j < CPT; j++)
+            for (int j = 0; j < NO; j++)
                 ov[j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
-            dw_direct_store<DT, CPT>(yb + ((size_t)o * g.wo + pp) * g.k, ov);
+            dw_direct_store<DT, NO>(yb + ((size_t)o * g.wo + pp) * g.k, ov);
         }
     }
 }
@@ -703,11 +707,11 @@ static int dw_smax(const struct convd_problem *p)
 
 /*
  * Shapes of work of the direct kernels, each a template instance (dw_launch_direct):
- * X(layout, filter, stride, channels per thread, rows, columns, interior split, min blocks per
- *   SM, L2 256-byte fetch hint, flat grid, dtypes it is the router's choice for); NCHW rows use
- *   only the filter, stride, rows and min blocks (one channel, 4 columns, always flat). The router
- * takes the first row of the problem's layout, filter and stride whose dtype mask holds its
- * dtype; every row is reachable through convd_gpu_tune_dw_direct for tests and
+ * X(layout, filter, stride, channels per thread, outputs per channel (kpg), rows, columns,
+ *   interior split, min blocks per SM, L2 256-byte fetch hint, flat grid, dtypes it is the
+ *   router's choice for); NCHW rows use only the filter, stride, rows and min blocks (one channel,
+ *   kpg 1, 4 columns, always flat). The router takes the first row of the problem's layout,
+ * filter, stride and kpg whose dtype mask holds its dtype; every row is reachable through convd_gpu_tune_dw_direct for tests and
  * `convd-bench-kernels --sweep-dw`. Chosen from sweeps on the H200 (bench/gpu/NOTES.md, rounds 3,
  * 5 and 6): among 14 shapes for NHWC 3x3 stride 1, 4 rows x 4 columns x 2 channels was fastest
  * or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8 x 2, 8 x 4, 4 x 6 and 4 channels
@@ -730,26 +734,31 @@ static int dw_smax(const struct convd_problem *p)
 #define DW_NHWC CONVD_LAYOUT_NHWC
 #define DW_NCHW CONVD_LAYOUT_NCHW
 #define DW_DCFGS(X)                                                                                \
-    X(DW_NHWC, 3, 1, 2, 4, 4, 0, 3, 1, 0, DW_ALL)                                                  \
-    X(DW_NHWC, 3, 2, 2, 6, 2, 1, 3, 1, 0, DW_ALL)                                                  \
-    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 1, DW_ALL)                                                  \
-    X(DW_NHWC, 5, 1, 2, 4, 4, 0, 2, 1, 0, 0)                                                       \
-    X(DW_NHWC, 7, 1, 2, 6, 4, 0, 1, 1, 1, DW_ALL)                                                  \
-    X(DW_NHWC, 7, 1, 2, 4, 4, 0, 1, 1, 1, 0)                                                       \
-    X(DW_NHWC, 7, 1, 2, 2, 4, 0, 1, 1, 1, 0)                                                       \
-    X(DW_NCHW, 3, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                         \
-    X(DW_NCHW, 3, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                                 \
-    X(DW_NCHW, 3, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
-    X(DW_NCHW, 5, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
-    X(DW_NCHW, 5, 2, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                                  \
-    X(DW_NCHW, 7, 1, 1, 4, 4, 0, 2, 0, 1, DW_ALL)                                                  \
-    X(DW_NCHW, 7, 2, 1, 2, 4, 0, 2, 0, 1, DW_ALL)
+    X(DW_NHWC, 3, 1, 2, 1, 4, 4, 0, 3, 1, 0, DW_ALL)                                               \
+    X(DW_NHWC, 3, 1, 2, 2, 4, 4, 0, 2, 1, 0, DW_ALL)                                               \
+    X(DW_NHWC, 3, 1, 2, 2, 4, 4, 0, 2, 1, 1, 0)                                                    \
+    X(DW_NHWC, 3, 1, 2, 2, 2, 4, 0, 3, 1, 0, 0)                                                    \
+    X(DW_NHWC, 3, 1, 2, 2, 2, 4, 0, 3, 1, 1, 0)                                                    \
+    X(DW_NHWC, 3, 1, 2, 2, 4, 2, 0, 3, 1, 0, 0)                                                    \
+    X(DW_NHWC, 3, 2, 2, 1, 6, 2, 1, 3, 1, 0, DW_ALL)                                               \
+    X(DW_NHWC, 5, 1, 2, 1, 4, 4, 0, 2, 1, 1, DW_ALL)                                               \
+    X(DW_NHWC, 5, 1, 2, 1, 4, 4, 0, 2, 1, 0, 0)                                                    \
+    X(DW_NHWC, 7, 1, 2, 1, 6, 4, 0, 1, 1, 1, DW_ALL)                                               \
+    X(DW_NHWC, 7, 1, 2, 1, 4, 4, 0, 1, 1, 1, 0)                                                    \
+    X(DW_NHWC, 7, 1, 2, 1, 2, 4, 0, 1, 1, 1, 0)                                                    \
+    X(DW_NCHW, 3, 1, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                      \
+    X(DW_NCHW, 3, 1, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                              \
+    X(DW_NCHW, 3, 2, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                               \
+    X(DW_NCHW, 5, 1, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                               \
+    X(DW_NCHW, 5, 2, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                               \
+    X(DW_NCHW, 7, 1, 1, 1, 4, 4, 0, 2, 0, 1, DW_ALL)                                               \
+    X(DW_NCHW, 7, 2, 1, 1, 2, 4, 0, 2, 0, 1, DW_ALL)
 /* What the planner needs of a row; the rest are template arguments only (dw_launch_direct). */
 struct dw_dcfg {
-    int layout, ks, sh, cpt, th, p, flat, dtypes;
+    int layout, ks, sh, cpt, kpg, th, p, flat, dtypes;
 };
-#define DW_DCFG_ROW(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                      \
-    {LAY, KS, SH, CPT, TH, P, FLAT, DTYPES},
+#define DW_DCFG_ROW(LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                 \
+    {LAY, KS, SH, CPT, KPG, TH, P, FLAT, DTYPES},
 static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
@@ -771,8 +780,7 @@ extern "C" int convd_gpu_tune_dw_direct(int mode)
 static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *g,
                           struct gpu_dw_plan *pl)
 {
-    if (dw_direct_mode == 0 || g->kpg != 1 || g->r != g->s || g->sh != g->sw || g->dh != 1 ||
-        g->dw != 1)
+    if (dw_direct_mode == 0 || g->r != g->s || g->sh != g->sw || g->dh != 1 || g->dw != 1)
         return 0;
     /* NCHW: "same" padding on the left (the window's offset in its first chunk is a template
      * argument) and rows of whole 4-element chunks in and out. */
@@ -782,7 +790,7 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     int ci = -1;
     for (int i = 0; i < DW_NDCFG; i++)
         if (dw_dcfgs[i].layout == (int)p->layout && dw_dcfgs[i].ks == g->r &&
-            dw_dcfgs[i].sh == g->sh &&
+            dw_dcfgs[i].sh == g->sh && dw_dcfgs[i].kpg == g->kpg &&
             (dw_direct_mode < 0 ? (dw_dcfgs[i].dtypes >> p->dtype & 1) != 0
                                 : dw_direct_mode == 1 + i)) {
             ci = i;
@@ -985,14 +993,15 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
 /* The kernel of a row of DW_DCFGS: NHWC rows instantiate dw_direct_kernel, NCHW rows
  * dw_nchw_direct_kernel (CPT, P, SPLIT and HINT are NHWC's only). */
 typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
-template <class DT, int LAY, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT,
-          int FLAT>
+template <class DT, int LAY, int KS, int SH, int CPT, int KPG, int TH, int P, int SPLIT, int MINB,
+          int HINT, int FLAT>
 struct dw_direct_pick {
     static constexpr dw_direct_fn fn =
-        dw_direct_kernel<DT, CPT, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0, FLAT != 0>;
+        dw_direct_kernel<DT, CPT, KPG, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0, FLAT != 0>;
 };
-template <class DT, int KS, int SH, int CPT, int TH, int P, int SPLIT, int MINB, int HINT, int FLAT>
-struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT> {
+template <class DT, int KS, int SH, int CPT, int KPG, int TH, int P, int SPLIT, int MINB, int HINT,
+          int FLAT>
+struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT> {
     static constexpr dw_direct_fn fn = dw_nchw_direct_kernel<DT, KS, SH, TH, MINB>;
 };
 
@@ -1003,8 +1012,8 @@ static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch
     const struct gpu_geom *g = &pl->g;
     dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)pl->grid_y, (unsigned)count);
     dim3 block((unsigned)pl->threads);
-#define DW_DCFG_FN(LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                       \
-    dw_direct_pick<DT, LAY, KS, SH, CPT, TH, P, SPLIT, MINB, HINT, FLAT>::fn,
+#define DW_DCFG_FN(LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                  \
+    dw_direct_pick<DT, LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT>::fn,
     static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
 #undef DW_DCFG_FN
     const int ci = pl->direct - 1;

@@ -338,6 +338,8 @@ static void test_depthwise_direct_shapes(void **state)
         sweep(mk(2, 17, 16, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
         sweep(mk(1, 11, 20, 8, 8, 7, 7, 8, 1, 3, 1, 0, 0), F, 1, 0);
         sweep(mk(1, 13, 24, 8, 8, 7, 7, 8, 2, 3, 1, 0, 0), F, 1, 0);
+        sweep(mk(2, 13, 11, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0); /* multiplier 2 */
+        sweep(mk(1, 30, 27, 16, 32, 3, 3, 16, 1, 0, 1, 0, 0), F, 1, 0);
         sweep(q, F, 1, 0);
         for (int ks = 3; ks <= 7; ks += 2)
             for (int st = 1; st <= 2; st++) {
@@ -365,6 +367,12 @@ static void test_depthwise_direct_shapes(void **state)
                                         (enum convd_dtype)dt, CONVD_LAYOUT_NHWC);
             assert_true(dw_is_direct(&h));
         }
+    /* NHWC channel multiplier 2, 3x3 stride 1: the direct kernel in every dtype. */
+    for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
+        struct convd_problem h =
+            mk(2, 20, 20, 32, 64, 3, 3, 32, 1, 1, 1, (enum convd_dtype)dt, CONVD_LAYOUT_NHWC);
+        assert_true(dw_is_direct(&h));
+    }
 }
 
 static void test_fma(void **state)
