@@ -13,12 +13,13 @@
  * NHWC direct (3x3, 5x5 and 7x7 filters; equal strides of 1 or 2, no dilation; kpg = 2 for 3x3
  * stride 1): no shared memory and no barrier. A thread owns CPT adjacent channels (and their
  * CPT * kpg adjacent outputs) of P adjacent output columns and a band of TH output rows;
- * consecutive threads take consecutive channel vectors and then consecutive column groups, so each input-row load of a warp is one contiguous run and the
- * neighbours' loads of the same bytes hit L1. The filter lives in registers as fp32; the band's
- * input rows stream through registers once each, fully unrolled, so the next rows' loads are in
- * flight while the current one is multiplied. It runs the MobileNet shapes in half the time of the
- * tiled kernel below, whose blocks wait for their whole halo behind a barrier and leave lanes
- * idle in the last 64-channel block when C is not a multiple of 64.
+ * consecutive threads take consecutive channel vectors and then consecutive column groups, so each
+ * input-row load of a warp is one contiguous run and the neighbours' loads of the same bytes hit
+ * L1. The filter lives in registers as fp32; the band's input rows stream through registers once
+ * each, fully unrolled, so the next rows' loads are in flight while the current one is multiplied.
+ * It runs the MobileNet shapes in half the time of the tiled kernel below, whose blocks wait for
+ * their whole halo behind a barrier and leave lanes idle in the last 64-channel block when C is not
+ * a multiple of 64.
  *
  * NCHW direct (3x3, 5x5 and 7x7 with "same" padding on the left, strides 1 and 2, kpg = 1,
  * W and Wo multiples of 4): the same idea along the plane's rows, 4 adjacent columns of one
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
+/* 2, 4 or 8 bytes from global memory through the read-only path; with HINT, asking L2 to fetch
  * the whole 256-byte block around it from DRAM (NVIDIA sm_80+; a plain load elsewhere). */
 template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uint32_t *u)
 {
@@ -242,13 +243,19 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
                 u[1] = 0u;
         } else if (BYTES == 8) {
             asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(u[0]), "=r"(u[1]) : "l"(p));
-        } else {
+        } else if (BYTES == 4) {
             asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
+        } else {
+            unsigned short h;
+            asm("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(h) : "l"(p));
+            u[0] = h;
         }
         return;
     }
 #endif
-    if (BYTES == 8) {
+    if (BYTES == 2) {
+        u[0] = valid ? *(const uint16_t *)p : 0u;
+    } else if (BYTES == 8) {
         const uint2 v = valid ? *(const uint2 *)p : make_uint2(0u, 0u);
         u[0] = v.x;
         u[1] = v.y;
@@ -257,12 +264,12 @@ template <int BYTES, bool HINT> GPU_D void dw_ldg(const void *p, bool valid, uin
     }
 }
 
-/* CPT elements of 4 or 8 bytes in all as fp32, through dw_ldg. */
+/* CPT elements of 2, 4 or 8 bytes in all as fp32, through dw_ldg. */
 template <class DT, int CPT, bool HINT>
 GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 4 || BYTES == 8, "direct loads are 4 or 8 bytes");
+    static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8, "direct loads are 2, 4 or 8 bytes");
     uint32_t u[2];
     dw_ldg<BYTES, HINT>(p, valid, u);
     if (sizeof(typename DT::T) == 4) {
@@ -276,11 +283,16 @@ GPU_D void dw_direct_load(const typename DT::T *p, bool valid, float *v)
     }
 }
 
-/* CPT elements (4, 8 or 16 bytes in all) from fp32, rounded to the output type, one store. */
+/* CPT elements (2, 4, 8 or 16 bytes in all) from fp32, rounded to the output type, one store. */
 template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const float *v)
 {
     constexpr int BYTES = CPT * (int)sizeof(typename DT::T);
-    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "direct stores are 4, 8 or 16 bytes");
+    static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8 || BYTES == 16,
+                  "direct stores are 2, 4, 8 or 16 bytes");
+    if (BYTES == 2) {
+        *p = DT::store(v[0]);
+        return;
+    }
     uint32_t u[4];
     if (sizeof(typename DT::T) == 4) {
 #pragma unroll
@@ -299,9 +311,9 @@ template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const
         *(uint32_t *)p = u[0];
 }
 
-/* A direct thread's filter taps for its CPT outputs (channels times kpg), as fp32. (Kept as stored, two 16-bit channels
- * per register, and converted per use, they measured slower: effnet_dw5 fp16 20.4 against 19.8
- * us, convnext_dw7 77.3 against 74.1; bench/gpu/NOTES.md, round 8.) */
+/* A direct thread's filter taps for its CPT outputs (channels times kpg), as fp32. (Kept as stored,
+ * two 16-bit channels per register, and converted per use, they measured slower: effnet_dw5
+ * fp16 20.4 against 19.8 us, convnext_dw7 77.3 against 74.1; bench/gpu/NOTES.md, round 8.) */
 template <class DT, int CPT, int KS> struct dw_filt {
     float w[KS * KS][CPT];
     GPU_D void load(const typename DT::T *wp)
@@ -316,12 +328,13 @@ template <class DT, int CPT, int KS> struct dw_filt {
 
 /*
  * NHWC direct: the band's input rows, NC = (P - 1) * SH + KS columns each, multiplied into
- * acc[TH][P][CPT * KPG] (input channel j feeds outputs j * KPG .. j * KPG + KPG - 1). CHECK = false for threads whose whole window lies inside the image (all but
- * the border ones): no bounds tests and no selects on the loads. Addresses are 32-bit element
- * offsets from the image (the planner keeps an image below 2^31 elements): one multiply-add per
- * load for the offset, one for the address; with CHECK, the columns' bounds are one bit mask per
- * thread and a row's is folded into it, so a load's test is one logic operation (measured: the
- * 64-bit address and two bounds tests per load took as many instructions as the FMAs).
+ * acc[TH][P][CPT * KPG] (input channel j feeds outputs j * KPG .. j * KPG + KPG - 1). CHECK = false
+ * for threads whose whole window lies inside the image (all but the border ones): no bounds tests
+ * and no selects on the loads. Addresses are 32-bit element offsets from the image (the planner
+ * keeps an image below 2^31 elements): one multiply-add per load for the offset, one for the
+ * address; with CHECK, the columns' bounds are one bit mask per thread and a row's is folded into
+ * it, so a load's test is one logic operation (measured: the 64-bit address and two bounds tests
+ * per load took as many instructions as the FMAs).
  */
 template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
 GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_geom &g, int ih0,
@@ -358,8 +371,8 @@ GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_g
                 for (int pp = 0; pp < P; pp++)
 #pragma unroll
                     for (int j = 0; j < CPT * KPG; j++)
-                        acc[o][pp][j] = fmaf(v[pp * SH + sc][j / KPG], wt.w[r * KS + sc][j],
-                                             acc[o][pp][j]);
+                        acc[o][pp][j] =
+                            fmaf(v[pp * SH + sc][j / KPG], wt.w[r * KS + sc][j], acc[o][pp][j]);
         }
     }
 }
@@ -711,21 +724,27 @@ static int dw_smax(const struct convd_problem *p)
  *   interior split, min blocks per SM, L2 256-byte fetch hint, flat grid, dtypes it is the
  *   router's choice for); NCHW rows use only the filter, stride, rows and min blocks (one channel,
  *   kpg 1, 4 columns, always flat). The router takes the first row of the problem's layout,
- * filter, stride and kpg whose dtype mask holds its dtype; every row is reachable through convd_gpu_tune_dw_direct for tests and
- * `convd-bench-kernels --sweep-dw`. Chosen from sweeps on the H200 (bench/gpu/NOTES.md, rounds 3,
- * 5 and 6): among 14 shapes for NHWC 3x3 stride 1, 4 rows x 4 columns x 2 channels was fastest
- * or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8 x 2, 8 x 4, 4 x 6 and 4 channels
- * per thread were 2-30% slower; one channel with 2-byte loads 42.1); the 256-byte hint gave
- * 0-4%; splitting off the interior helped some shapes and hurt others; the flat grid costs the
- * 3x3 instances spills (29.3 against 26.4). For 5x5, 4 rows x 4 columns on the flat grid
- * (effnet_dw5 fp16 25.5 us, bf16 26.9, fp32 31.5; 27.8, 30.1, 33.7 on rows of blocks) beat the
- * tiled kernel (34.8, 36.5, 44.1) and every other direct shape (2 x 4: 38.7, 36.5, 43.4; 4 x 2:
- * 38.2, 40.0, 44.6; one channel: 33.5, 34.4, 32.7). With 32-bit offsets and mask tests in the
- * loads (round 8) the same shapes ran effnet_dw5 19.8, 22.3, 25.8 and mbv2_dw_s1 23.8, 27.2,
- * 36.5. 7x7 (round 8): 6 rows x 4 columns at 1 block/SM (254 registers) took convnext_dw7
- * 62.4, 66.8, 64.3 against 4 rows 73.6, 76.7, 75.0, 2 rows 123-130 and the tiled kernel 117, 120,
- * 112. NCHW: 4 rows beat 8
- * (effnet_dw5 fp16 18.5 against 20.5) except for 3x3 bf16 (mbv2_dw_s1 25.9 against 30.1).
+ * filter, stride and kpg whose dtype mask holds its dtype; every row is reachable through
+ * convd_gpu_tune_dw_direct for tests and `convd-bench-kernels --sweep-dw`. Chosen from sweeps on
+ * the H200 (bench/gpu/NOTES.md, rounds 3, 5 and 6): among 14 shapes for NHWC 3x3 stride 1, 4 rows x
+ * 4 columns x 2 channels was fastest or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8
+ * x 2, 8 x 4, 4 x 6 and 4 channels per thread were 2-30% slower; one channel with 2-byte
+ * loads 42.1); the 256-byte hint gave 0-4%; splitting off the interior helped some shapes and hurt
+ * others; the flat grid costs the 3x3 instances spills (29.3 against 26.4). For 5x5, 4 rows x 4
+ * columns on the flat grid (effnet_dw5 fp16 25.5 us, bf16 26.9, fp32 31.5; 27.8, 30.1, 33.7 on rows
+ * of blocks) beat the tiled kernel (34.8, 36.5, 44.1) and every other direct shape (2 x
+ * 4: 38.7, 36.5, 43.4; 4 x 2: 38.2, 40.0, 44.6; one channel: 33.5, 34.4, 32.7). With 32-bit offsets
+ * and mask tests in the loads (round 8) the same shapes ran effnet_dw5 19.8, 22.3, 25.8 and
+ * mbv2_dw_s1 23.8, 27.2, 36.5. 7x7 (round 8): 6 rows x 4 columns at 1 block/SM (254 registers) took
+ * convnext_dw7 62.4, 66.8, 64.3 against 4 rows 73.6, 76.7, 75.0, 2 rows 123-130 and the tiled
+ * kernel 117, 120, 112. Round 9: one channel per thread (2-byte loads in 16-bit types) frees half
+ * of the filter's registers for 2 blocks/SM: convnext_dw7 6 x 4 55.6, 57.8, 57.7 against 62.6,
+ * 65.1, 64.7 with two channels (4 x 4 one channel 64.0, 62.9, 65.1; 2 rows of two 126-129), while
+ * 5x5 with one channel lost in 16-bit (effnet_dw5 25.7, 26.4, 25.5 against 20.0, 22.1, 26.1).
+ * Channel multiplier 2 (cpg1_kpg2): 4 x 4 on the flat grid 17.7, 20.8, 25.8 and on rows of
+ * blocks 19.8, 22.9, 25.4 (2 x 4: 19.1-19.2, 22.0-23.1, 27.1-29.8; 4 x 2: 22.2, 25.4, 28.3; the
+ * tiled kernel 26.7, 29.7, 35.9). NCHW: 4 rows beat 8 (effnet_dw5 fp16 18.5 against 20.5) except
+ * for 3x3 bf16 (mbv2_dw_s1 25.9 against 30.1).
  */
 #define DW_F32  (1 << CONVD_DTYPE_FP32)
 #define DW_F16  (1 << CONVD_DTYPE_FP16)
@@ -735,17 +754,15 @@ static int dw_smax(const struct convd_problem *p)
 #define DW_NCHW CONVD_LAYOUT_NCHW
 #define DW_DCFGS(X)                                                                                \
     X(DW_NHWC, 3, 1, 2, 1, 4, 4, 0, 3, 1, 0, DW_ALL)                                               \
-    X(DW_NHWC, 3, 1, 2, 2, 4, 4, 0, 2, 1, 0, DW_ALL)                                               \
-    X(DW_NHWC, 3, 1, 2, 2, 4, 4, 0, 2, 1, 1, 0)                                                    \
-    X(DW_NHWC, 3, 1, 2, 2, 2, 4, 0, 3, 1, 0, 0)                                                    \
+    X(DW_NHWC, 3, 1, 2, 2, 4, 4, 0, 2, 1, 0, DW_F32)                                               \
+    X(DW_NHWC, 3, 1, 2, 2, 4, 4, 0, 2, 1, 1, DW_F16 | DW_BF16)                                     \
     X(DW_NHWC, 3, 1, 2, 2, 2, 4, 0, 3, 1, 1, 0)                                                    \
-    X(DW_NHWC, 3, 1, 2, 2, 4, 2, 0, 3, 1, 0, 0)                                                    \
     X(DW_NHWC, 3, 2, 2, 1, 6, 2, 1, 3, 1, 0, DW_ALL)                                               \
     X(DW_NHWC, 5, 1, 2, 1, 4, 4, 0, 2, 1, 1, DW_ALL)                                               \
     X(DW_NHWC, 5, 1, 2, 1, 4, 4, 0, 2, 1, 0, 0)                                                    \
-    X(DW_NHWC, 7, 1, 2, 1, 6, 4, 0, 1, 1, 1, DW_ALL)                                               \
-    X(DW_NHWC, 7, 1, 2, 1, 4, 4, 0, 1, 1, 1, 0)                                                    \
-    X(DW_NHWC, 7, 1, 2, 1, 2, 4, 0, 1, 1, 1, 0)                                                    \
+    X(DW_NHWC, 7, 1, 2, 1, 6, 4, 0, 1, 1, 1, 0)                                                    \
+    X(DW_NHWC, 7, 1, 1, 1, 6, 4, 0, 2, 1, 1, DW_ALL)                                               \
+    X(DW_NHWC, 7, 1, 1, 1, 4, 4, 0, 2, 1, 1, 0)                                                    \
     X(DW_NCHW, 3, 1, 1, 1, 4, 4, 0, 4, 0, 1, DW_F32 | DW_F16)                                      \
     X(DW_NCHW, 3, 1, 1, 1, 8, 4, 0, 2, 0, 1, DW_BF16)                                              \
     X(DW_NCHW, 3, 2, 1, 1, 4, 4, 0, 3, 0, 1, DW_ALL)                                               \

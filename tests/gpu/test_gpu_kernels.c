@@ -338,6 +338,7 @@ static void test_depthwise_direct_shapes(void **state)
         sweep(mk(2, 17, 16, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
         sweep(mk(1, 11, 20, 8, 8, 7, 7, 8, 1, 3, 1, 0, 0), F, 1, 0);
         sweep(mk(1, 13, 24, 8, 8, 7, 7, 8, 2, 3, 1, 0, 0), F, 1, 0);
+        sweep(mk(1, 12, 13, 9, 9, 7, 7, 9, 1, 3, 1, 0, 0), F, 1, 0);    /* odd C: one channel */
         sweep(mk(2, 13, 11, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0); /* multiplier 2 */
         sweep(mk(1, 30, 27, 16, 32, 3, 3, 16, 1, 0, 1, 0, 0), F, 1, 0);
         sweep(q, F, 1, 0);
@@ -589,6 +590,48 @@ static void test_direct(void **state)
     assert_int_equal(convd_gpu_tune_direct(-2), CONVD_EINVAL);
     assert_int_equal(convd_gpu_tune_direct_prefetch(2), CONVD_EINVAL);
     assert_int_equal(convd_gpu_tune_direct_outputs8(2), CONVD_EINVAL);
+}
+
+/* Every warp layout of the mma kernel (forced with convd_gpu_tune_mma_cfg), on problems whose
+ * tiles the image edges cut, in each per-super-group output width it takes (8: cpg 8 and cpg 4
+ * merged; 16, 24, 32, 40); every layout must have run at least one of them. */
+static void test_mma_configs(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
+    struct convd_problem probe =
+        mk(1, 8, 8, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    char why[160];
+    if (convd_gpu_family_check(&probe, F, why, sizeof(why)) != 0) {
+        printf("skipped: mma family not available here (%s)\n", why);
+        skip();
+    }
+    const enum convd_dtype H = CONVD_DTYPE_FP16;
+    const enum convd_layout L = CONVD_LAYOUT_NHWC;
+    const struct convd_problem probs[] = {
+        mk(2, 13, 11, 64, 64, 3, 3, 8, 1, 1, 1, H, L),  /* kpg 8 */
+        mk(1, 17, 15, 32, 32, 3, 3, 8, 1, 1, 1, H, L),  /* cpg 4, 2 merged */
+        mk(2, 9, 10, 64, 64, 3, 3, 4, 1, 1, 1, H, L),   /* kpg 16 */
+        mk(1, 10, 9, 72, 72, 3, 3, 3, 2, 1, 1, H, L),   /* kpg 24, stride 2 */
+        mk(3, 7, 7, 64, 64, 3, 3, 2, 1, 1, 1, H, L),    /* kpg 32 */
+        mk(2, 9, 11, 160, 160, 1, 1, 4, 1, 0, 1, H, L), /* kpg 40, 1x1 */
+    };
+    int cfgs = 0;
+    for (int cfg = 0; convd_gpu_tune_mma_cfg(cfg) == 0; cfg++, cfgs++) {
+        int ran = 0;
+        for (size_t i = 0; i < sizeof(probs) / sizeof(probs[0]); i++) {
+            struct convd_problem p = probs[i];
+            if (convd_gpu_family_check(&p, F, NULL, 0) != 0)
+                continue; /* this layout does not take that width */
+            sweep(p, F, 1, 1);
+            ran++;
+        }
+        if (ran == 0)
+            fail_msg("mma configuration %d ran none of the problems", cfg);
+    }
+    assert_int_equal(convd_gpu_tune_mma_cfg(-1), 0);
+    assert_true(cfgs >= 7);
 }
 
 static void test_mma(void **state)
@@ -937,6 +980,7 @@ int main(void)
         cmocka_unit_test(test_fma_gemm),
         cmocka_unit_test(test_direct),
         cmocka_unit_test(test_mma),
+        cmocka_unit_test(test_mma_configs),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_group_identity),
