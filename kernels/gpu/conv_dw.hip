@@ -424,10 +424,21 @@ __global__ void __launch_bounds__(256, MINB)
     else
         dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
 
-    float bv[NO];
+    /* Bias and ReLU in place, only where asked for (a uniform branch): the plain epilogue is the
+     * conversion and the store. */
+    if (g.bias || g.relu) {
+        float bv[NO];
 #pragma unroll
-    for (int j = 0; j < NO; j++)
-        bv[j] = g.bias ? DT::load(bias[c0 * KPG + j]) : 0.0f;
+        for (int j = 0; j < NO; j++)
+            bv[j] = g.bias ? DT::load(bias[c0 * KPG + j]) : 0.0f;
+#pragma unroll
+        for (int o = 0; o < TH; o++)
+#pragma unroll
+            for (int pp = 0; pp < P; pp++)
+#pragma unroll
+                for (int j = 0; j < NO; j++)
+                    acc[o][pp][j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
+    }
     T *yb = y + ((size_t)(n * g.ho + oh0) * g.wo + ow0) * g.k + c0 * KPG;
 #pragma unroll
     for (int o = 0; o < TH; o++) {
@@ -437,11 +448,7 @@ __global__ void __launch_bounds__(256, MINB)
         for (int pp = 0; pp < P; pp++) {
             if (ow0 + pp >= g.wo)
                 break;
-            float ov[NO];
-#pragma unroll
-            for (int j = 0; j < NO; j++)
-                ov[j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
-            dw_direct_store<DT, NO>(yb + ((size_t)o * g.wo + pp) * g.k, ov);
+            dw_direct_store<DT, NO>(yb + ((size_t)o * g.wo + pp) * g.k, acc[o][pp]);
         }
     }
 }
@@ -512,17 +519,20 @@ __global__ void __launch_bounds__(256, MINB)
         }
     }
 
-    const float bv = g.bias ? DT::load(((const T *)b.b[prob])[c]) : 0.0f;
+    if (g.bias || g.relu) { /* in place, only where asked for (a uniform branch) */
+        const float bv = g.bias ? DT::load(((const T *)b.b[prob])[c]) : 0.0f;
+#pragma unroll
+        for (int o = 0; o < TH; o++)
+#pragma unroll
+            for (int pp = 0; pp < P; pp++)
+                acc[o][pp] = gpu_epilogue(acc[o][pp], bv, g.relu);
+    }
     T *yp = (T *)b.y[prob] + ((size_t)plane * g.ho + oh0) * g.wo + cg * P;
 #pragma unroll
     for (int o = 0; o < TH; o++) {
         if (oh0 + o >= g.ho)
             break;
-        float ov[P];
-#pragma unroll
-        for (int pp = 0; pp < P; pp++)
-            ov[pp] = gpu_epilogue(acc[o][pp], bv, g.relu);
-        gpu_store4<DT>(yp + (size_t)o * g.wo, ov);
+        gpu_store4<DT>(yp + (size_t)o * g.wo, acc[o]);
     }
 }
 

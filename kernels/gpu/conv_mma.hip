@@ -408,31 +408,45 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
     }
 }
 
-/* The epilogue's first half: accumulators -> bias, ReLU, rounding -> staging, as [m][n] rows of
- * `pitch` bytes (NHWC output: a pixel's channels are one run) or [n][m] (NCHW: a channel's
- * pixels are one run; rows n, n + 1 of a (bm + 8)-element pitch, so that the warp's 8 m and 4 n
- * pairs fall in distinct banks). */
-template <class DT, int MT, int NT, bool NCHW_OUT>
-GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, const typename DT::T *bias,
-                     const struct mma_item &it, const struct gpu_geom &g, int wm, int wn, int lane,
-                     int pitch)
+/* Bias and ReLU on the accumulators in place (the caller skips it when there are neither: the
+ * plain epilogue is a conversion and a store per two values, a third of the instructions). */
+template <class DT, int MT, int NT>
+GPU_D void mma_bias_relu(float (&acc)[MT][NT][4], const typename DT::T *bias,
+                         const struct mma_item &it, const struct gpu_geom &g, int wn, int lane)
 {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
-        const int k = it.k0 + n;
+        const int k = it.k0 + wn * NT * 8 + nt * 8 + 2 * (lane & 3);
         float b0 = 0.0f, b1 = 0.0f;
         if (g.bias && k < it.kend) {
             b0 = DT::load(bias[k]);
             b1 = DT::load(bias[k + 1]);
         }
 #pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mt][nt][i] = gpu_epilogue(acc[mt][nt][i], i & 1 ? b1 : b0, g.relu);
+    }
+}
+
+/* The epilogue's first half: accumulators (bias and ReLU applied) -> rounding -> staging, as
+ * [m][n] rows of `pitch` bytes (NHWC output: a pixel's channels are one run) or [n][m] (NCHW: a
+ * channel's pixels are one run; rows n, n + 1 of a (bm + 8)-element pitch, so that the warp's 8 m
+ * and 4 n pairs fall in distinct banks). */
+template <class DT, int MT, int NT, bool NCHW_OUT>
+GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int wn, int lane,
+                     int pitch)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
+#pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t v = DT::store2(gpu_epilogue(acc[mt][nt][2 * h], b0, g.relu),
-                                              gpu_epilogue(acc[mt][nt][2 * h + 1], b1, g.relu));
+                const uint32_t v = DT::store2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
                 if (NCHW_OUT) {
                     *(uint16_t *)(stage + n * pitch + (m + 8 * h) * 2) = (uint16_t)v;
                     *(uint16_t *)(stage + (n + 1) * pitch + (m + 8 * h) * 2) = (uint16_t)(v >> 16);
@@ -514,8 +528,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         int p = wm * MT * 16 + mt * 16 + (lane & 15);
         if (p >= a.imgs * a.th * a.tw)
             p = 0;
-        const int img = p / (a.th * a.tw), rem = p - img * a.th * a.tw;
-        const int tr = rem / a.tw, tc = rem - tr * a.tw;
+        const int img = gpu_div_fast{a.fd_tplane}.div(p), rem = p - img * a.th * a.tw;
+        const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
         abase[mt] = ((img * a.ih + tr * g.sh) * a.iw + tc * g.sw) * a.ps + sgl_w * a.kc * 2;
     }
     const int khalf = lane >> 4;
@@ -608,10 +622,12 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             __syncthreads();
             /* Accumulators -> bias, ReLU, rounding -> staging; one branch on the layout
              * around the whole loop (inside it, both layouts' stores were issued, predicated). */
+            if (g.bias || g.relu)
+                mma_bias_relu<DT, MT, NT>(acc, bias, it, g, wn, lane);
             if (nchw_out)
-                mma_stage<DT, MT, NT, true>(acc, stage, bias, it, g, wm, wn, lane, mpitch);
+                mma_stage<DT, MT, NT, true>(acc, stage, wm, wn, lane, mpitch);
             else
-                mma_stage<DT, MT, NT, false>(acc, stage, bias, it, g, wm, wn, lane, pitch);
+                mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, pitch);
             __syncthreads();
             const int tslots = a.th * a.tw;
             if (NHWC && !a.out_nchw && a.out_vpt == 2) {
