@@ -591,6 +591,16 @@ static void test_direct(void **state)
     assert_int_equal(convd_gpu_tune_direct_outputs8(2), CONVD_EINVAL);
 }
 
+/* After a test that forces kernel shapes: back to the router's choices, also when it failed
+ * midway (cmocka leaves the test at the failing assertion). */
+static int untune(void **state)
+{
+    (void)state;
+    convd_gpu_tune_mma_cfg(-1);
+    convd_gpu_tune_dw_direct(-1);
+    return 0;
+}
+
 /* Every warp layout of the mma kernel (forced with convd_gpu_tune_mma_cfg), on problems whose
  * tiles the image edges cut, in each per-super-group output width it takes (8: cpg 8 and cpg 4
  * merged; 16, 24, 32, 40); every layout must have run at least one of them. */
@@ -973,13 +983,13 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_depthwise),
-        cmocka_unit_test(test_depthwise_tiled),
-        cmocka_unit_test(test_depthwise_direct_shapes),
+        cmocka_unit_test_teardown(test_depthwise_tiled, untune),
+        cmocka_unit_test_teardown(test_depthwise_direct_shapes, untune),
         cmocka_unit_test(test_fma),
         cmocka_unit_test(test_fma_gemm),
         cmocka_unit_test(test_direct),
         cmocka_unit_test(test_mma),
-        cmocka_unit_test(test_mma_configs),
+        cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_group_identity),
