@@ -601,6 +601,18 @@ static int untune(void **state)
     return 0;
 }
 
+/* Skips the calling test where the mma family does not exist (AMD: no MFMA kernel yet). */
+static void require_mma(void)
+{
+    struct convd_problem p =
+        mk(1, 8, 8, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    char why[160];
+    if (convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, why, sizeof(why)) != 0) {
+        printf("skipped: mma family not available here (%s)\n", why);
+        skip();
+    }
+}
+
 /* Every warp layout of the mma kernel (forced with convd_gpu_tune_mma_cfg), on problems whose
  * tiles the image edges cut, in each per-super-group output width it takes (8: cpg 8 and cpg 4
  * merged; 16, 24, 32, 40); every layout must have run at least one of them. */
@@ -609,13 +621,7 @@ static void test_mma_configs(void **state)
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
-    struct convd_problem probe =
-        mk(1, 8, 8, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
-    char why[160];
-    if (convd_gpu_family_check(&probe, F, why, sizeof(why)) != 0) {
-        printf("skipped: mma family not available here (%s)\n", why);
-        skip();
-    }
+    require_mma();
     const enum convd_dtype H = CONVD_DTYPE_FP16;
     const enum convd_layout L = CONVD_LAYOUT_NHWC;
     const struct convd_problem probs[] = {
@@ -648,13 +654,8 @@ static void test_mma(void **state)
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
-    struct convd_problem p =
-        mk(1, 8, 8, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
-    char why[160];
-    if (convd_gpu_family_check(&p, F, why, sizeof(why)) != 0) {
-        printf("skipped: mma family not available here (%s)\n", why);
-        skip();
-    }
+    struct convd_problem p;
+    require_mma();
     sweep(mk(2, 14, 14, 64, 64, 3, 3, 8, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 8 */
     sweep(mk(2, 9, 9, 64, 64, 3, 3, 4, 1, 1, 1, 0, 0), F, 1, 1);    /* cpg 16 */
     sweep(mk(2, 10, 10, 72, 72, 3, 3, 3, 1, 1, 1, 0, 0), F, 1, 1);  /* cpg 24 */
