@@ -409,7 +409,8 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
 }
 
 /* Bias and ReLU on the accumulators in place (the caller skips it when there are neither: the
- * plain epilogue is a conversion and a store per two values, a third of the instructions). */
+ * plain epilogue is a conversion and a store per two values; bias and ReLU add an add, a compare
+ * and a select per value). */
 template <class DT, int MT, int NT>
 GPU_D void mma_bias_relu(float (&acc)[MT][NT][4], const typename DT::T *bias,
                          const struct mma_item &it, const struct gpu_geom &g, int wn, int lane)
