@@ -294,14 +294,14 @@ template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const
         return;
     }
     uint32_t u[4];
-    if (sizeof(typename DT::T) == 4) {
+    if constexpr (sizeof(typename DT::T) == 4) {
 #pragma unroll
         for (int j = 0; j < CPT; j++)
             u[j] = __float_as_uint(v[j]);
     } else {
 #pragma unroll
         for (int j = 0; j < CPT / 2; j++)
-            u[j] = (uint32_t)DT::store(v[2 * j]) | ((uint32_t)DT::store(v[2 * j + 1]) << 16);
+            u[j] = DT::store2(v[2 * j], v[2 * j + 1]);
     }
     if (BYTES == 16)
         *(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);

@@ -833,11 +833,13 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.stage_sep = pl->off_stage != pl->off_a0;
     a.fast_w = pl->fast_w;
     a.out_nchw = pl->out_nchw;
-    a.fd_vpp = convd_math_fdiv_make((uint32_t)(a.cbc >> 3 > 0 ? a.cbc >> 3 : 1));
+    /* Channel vectors per halo pixel and per output pixel (at least 1 for the divisors). */
+    const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1, vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
+    a.fd_vpp = convd_math_fdiv_make((uint32_t)vpp);
     a.fd_kc8 = convd_math_fdiv_make((uint32_t)(a.kc >> 3 > 0 ? a.kc >> 3 : 1));
     a.fd_hplane = convd_math_fdiv_make((uint32_t)(a.ih * a.iw));
     a.fd_iw = convd_math_fdiv_make((uint32_t)a.iw);
-    a.fd_vpr = convd_math_fdiv_make((uint32_t)(a.bn >> 3 > 0 ? a.bn >> 3 : 1));
+    a.fd_vpr = convd_math_fdiv_make((uint32_t)vpr);
     a.fd_tplane = convd_math_fdiv_make((uint32_t)(a.th * a.tw));
     a.fd_tw = convd_math_fdiv_make((uint32_t)a.tw);
     a.fd_kt = convd_math_fdiv_make((uint32_t)(a.nk16 * 16));
@@ -847,10 +849,8 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.fd_kpgm = convd_math_fdiv_make((uint32_t)a.kpgm);
     a.fd_kpg = convd_math_fdiv_make((uint32_t)a.g.kpg);
     /* Halo vectors and copy-out columns per thread (mma_per_thread; 4 measured slower). */
-    const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1;
     a.halo_vpt = mma_per_thread(vpp, pl->threads, 3);
     a.fd_tpp = convd_math_fdiv_make((uint32_t)(a.halo_vpt > 0 ? vpp / a.halo_vpt : 1));
-    const int vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
     a.out_vpt = mma_per_thread(vpr, pl->threads, 2);
     a.fd_tpr = convd_math_fdiv_make((uint32_t)(a.out_vpt > 0 ? vpr / a.out_vpt : 1));
     a.merged_w =
