@@ -707,14 +707,21 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         for (int cfg = 0; cfg < 16; cfg++) {
             if (convd_gpu_tune_mma_cfg(cfg) != 0)
                 break;
-            if (convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0) {
-                double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            /* Each layout with the sm_90 tensor copies where it takes them, then without. */
+            for (int tma = 1; tma >= 0; tma--) {
+                convd_gpu_tune_mma_tma(tma ? -1 : 0);
+                if (convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) != 0)
+                    continue;
                 char d2[200];
                 convd_gpu_describe(&p, CONVD_GPU_FAMILY_MMA, d2, sizeof(d2));
+                if (tma && strstr(d2, " tma") == NULL)
+                    continue; /* the same kernel as the pass without */
+                double us = time_graph(ours_run, &oc, b.nbuf, 10);
                 printf("sweep %s %s %s cfg %d: %.1f us (%s)\n", sh->name, convd_dtype_name(dt),
                        convd_layout_name(lay), cfg, us, d2);
             }
         }
+        convd_gpu_tune_mma_tma(-1);
         convd_gpu_tune_mma_cfg(-1);
     }
 

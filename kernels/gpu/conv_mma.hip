@@ -28,6 +28,10 @@
 
 #include "gpu_internal.h"
 
+#if defined(CONVD_GPU_NVIDIA)
+#include <cuda.h> /* CUtensorMap and cuTensorMapEncodeTiled's types (the entry point is looked up) */
+#endif
+
 #define MMA_U 8
 
 struct mma_args {
@@ -50,6 +54,9 @@ struct mma_args {
     int out_vpt;  /* NHWC copy-out columns per thread (mma_out_nhwc), 0: the any-shape loop */
     int merged_w; /* 4 or 2: mma_load_b_merged for groups of that many channels, else 0 */
     struct convd_math_fdiv fd_tpr;
+    /* Tensor-copy kernel (mma_tma_kernel): second staging buffer, the two A mbarriers, the halo
+     * box's bytes, and the swizzle masks of A and staging (0x70: 128-byte rows, 0x30: 64). */
+    int off_stage1, off_bar, a_tx, smask_a, smask_s;
 };
 
 struct mma_cfg {
@@ -65,6 +72,17 @@ static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG coun
 #endif
 
 static int mma_forced_cfg = -1;
+static int mma_tma_mode = -1; /* convd_gpu_tune_mma_tma */
+
+#if defined(CONVD_GPU_NVIDIA)
+/* Tensor maps of the tensor-copy kernel, passed by value (__grid_constant__): input and output of
+ * up to MMA_TMA_PROBS problems per launch (larger batches take several launches). */
+#define MMA_TMA_PROBS 8
+struct mma_tmaps {
+    CUtensorMap x[MMA_TMA_PROBS];
+    CUtensorMap y[MMA_TMA_PROBS];
+};
+#endif
 
 #if defined(CONVD_GPU_NVIDIA)
 
@@ -110,6 +128,86 @@ GPU_D void mma_ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1)
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1)
                  : "r"(addr));
+#endif
+}
+
+/* ---- sm_90 tensor copies and mbarriers ---- */
+
+GPU_D void mma_mbar_init(uint32_t bar, int count)
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+#endif
+}
+
+/* Makes the initialised mbarriers visible to the tensor-copy unit (the async proxy). */
+GPU_D void mma_mbar_init_fence()
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/* Waits until the barrier's phase with parity `parity` has completed. */
+GPU_D void mma_mbar_wait(uint32_t bar, uint32_t parity)
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n"
+                 "}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+
+/* One 4-D box (channels, columns, rows, images) from global memory into shared memory, its bytes
+ * counted on `bar` (the caller's arrive announced them); coordinates outside the tensor read as
+ * zero, which is the convolution's padding. */
+GPU_D void mma_tma_load4(uint32_t dst, const CUtensorMap *map, int c, int w, int h, int n,
+                         uint32_t bar, uint32_t bytes)
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar)
+                 : "memory");
+#endif
+}
+
+/* One 4-D box from shared memory to global memory; elements outside the tensor are dropped. */
+GPU_D void mma_tma_store4(const CUtensorMap *map, uint32_t src, int c, int w, int h, int n)
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+                 " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"((uint64_t)map),
+                 "r"(src), "r"(c), "r"(w), "r"(h), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits until the bulk stores issued by this thread have read their shared memory (READ) or
+ * have completed. */
+template <bool READ> GPU_D void mma_tma_store_wait()
+{
+#if defined(CONVD_DEVICE_SM90)
+    if (READ)
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* Orders this thread's ordinary shared-memory writes before later tensor copies that read them. */
+GPU_D void mma_fence_async_smem()
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 
@@ -487,6 +585,101 @@ GPU_D void mma_out_nhwc(const struct mma_args &a, const struct mma_item &it, T *
     }
 }
 
+/* The tap-offset table: for each 8-channel octet of a chunk's K, the byte offset of its (tap,
+ * channel octet) from a pixel's halo row. */
+GPU_D void mma_oct_init(const struct mma_args &a, int *oct, int tid, int nthr)
+{
+    const struct gpu_geom &g = a.g;
+    for (int o = tid; o < a.nk16 * 2; o += nthr) {
+        int off = 0;
+        if (o < a.noct) {
+            const int q = o * 8, tap = q / a.kc, c8 = (q - tap * a.kc) >> 3;
+            const int r = tap / g.s, s = tap - r * g.s;
+            off = (r * g.dh * a.iw + s * g.dw) * a.ps + c8 * 16;
+        }
+        oct[o] = off;
+    }
+}
+
+/* Per-lane A row bases: ldmatrix.x4 lane -> row (lane & 15), k half (lane >> 4). */
+template <int MT, int NT>
+GPU_D void mma_abase(const struct mma_args &a, int wm, int wn, int lane, int (&abase)[MT])
+{
+    const struct gpu_geom &g = a.g;
+    const int sgl_w = a.sgb > 0 ? (wn * NT * 8) / a.kpgm : 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        int p = wm * MT * 16 + mt * 16 + (lane & 15);
+        if (p >= a.imgs * a.th * a.tw)
+            p = 0;
+        const int img = gpu_div_fast{a.fd_tplane}.div(p), rem = p - img * a.th * a.tw;
+        const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
+        abase[mt] = ((img * a.ih + tr * g.sh) * a.iw + tc * g.sw) * a.ps + sgl_w * a.kc * 2;
+    }
+}
+
+/* The k16 loop of one item and chunk: A fragments by ldmatrix from the halo at the lane's row
+ * bases plus the octet's tap offset, B from the weights. SWZ: the halo came by a tensor copy with
+ * the 64- or 128-byte swizzle, so every A address has its 16-byte unit XOR'd with its row bits
+ * ((offset >> 3) & smask; the buffer is 1024-byte aligned). */
+template <class DT, int MT, int NT, bool SWZ>
+GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const int *oct,
+                        uint32_t sa, const int (&abase)[MT], uint32_t sb, int khalf, int smask)
+{
+    for (int ks = 0; ks < a.nk16; ks++) {
+        const int off = oct[2 * ks + khalf];
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            uint32_t o = (uint32_t)(abase[mt] + off);
+            if (SWZ)
+                o ^= (o >> 3) & (uint32_t)smask;
+            mma_ldsm_x4(sa + o, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+        }
+        const uint32_t sbk = sb + ks * 32;
+#pragma unroll
+        for (int nt = 0; nt + 1 < NT; nt += 2) {
+            uint32_t b0, b1, b2, b3;
+            mma_ldsm_x4(sbk + nt * 8 * a.brs, b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_op<DT>::run(acc[mt][nt], af[mt], b0, b1);
+                mma_op<DT>::run(acc[mt][nt + 1], af[mt], b2, b3);
+            }
+        }
+        if (NT & 1) {
+            uint32_t b0, b1;
+            mma_ldsm_x2(sbk + (NT - 1) * 8 * a.brs, b0, b1);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                mma_op<DT>::run(acc[mt][NT - 1], af[mt], b0, b1);
+        }
+    }
+}
+
+/* Staging for a tensor store: [m][n] rows of bn * 2 bytes (the box's layout), 16-byte units
+ * swizzled like the store's map (smask as in mma_mainloop), so the warp's 8 rows x 16 bytes land
+ * in distinct banks. */
+template <class DT, int MT, int NT>
+GPU_D void mma_stage_swz(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int wn, int lane,
+                         int pitch, int smask)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t o = (uint32_t)((m + 8 * h) * pitch + n * 2);
+                o ^= (o >> 3) & (uint32_t)smask;
+                *(uint32_t *)(stage + o) = DT::store2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            }
+        }
+    }
+}
+
 /* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
  * the persistent grid relies on a second resident block to overlap one block's epilogue and
  * barriers with another's tensor-core work. Holding the 256-thread ones to 3 blocks (80
@@ -511,28 +704,9 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         return;
 
     int *oct = (int *)(mma_smem + a.off_oct);
-    for (int o = tid; o < a.nk16 * 2; o += nthr) {
-        int off = 0;
-        if (o < a.noct) {
-            const int q = o * 8, tap = q / a.kc, c8 = (q - tap * a.kc) >> 3;
-            const int r = tap / g.s, s = tap - r * g.s;
-            off = (r * g.dh * a.iw + s * g.dw) * a.ps + c8 * 16;
-        }
-        oct[o] = off;
-    }
-
-    /* Per-lane A row bases: ldmatrix.x4 lane -> row (lane & 15), k half (lane >> 4). */
-    const int sgl_w = a.sgb > 0 ? (wn * NT * 8) / a.kpgm : 0;
+    mma_oct_init(a, oct, tid, nthr);
     int abase[MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        int p = wm * MT * 16 + mt * 16 + (lane & 15);
-        if (p >= a.imgs * a.th * a.tw)
-            p = 0;
-        const int img = gpu_div_fast{a.fd_tplane}.div(p), rem = p - img * a.th * a.tw;
-        const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
-        abase[mt] = ((img * a.ih + tr * g.sh) * a.iw + tc * g.sw) * a.ps + sgl_w * a.kc * 2;
-    }
+    mma_abase<MT, NT>(a, wm, wn, lane, abase);
     const int khalf = lane >> 4;
     /* B rows of the warp for ldmatrix: tile (lane >> 4) of a pair, row lane & 7, octet bit 3. */
     const int brow = wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3);
@@ -585,31 +759,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
 
         const uint32_t sa = mma_smem_addr(MMA_ABUF(ab));
         const uint32_t sb = mma_smem_addr(MMA_BBUF(resident ? 0 : bb)) + brow * a.brs + bko * 16;
-        for (int ks = 0; ks < a.nk16; ks++) {
-            const int off = oct[2 * ks + khalf];
-            uint32_t af[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                mma_ldsm_x4(sa + abase[mt] + off, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-            const uint32_t sbk = sb + ks * 32;
-#pragma unroll
-            for (int nt = 0; nt + 1 < NT; nt += 2) {
-                uint32_t b0, b1, b2, b3;
-                mma_ldsm_x4(sbk + nt * 8 * a.brs, b0, b1, b2, b3);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_op<DT>::run(acc[mt][nt], af[mt], b0, b1);
-                    mma_op<DT>::run(acc[mt][nt + 1], af[mt], b2, b3);
-                }
-            }
-            if (NT & 1) {
-                uint32_t b0, b1;
-                mma_ldsm_x2(sbk + (NT - 1) * 8 * a.brs, b0, b1);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-                    mma_op<DT>::run(acc[mt][NT - 1], af[mt], b0, b1);
-            }
-        }
+        mma_mainloop<DT, MT, NT, false>(acc, a, oct, sa, abase, sb, khalf, 0);
 
         if (chunk == a.nchunks - 1) {
             const struct mma_item it = mma_decode(a, item);
@@ -693,6 +843,125 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     }
 #undef MMA_ABUF
 #undef MMA_BBUF
+#endif
+}
+
+/*
+ * The tensor-copy variant (sm_90, NHWC in and out, one chunk, block channels contiguous; see
+ * gpu_mma_plan.tma). Per item one thread moves the whole halo with one cp.async.bulk.tensor box
+ * (padding filled by the copy unit) and the whole output tile with another, so the warps only
+ * multiply and stage. The halo of item i + 2 is issued as soon as every warp has finished item i,
+ * into the buffer item i used; each A buffer has an mbarrier whose phase completes when its bytes
+ * have landed. Staging is double-buffered, so one block barrier per item suffices: before it,
+ * thread 0 waits until the store of the previous item has read its staging buffer (long done: it
+ * was issued a whole item earlier), which is the buffer the next item stages into.
+ */
+template <class DT, int MT, int NT, int WM, int WN>
+__global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
+    mma_tma_kernel(const struct mma_args a, const struct gpu_batch b,
+                   const __grid_constant__ struct mma_tmaps tm)
+{
+#if defined(CONVD_DEVICE_SM90)
+    extern __shared__ __align__(1024) uint8_t mma_smem[];
+    /* The swizzle patterns repeat every 1024 bytes of address: align the buffers to that. */
+    uint8_t *smem = mma_smem + ((1024u - (mma_smem_addr(mma_smem) & 1023u)) & 1023u);
+    const struct gpu_geom &g = a.g;
+    const int nthr = WM * WN * 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+
+    const int it_begin = (int)((int64_t)blockIdx.x * a.items / gridDim.x);
+    const int it_end = (int)((int64_t)(blockIdx.x + 1) * a.items / gridDim.x);
+    if (it_begin >= it_end)
+        return;
+
+    int *oct = (int *)(smem + a.off_oct);
+    mma_oct_init(a, oct, tid, nthr);
+    int abase[MT];
+    mma_abase<MT, NT>(a, wm, wn, lane, abase);
+    const int khalf = lane >> 4;
+    const int brow = wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3);
+    const int bko = (lane >> 3) & 1;
+
+    const uint32_t bar0 = mma_smem_addr(smem + a.off_bar);
+#define MMA_TMA_A(i)   (smem + ((i) ? a.off_a1 : a.off_a0))
+#define MMA_TMA_BAR(i) (bar0 + ((i) ? 8u : 0u))
+    if (tid == 0) {
+        mma_mbar_init(MMA_TMA_BAR(0), 1);
+        mma_mbar_init(MMA_TMA_BAR(1), 1);
+        mma_mbar_init_fence();
+    }
+    __syncthreads();
+    /* The halo box of an item: block channels from ch0, the tile's input window. */
+#define MMA_TMA_HALO(item, i)                                                                      \
+    do {                                                                                           \
+        const struct mma_item hit_ = mma_decode(a, (item));                                        \
+        mma_tma_load4(mma_smem_addr(MMA_TMA_A(i)), &tm.x[hit_.prob], hit_.ch0,                     \
+                      hit_.ow0 *g.sw - g.pl, hit_.oh0 * g.sh - g.pt, hit_.n0, MMA_TMA_BAR(i),      \
+                      (uint32_t)a.a_tx);                                                           \
+    } while (0)
+    if (tid == 0) {
+        MMA_TMA_HALO(it_begin, 0);
+        if (it_begin + 1 < it_end)
+            MMA_TMA_HALO(it_begin + 1, 1);
+    }
+    {
+        const struct mma_item it = mma_decode(a, it_begin);
+        mma_load_b<DT, 1>(a, b, it, 0, smem + a.off_b0, tid, nthr);
+        mma_commit();
+    }
+    bool bfresh = true;
+    uint32_t phase = 0;
+    const uint32_t sb = mma_smem_addr(smem + a.off_b0) + brow * a.brs + bko * 16;
+    int ab = 0;
+    for (int item = it_begin; item < it_end; item++, ab ^= 1) {
+        if (bfresh) { /* the weights' cp.async copies, by every thread */
+            mma_wait<0>();
+            __syncthreads();
+            bfresh = false;
+        }
+        mma_mbar_wait(MMA_TMA_BAR(ab), (phase >> ab) & 1u);
+        phase ^= 1u << ab;
+
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[mt][nt][i] = 0.0f;
+        mma_mainloop<DT, MT, NT, true>(acc, a, oct, mma_smem_addr(MMA_TMA_A(ab)), abase, sb, khalf,
+                                       a.smask_a);
+
+        const struct mma_item it = mma_decode(a, item);
+        if (g.bias || g.relu)
+            mma_bias_relu<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
+        uint8_t *stage = smem + (ab ? a.off_stage1 : a.off_stage);
+        mma_stage_swz<DT, MT, NT>(acc, stage, wm, wn, lane, a.bn * 2, a.smask_s);
+        mma_fence_async_smem();
+        if (tid == 0)
+            mma_tma_store_wait<true>(); /* the previous item's store has read the other buffer */
+        __syncthreads();
+        if (tid == 0) {
+            mma_tma_store4(&tm.y[it.prob], mma_smem_addr(stage), it.k0, it.ow0, it.oh0, it.n0);
+            if (item + 2 < it_end)
+                MMA_TMA_HALO(item + 2, ab);
+        }
+        /* A new n-block: its weights replace these (every warp is past its HMMA loop). */
+        if (item + 1 < it_end && convd_math_fdiv_div((uint32_t)(item + 1), a.fd_tiles) !=
+                                     convd_math_fdiv_div((uint32_t)item, a.fd_tiles)) {
+            const struct mma_item nit = mma_decode(a, item + 1);
+            mma_load_b<DT, 1>(a, b, nit, 0, smem + a.off_b0, tid, nthr);
+            mma_commit();
+            bfresh = true;
+        }
+    }
+    if (tid == 0)
+        mma_tma_store_wait<false>();
+#undef MMA_TMA_HALO
+#undef MMA_TMA_A
+#undef MMA_TMA_BAR
 #endif
 }
 
@@ -791,6 +1060,126 @@ static int mma_per_thread(int vecs, int threads, int most)
     return 0;
 }
 
+/* cuTensorMapEncodeTiled, looked up once through the runtime (no link against the driver). */
+typedef CUresult (*mma_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static mma_encode_fn mma_encode;
+static pthread_once_t mma_encode_once = PTHREAD_ONCE_INIT;
+
+static void mma_encode_lookup(void)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        mma_encode = (mma_encode_fn)fn;
+    else
+        (void)cudaGetLastError();
+}
+
+static mma_encode_fn mma_encoder(void)
+{
+    pthread_once(&mma_encode_once, mma_encode_lookup);
+    return mma_encode;
+}
+
+/* A 4-D NHWC tensor map (dims innermost first: channels, columns, rows, images) with a box of
+ * `box` elements per dimension, swizzled by the box's row bytes (64 or 128). */
+static int mma_map(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
+                   const cuuint32_t box[4])
+{
+    const mma_encode_fn enc = mma_encoder();
+    if (enc == NULL)
+        return CONVD_EDEVICE;
+    const cuuint64_t dims[4] = {(cuuint64_t)c, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
+    const cuuint64_t strides[3] = {(cuuint64_t)c * 2, (cuuint64_t)c * w * 2,
+                                   (cuuint64_t)c * w * h * 2};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    const CUtensorMapSwizzle swz =
+        box[0] * 2 == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    const CUresult r = enc(m,
+                           dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                           4, base, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : CONVD_EDEVICE;
+}
+
+template <class DT, int MT, int NT, int WM, int WN>
+static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
+                      int count, hipStream_t stream)
+{
+    const void *fn = (const void *)mma_tma_kernel<DT, MT, NT, WM, WN>;
+    int rc = gpu_allow_smem(fn, pl->smem);
+    if (rc != 0)
+        return rc;
+    int per_sm = 1;
+    rc = mma_blocks_per_sm(fn, pl->threads, pl->smem, &per_sm);
+    if (rc != 0)
+        return rc;
+    struct gpu_device_info dev;
+    rc = gpu_device_info_get(&dev);
+    if (rc != 0)
+        return rc;
+    const struct gpu_geom *g = &pl->g;
+    const cuuint32_t xbox[4] = {(cuuint32_t)pl->cbc, (cuuint32_t)pl->iw, (cuuint32_t)pl->ih,
+                                (cuuint32_t)pl->imgs};
+    const cuuint32_t ybox[4] = {(cuuint32_t)pl->bn, (cuuint32_t)pl->tw, (cuuint32_t)pl->th,
+                                (cuuint32_t)pl->imgs};
+    for (int p0 = 0; p0 < count; p0 += MMA_TMA_PROBS) {
+        const int cnt = count - p0 < MMA_TMA_PROBS ? count - p0 : MMA_TMA_PROBS;
+        struct gpu_batch sub;
+        memset(&sub, 0, sizeof(sub));
+        struct mma_tmaps tm;
+        memset(&tm, 0, sizeof(tm));
+        for (int i = 0; i < cnt; i++) {
+            sub.x[i] = b->x[p0 + i];
+            sub.w[i] = b->w[p0 + i];
+            sub.b[i] = b->b[p0 + i];
+            sub.y[i] = b->y[p0 + i];
+            rc = mma_map(&tm.x[i], pl->dtype, (void *)sub.x[i], g->c, g->w, g->h, g->n, xbox);
+            if (rc == 0)
+                rc = mma_map(&tm.y[i], pl->dtype, sub.y[i], g->k, g->wo, g->ho, g->n, ybox);
+            if (rc != 0)
+                return rc;
+        }
+        a->items = cnt * pl->nblk * pl->tiles;
+        int64_t grid = (int64_t)dev.sm_count * per_sm;
+        if (grid > a->items)
+            grid = a->items;
+        hipLaunchKernelGGL((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
+                           dim3((unsigned)pl->threads), pl->smem, stream, *a, sub, tm);
+        CONVD_GPU_CHECK(hipGetLastError());
+    }
+    return 0;
+}
+
+template <class DT>
+static int mma_launch_tma(const struct gpu_mma_plan *pl, struct mma_args *a,
+                          const struct gpu_batch *b, int count, hipStream_t stream)
+{
+    switch (pl->cfg) {
+    case 0:
+        return mma_go_tma<DT, 7, 1, 1, 8>(pl, a, b, count, stream);
+    case 1:
+        return mma_go_tma<DT, 7, 1, 1, 4>(pl, a, b, count, stream);
+    case 2:
+        return mma_go_tma<DT, 7, 2, 1, 4>(pl, a, b, count, stream);
+    case 3:
+        return mma_go_tma<DT, 7, 3, 1, 2>(pl, a, b, count, stream);
+    case 4:
+        return mma_go_tma<DT, 4, 4, 2, 2>(pl, a, b, count, stream);
+    case 5:
+        return mma_go_tma<DT, 2, 4, 2, 2>(pl, a, b, count, stream);
+    case 6:
+        return mma_go_tma<DT, 4, 5, 2, 2>(pl, a, b, count, stream);
+    }
+    return CONVD_EINVAL;
+}
+
 int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
                    hipStream_t stream)
 {
@@ -857,6 +1246,18 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
         a.gm > 1 && a.cpgm == 8 && a.kc == 8 && a.nchunks == 1 && (a.g.cpg == 4 || a.g.cpg == 2)
             ? a.g.cpg
             : 0;
+    a.off_stage1 = pl->off_stage1;
+    a.off_bar = pl->off_bar;
+    a.a_tx = pl->a_tx;
+    a.smask_a = a.cbc * 2 == 128 ? 0x70 : 0x30;
+    a.smask_s = a.bn * 2 == 128 ? 0x70 : 0x30;
+    if (pl->tma) {
+        if (pl->dtype == CONVD_DTYPE_FP16)
+            return mma_launch_tma<dt_f16>(pl, &a, b, count, stream);
+        if (pl->dtype == CONVD_DTYPE_BF16)
+            return mma_launch_tma<dt_bf16>(pl, &a, b, count, stream);
+        return CONVD_EINVAL;
+    }
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
@@ -894,15 +1295,27 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
         (const void *)mma_kernel<dt_f16, 1, 2, 4, 2, 2>,
         (const void *)mma_kernel<dt_f16, 1, 4, 5, 2, 2>,
     };
-    if (pl->cfg >= 0 && pl->cfg < MMA_NCFG && gpu_allow_smem(fns[pl->cfg], pl->smem) == 0)
-        (void)mma_blocks_per_sm(fns[pl->cfg], pl->threads, pl->smem, &per_sm);
+    static const void *tma_fns[] = {
+        (const void *)mma_tma_kernel<dt_f16, 7, 1, 1, 8>,
+        (const void *)mma_tma_kernel<dt_f16, 7, 1, 1, 4>,
+        (const void *)mma_tma_kernel<dt_f16, 7, 2, 1, 4>,
+        (const void *)mma_tma_kernel<dt_f16, 7, 3, 1, 2>,
+        (const void *)mma_tma_kernel<dt_f16, 4, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_f16, 2, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_f16, 4, 5, 2, 2>,
+    };
+    if (pl->cfg >= 0 && pl->cfg < MMA_NCFG) {
+        const void *fn = pl->tma ? tma_fns[pl->cfg] : fns[pl->cfg];
+        if (gpu_allow_smem(fn, pl->smem) == 0)
+            (void)mma_blocks_per_sm(fn, pl->threads, pl->smem, &per_sm);
+    }
 #endif
     snprintf(buf, len,
              "mma cfg %d gm %d bm %d bn %d sgb %d nsplit %d tile %dx%dx%d halo %dx%d kc %d/%d "
-             "k16 %d threads %d smem %d blocks/SM %d items %d",
+             "k16 %d threads %d smem %d blocks/SM %d items %d%s",
              pl->cfg, pl->gm, pl->bm, pl->bn, pl->sgb, pl->nsplit, pl->imgs, pl->th, pl->tw, pl->ih,
              pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
-             pl->tiles * pl->nblk);
+             pl->tiles * pl->nblk, pl->tma ? " tma" : "");
 }
 
 /* ---- planning (host) ---- */
@@ -912,6 +1325,11 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
 /* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
  * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an
  * output does not depend on how many groups the problem has. */
+static int mma_round1k(int bytes)
+{
+    return (bytes + 1023) & ~1023;
+}
+
 static int mma_pick_kc(int cpgm, int rs)
 {
     int kc = cpgm;
@@ -1027,6 +1445,10 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
         return CONVD_EDEVICE;
     }
 
+    /* Tensor copies: sm_90, NHWC in and out, 16-byte pixel strides, the encoder found. */
+    const bool tma_ok = mma_tma_mode != 0 && dev.cc_major >= 9 && !nchw_out && g.c % 8 == 0 &&
+                        g.k % 8 == 0 && mma_encoder() != NULL;
+
     double best = 0.0;
     struct gpu_mma_plan bp;
     memset(&bp, 0, sizeof(bp));
@@ -1047,8 +1469,12 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             continue;
         const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
         const int cbc = (sgb > 0 ? sgb : 1) * kc;
+        /* Tensor copies need rows a swizzle can take (64 or 128 bytes), whole 16-byte strides
+         * and the block's channels contiguous (one chunk); boxes are checked per tile below. */
+        const bool tma_cfg =
+            tma_ok && nchunks == 1 && (cbc == 32 || cbc == 64) && (bn == 32 || bn == 64);
         int ps = cbc * 2;
-        if ((ps / 16) % 2 == 0)
+        if (!tma_cfg && (ps / 16) % 2 == 0)
             ps += 16;
         struct mma_tile tiles[8];
         const int nt = mma_tiles(&g, bm, tiles, 8);
@@ -1070,12 +1496,19 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             const int iw = (t->tw - 1) * g.sw + (g.s - 1) * g.dw + 1;
             const int a_bytes = t->imgs * ih * iw * ps;
             const int b_bytes = bn * brs;
-            /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue). */
-            const int stage_bytes = nchw_out ? bn * (bm + 8) * 2 : bm * (bn + 8) * 2;
             const int oct_bytes = nk16 * 2 * 4;
+            const bool tma =
+                tma_cfg && ih <= 256 && iw <= 256 && t->imgs <= 256 && t->th <= 256 && t->tw <= 256;
+            /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue); with tensor copies,
+             * two dense [m][n] buffers. */
+            int stage_bytes = nchw_out ? bn * (bm + 8) * 2 : bm * (bn + 8) * 2;
             int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
-            if (stage_bytes > a_bytes)
+            if (tma) {
+                stage_bytes = mma_round1k(bm * bn * 2);
+                smem = 2 * mma_round1k(a_bytes) + 2 * stage_bytes + b_bytes + oct_bytes + 16 + 1024;
+            } else if (stage_bytes > a_bytes) {
                 smem += stage_bytes;
+            }
             if (smem > dev.smem_optin)
                 continue;
             const int64_t items = t->tiles * nblk;
@@ -1140,6 +1573,7 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
                 bp.stage_bytes = stage_bytes;
                 bp.smem = smem;
                 bp.threads = threads;
+                bp.tma = tma;
             }
         }
     }
@@ -1160,6 +1594,30 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     bp.brs = brs;
     bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
     bp.out_nchw = out_nchw;
+    if (bp.tma) {
+        /* A0 A1 S0 S1 (1024-byte aligned from the kernel's aligned base) B0 oct bars, and the
+         * 1024 bytes of slack the kernel's alignment may use. */
+        int off = 0;
+        bp.off_a0 = off;
+        off += mma_round1k(bp.a_bytes);
+        bp.off_a1 = off;
+        off += mma_round1k(bp.a_bytes);
+        bp.off_stage = off;
+        off += bp.stage_bytes;
+        bp.off_stage1 = off;
+        off += bp.stage_bytes;
+        bp.off_b0 = bp.off_b1 = off;
+        off += bp.b_bytes;
+        bp.off_oct = off;
+        off += nk16 * 2 * 4;
+        off = (off + 15) & ~15;
+        bp.off_bar = off;
+        off += 16;
+        bp.smem = off + 1024;
+        bp.a_tx = bp.a_bytes;
+        *ret = bp;
+        return 0;
+    }
     /* Shared-memory layout: A0 A1 B0 [B1] oct [stage]. */
     int off = 0;
     bp.off_a0 = off;
@@ -1186,6 +1644,15 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     *ret = bp;
     return 0;
 #endif
+}
+
+extern "C" int convd_gpu_tune_mma_tma(int mode)
+{
+    if (mode < -1 || mode > 1)
+        return CONVD_EINVAL;
+    mma_tma_mode = mode;
+    gpu_plan_cache_invalidate();
+    return 0;
 }
 
 extern "C" int convd_gpu_tune_mma_cfg(int cfg)

@@ -48,6 +48,8 @@ int gpu_device_info_get(struct gpu_device_info *ret)
         hipDeviceGetAttribute(&info.smem_optin, hipDeviceAttributeSharedMemPerBlockOptin, dev));
     CONVD_GPU_CHECK(hipDeviceGetAttribute(&info.smem_per_sm,
                                           hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, dev));
+    CONVD_GPU_CHECK(
+        hipDeviceGetAttribute(&info.cc_major, hipDeviceAttributeComputeCapabilityMajor, dev));
     pthread_mutex_lock(&gpu_devs_lock);
     gpu_devs[dev] = info;
     gpu_devs_ok[dev] = 1;

@@ -33,6 +33,7 @@ typedef cudaFuncAttributes hipFuncAttributes;
 #define hipGetDeviceCount                        cudaGetDeviceCount
 #define hipDeviceGetAttribute                    cudaDeviceGetAttribute
 #define hipDeviceAttributeMultiprocessorCount    cudaDevAttrMultiProcessorCount
+#define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipDeviceAttributeMaxSharedMemoryPerMultiprocessor                                         \
     cudaDevAttrMaxSharedMemoryPerMultiprocessor
@@ -57,6 +58,10 @@ typedef cudaFuncAttributes hipFuncAttributes;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define CONVD_DEVICE_SM80 1
+#endif
+/* Hopper's tensor copies (cp.async.bulk.tensor) and transaction-counted mbarriers. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CONVD_DEVICE_SM90 1
 #endif
 
 #else /* AMD through hipcc */

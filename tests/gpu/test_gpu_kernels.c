@@ -597,6 +597,7 @@ static int untune(void **state)
 {
     (void)state;
     convd_gpu_tune_mma_cfg(-1);
+    convd_gpu_tune_mma_tma(-1);
     convd_gpu_tune_dw_direct(-1);
     return 0;
 }
@@ -647,6 +648,78 @@ static void test_mma_configs(void **state)
     }
     assert_int_equal(convd_gpu_tune_mma_cfg(-1), 0);
     assert_true(cfgs >= 7);
+}
+
+/* Whether the device has sm_90's tensor copies (NVIDIA compute capability 9 or later). */
+static int device_has_tma(void)
+{
+    char name[160];
+    assert_int_equal(convd_gpu_device_name(name, sizeof(name)), 0);
+    const char *sm = strstr(name, "(sm_");
+    return sm != NULL && atoi(sm + 4) >= 90;
+}
+
+/* The tensor-core kernel with sm_90 tensor copies (the halo in as one box per item, padding
+ * filled by the copy unit; the output out as one box, clipped at the edges): every warp layout
+ * that takes a problem through them, against the reference, on problems whose tiles the image
+ * edges cut, with asymmetric padding, stride, dilation, merged groups, several images per tile,
+ * a last n-block that is partial (block channels past C, outputs past K) and kpg split over
+ * n-blocks. The router sends such problems to the copies by default, and never with the copies
+ * switched off. */
+static void test_mma_tma(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    require_mma();
+    if (!device_has_tma()) {
+        printf("skipped: no sm_90 tensor copies on this device\n");
+        skip();
+    }
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
+    const enum convd_dtype H = CONVD_DTYPE_FP16;
+    const enum convd_layout L = CONVD_LAYOUT_NHWC;
+    struct convd_problem asym = mk(2, 12, 13, 32, 32, 3, 3, 4, 1, 0, 1, H, L);
+    asym.pad_top = 2;
+    asym.pad_bottom = 0;
+    asym.pad_left = 0;
+    asym.pad_right = 1;
+    asym.stride_h = 2;
+    const struct convd_problem probs[] = {
+        mk(2, 13, 11, 64, 64, 3, 3, 8, 1, 1, 1, H, L),  /* cpg 8 */
+        mk(1, 17, 15, 32, 32, 3, 3, 8, 1, 1, 1, H, L),  /* cpg 4, 2 merged */
+        mk(2, 12, 12, 16, 16, 3, 3, 8, 1, 1, 1, H, L),  /* cpg 2, 4 merged */
+        mk(2, 9, 10, 64, 64, 3, 3, 4, 1, 1, 1, H, L),   /* cpg 16 */
+        mk(3, 7, 7, 64, 64, 3, 3, 2, 1, 1, 1, H, L),    /* cpg 32, images per tile */
+        mk(2, 15, 15, 64, 64, 3, 3, 8, 2, 1, 1, H, L),  /* stride 2 */
+        mk(1, 13, 13, 32, 32, 3, 3, 4, 1, 2, 2, H, L),  /* dilation 2 */
+        mk(1, 12, 12, 64, 64, 3, 3, 1, 1, 1, 1, H, L),  /* dense */
+        mk(1, 10, 11, 96, 96, 3, 3, 12, 1, 1, 1, H, L), /* last n-block partial */
+        mk(1, 9, 9, 64, 128, 3, 3, 1, 1, 1, 1, H, L),   /* kpg 128: split */
+        asym,
+    };
+    for (size_t i = 0; i < sizeof(probs) / sizeof(probs[0]); i++) {
+        int ran = 0;
+        for (int cfg = 0; convd_gpu_tune_mma_cfg(cfg) == 0; cfg++) {
+            struct convd_problem p = probs[i];
+            if (convd_gpu_family_check(&p, F, NULL, 0) != 0 || !described_as(&p, F, " tma"))
+                continue;
+            sweep(p, F, 1, 1);
+            ran++;
+        }
+        assert_int_equal(convd_gpu_tune_mma_cfg(-1), 0);
+        if (ran == 0)
+            fail_msg("problem %zu ran on no warp layout with tensor copies", i);
+    }
+    struct convd_problem p = mk(2, 9, 10, 32, 32, 3, 3, 4, 1, 1, 1, H, L);
+    assert_true(described_as(&p, F, " tma"));
+    p = mk(32, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, CONVD_DTYPE_BF16, L);
+    assert_true(described_as(&p, F, " tma"));
+    assert_int_equal(convd_gpu_tune_mma_tma(0), 0);
+    assert_false(described_as(&p, F, " tma"));
+    p = mk(2, 13, 11, 64, 64, 3, 3, 8, 1, 1, 1, H, L);
+    sweep(p, F, 1, 1); /* the same problem through cp.async, for the record */
+    assert_int_equal(convd_gpu_tune_mma_tma(-1), 0);
+    assert_int_equal(convd_gpu_tune_mma_tma(2), CONVD_EINVAL);
 }
 
 static void test_mma(void **state)
@@ -991,6 +1064,7 @@ int main(void)
         cmocka_unit_test(test_direct),
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_configs, untune),
+        cmocka_unit_test_teardown(test_mma_tma, untune),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_group_identity),
