@@ -719,6 +719,13 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                 double us = time_graph(ours_run, &oc, b.nbuf, 10);
                 printf("sweep %s %s %s cfg %d: %.1f us (%s)\n", sh->name, convd_dtype_name(dt),
                        convd_layout_name(lay), cfg, us, d2);
+                if (tma) { /* and launched without programmatic serialization */
+                    convd_gpu_tune_mma_pdl(0);
+                    us = time_graph(ours_run, &oc, b.nbuf, 10);
+                    convd_gpu_tune_mma_pdl(-1);
+                    printf("sweep %s %s %s cfg %d: %.1f us (%s, no pdl)\n", sh->name,
+                           convd_dtype_name(dt), convd_layout_name(lay), cfg, us, d2);
+                }
             }
         }
         convd_gpu_tune_mma_tma(-1);

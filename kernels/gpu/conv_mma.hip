@@ -55,7 +55,7 @@ struct mma_args {
     int merged_w; /* 4 or 2: mma_load_b_merged for groups of that many channels, else 0 */
     struct convd_math_fdiv fd_tpr;
     /* Tensor-copy kernel (mma_tma_kernel): second staging buffer, the two A mbarriers, the halo
-     * box's bytes, and the swizzle masks of A and staging (0x70: 128-byte rows, 0x30: 64). */
+     * box's bytes, and the swizzle masks of A and staging (mma_swizzle_mask). */
     int off_stage1, off_bar, a_tx, smask_a, smask_s;
 };
 
@@ -73,6 +73,7 @@ static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG coun
 
 static int mma_forced_cfg = -1;
 static int mma_tma_mode = -1; /* convd_gpu_tune_mma_tma */
+static int mma_pdl_mode = -1; /* convd_gpu_tune_mma_pdl */
 
 #if defined(CONVD_GPU_NVIDIA)
 /* Tensor maps of the tensor-copy kernel, passed by value (__grid_constant__): input and output of
@@ -200,6 +201,23 @@ template <bool READ> GPU_D void mma_tma_store_wait()
         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     else
         asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* Programmatic dependent launch (sm_90): the wait holds this thread until the grids this one
+ * depends on have completed and their memory is visible (a no-op for a launch without the
+ * attribute); the trigger lets the next such launch in the stream start its blocks early. */
+GPU_D void mma_grid_dep_wait()
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+GPU_D void mma_grid_dep_trigger()
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
@@ -892,6 +910,11 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         mma_mbar_init_fence();
     }
     __syncthreads();
+    /* Launched with programmatic stream serialization (mma_go_tma): the set-up above overlapped
+     * the previous kernel's tail; nothing global is touched before the wait. Every block of this
+     * grid is resident (it is persistent), so the next kernel may start queueing its blocks. */
+    mma_grid_dep_trigger();
+    mma_grid_dep_wait();
     /* The halo box of an item: block channels from ch0, the tile's input window. */
 #define MMA_TMA_HALO(item, i)                                                                      \
     do {                                                                                           \
@@ -1086,8 +1109,15 @@ static mma_encode_fn mma_encoder(void)
     return mma_encode;
 }
 
+/* The bits of (offset >> 3) that the tensor map's swizzle XORs into an offset's 16-byte unit,
+ * for rows of `row` bytes (mma_map's choice): 0 where rows stay plain. */
+static int mma_swizzle_mask(int row)
+{
+    return row == 128 ? 0x70 : row == 64 ? 0x30 : row == 32 ? 0x10 : 0;
+}
+
 /* A 4-D NHWC tensor map (dims innermost first: channels, columns, rows, images) with a box of
- * `box` elements per dimension, swizzled by the box's row bytes (64 or 128). */
+ * `box` elements per dimension, swizzled by the box's row bytes where that is 32, 64 or 128. */
 static int mma_map(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
                    const cuuint32_t box[4])
 {
@@ -1098,8 +1128,10 @@ static int mma_map(CUtensorMap *m, int dtype, void *base, int c, int w, int h, i
     const cuuint64_t strides[3] = {(cuuint64_t)c * 2, (cuuint64_t)c * w * 2,
                                    (cuuint64_t)c * w * h * 2};
     const cuuint32_t one[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle swz =
-        box[0] * 2 == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    const CUtensorMapSwizzle swz = box[0] * 2 == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                   : box[0] * 2 == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                   : box[0] * 2 == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                      : CU_TENSOR_MAP_SWIZZLE_NONE;
     const CUresult r = enc(m,
                            dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -1150,9 +1182,17 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
         int64_t grid = (int64_t)dev.sm_count * per_sm;
         if (grid > a->items)
             grid = a->items;
-        hipLaunchKernelGGL((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
-                           dim3((unsigned)pl->threads), pl->smem, stream, *a, sub, tm);
-        CONVD_GPU_CHECK(hipGetLastError());
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3((unsigned)grid);
+        lc.blockDim = dim3((unsigned)pl->threads);
+        lc.dynamicSmemBytes = (size_t)pl->smem;
+        lc.stream = stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        lc.attrs = at;
+        lc.numAttrs = mma_pdl_mode != 0 ? 1 : 0;
+        CONVD_GPU_CHECK(cudaLaunchKernelEx(&lc, mma_tma_kernel<DT, MT, NT, WM, WN>, *a, sub, tm));
     }
     return 0;
 }
@@ -1249,8 +1289,8 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.off_stage1 = pl->off_stage1;
     a.off_bar = pl->off_bar;
     a.a_tx = pl->a_tx;
-    a.smask_a = a.cbc * 2 == 128 ? 0x70 : 0x30;
-    a.smask_s = a.bn * 2 == 128 ? 0x70 : 0x30;
+    a.smask_a = mma_swizzle_mask(a.cbc * 2);
+    a.smask_s = mma_swizzle_mask(a.bn * 2);
     if (pl->tma) {
         if (pl->dtype == CONVD_DTYPE_FP16)
             return mma_launch_tma<dt_f16>(pl, &a, b, count, stream);
@@ -1469,10 +1509,10 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             continue;
         const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
         const int cbc = (sgb > 0 ? sgb : 1) * kc;
-        /* Tensor copies need rows a swizzle can take (64 or 128 bytes), whole 16-byte strides
-         * and the block's channels contiguous (one chunk); boxes are checked per tile below. */
-        const bool tma_cfg =
-            tma_ok && nchunks == 1 && (cbc == 32 || cbc == 64) && (bn == 32 || bn == 64);
+        /* Tensor copies need the block's channels contiguous (one chunk) and box rows of at
+         * most 256 elements; boxes are checked per tile below. Rows of 32, 64 or 128 bytes are
+         * swizzled, others (48, 80 channels) kept plain at their 16-byte pitch. */
+        const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
         int ps = cbc * 2;
         if (!tma_cfg && (ps / 16) % 2 == 0)
             ps += 16;
@@ -1541,6 +1581,12 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
                 per_sm = 2048 / threads;
             if (per_sm < 2)
                 cost *= 1.3;
+            /* Tensor copies: faster than the cp.async halo on every layout that takes them
+             * (0.7-0.95 of its time; bench/gpu/NOTES.md round 10), and more so with more blocks
+             * resident: resnext50_l1 ran 24.7 us on 112x32 at 4 blocks/SM against 25.8 on
+             * 112x64 at 2, which the terms above rate equal (resnext50_l2 16.9 against 17.8). */
+            if (tma)
+                cost *= 0.85 * (1.0 + 0.2 / (per_sm > 1 ? per_sm : 1));
             /* A grid smaller than the GPU: the cost grows with the idle share. At most two
              * resident blocks per SM count here: spreading a small problem over more SMs
              * beats stacking more blocks on fewer (latency_b1_resnext, 56 items of 256 threads
@@ -1652,6 +1698,14 @@ extern "C" int convd_gpu_tune_mma_tma(int mode)
         return CONVD_EINVAL;
     mma_tma_mode = mode;
     gpu_plan_cache_invalidate();
+    return 0;
+}
+
+extern "C" int convd_gpu_tune_mma_pdl(int mode)
+{
+    if (mode < -1 || mode > 1)
+        return CONVD_EINVAL;
+    mma_pdl_mode = mode;
     return 0;
 }
 

@@ -89,17 +89,32 @@ struct dt_bf16 {
     {
         return __uint_as_float((uint32_t)v << 16);
     }
+    /* NVIDIA sm_80 and later convert in hardware (cvt.rn: round to nearest even, NaN to the
+     * canonical quiet NaN); elsewhere the same rounding in integer arithmetic, about six
+     * instructions a value (bf16 epilogues ran 10-20% behind fp16 ones with it). */
     static GPU_D T store(float f)
     {
+#if defined(CONVD_DEVICE_SM80)
+        uint16_t r;
+        asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(f));
+        return r;
+#else
         uint32_t u = __float_as_uint(f);
         if ((u & 0x7fffffffu) > 0x7f800000u)
             return (T)((u >> 16) | 0x40u); /* quiet NaN stays NaN */
         u += 0x7fffu + ((u >> 16) & 1u);
         return (T)(u >> 16);
+#endif
     }
     static GPU_D uint32_t store2(float lo, float hi)
     {
+#if defined(CONVD_DEVICE_SM80)
+        uint32_t r; /* the first source goes to the upper half */
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+#else
         return (uint32_t)store(lo) | (uint32_t)store(hi) << 16;
+#endif
     }
 };
 

@@ -81,9 +81,13 @@ int convd_gpu_synchronize(void);
  * the mma family (and route elsewhere). */
 int convd_gpu_tune_mma_cfg(int cfg);
 /* Tests and benchmark only: whether the tensor-core kernel moves halo and output by sm_90 tensor
- * copies where a problem allows them (NHWC in and out, 32 or 64 block channels and outputs in one
- * chunk): -1 (the default) and 1 yes, 0 never. Process-global; CONVD_EINVAL for other values. */
+ * copies where a problem allows them (NHWC in and out, the block's input channels in one chunk):
+ * -1 (the default) and 1 yes, 0 never. Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_mma_tma(int mode);
+/* Tests and benchmark only: whether the tensor-copy kernel is launched with programmatic stream
+ * serialization (its set-up overlaps the previous kernel's tail; it waits for that kernel before
+ * touching memory): -1 (the default) and 1 yes, 0 no. Process-global; CONVD_EINVAL otherwise. */
+int convd_gpu_tune_mma_pdl(int mode);
 
 /* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_dw.hip:
  * NHWC 3x3 and 5x5, NCHW 3x3, 5x5 and 7x7 with "same" left padding and widths of whole 4-element

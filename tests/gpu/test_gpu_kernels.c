@@ -598,6 +598,7 @@ static int untune(void **state)
     (void)state;
     convd_gpu_tune_mma_cfg(-1);
     convd_gpu_tune_mma_tma(-1);
+    convd_gpu_tune_mma_pdl(-1);
     convd_gpu_tune_dw_direct(-1);
     return 0;
 }
@@ -663,9 +664,9 @@ static int device_has_tma(void)
  * filled by the copy unit; the output out as one box, clipped at the edges): every warp layout
  * that takes a problem through them, against the reference, on problems whose tiles the image
  * edges cut, with asymmetric padding, stride, dilation, merged groups, several images per tile,
- * a last n-block that is partial (block channels past C, outputs past K) and kpg split over
- * n-blocks. The router sends such problems to the copies by default, and never with the copies
- * switched off. */
+ * a last n-block that is partial (block channels past C, outputs past K), kpg split over
+ * n-blocks, and rows that are swizzled (32, 64, 128 bytes) or plain (96, 160). The router sends
+ * such problems to the copies by default, and never with the copies switched off. */
 static void test_mma_tma(void **state)
 {
     (void)state;
@@ -695,6 +696,8 @@ static void test_mma_tma(void **state)
         mk(1, 12, 12, 64, 64, 3, 3, 1, 1, 1, 1, H, L),  /* dense */
         mk(1, 10, 11, 96, 96, 3, 3, 12, 1, 1, 1, H, L), /* last n-block partial */
         mk(1, 9, 9, 64, 128, 3, 3, 1, 1, 1, 1, H, L),   /* kpg 128: split */
+        mk(2, 10, 10, 72, 72, 3, 3, 3, 1, 1, 1, H, L),  /* cpg 24: plain 96-byte rows */
+        mk(2, 9, 11, 160, 160, 1, 1, 2, 1, 0, 1, H, L), /* cpg 80, 1x1: plain 160-byte rows */
         asym,
     };
     for (size_t i = 0; i < sizeof(probs) / sizeof(probs[0]); i++) {
@@ -720,6 +723,50 @@ static void test_mma_tma(void **state)
     sweep(p, F, 1, 1); /* the same problem through cp.async, for the record */
     assert_int_equal(convd_gpu_tune_mma_tma(-1), 0);
     assert_int_equal(convd_gpu_tune_mma_tma(2), CONVD_EINVAL);
+}
+
+/* Back-to-back dependent launches: six convolutions on one stream, each reading the output the
+ * one before wrote, with no synchronisation between them. The tensor-copy kernel is launched with
+ * programmatic serialization (its blocks start during the previous kernel's tail and must wait
+ * for it before reading), so a missing wait would read the poison (NaN) or a partial tensor. Each
+ * stage is checked against the reference run on that stage's actual input. */
+static void test_mma_chain(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    require_mma();
+    struct convd_problem p =
+        mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    struct tcase c;
+    tc_init(&c, &p);
+    assert_int_equal(c.z.input_bytes, c.z.output_bytes);
+    enum { STAGES = 6 };
+    void *buf[STAGES + 1];
+    buf[0] = c.dx;
+    for (int i = 1; i <= STAGES; i++) {
+        assert_int_equal(convd_gpu_alloc(c.z.output_bytes, &buf[i]), 0);
+        assert_int_equal(convd_gpu_fill_bytes(buf[i], 0xff, c.z.output_bytes), 0);
+    }
+    assert_int_equal(convd_gpu_synchronize(), 0);
+    for (int i = 1; i <= STAGES; i++) {
+        struct convd_tensors t = {buf[i - 1], c.dw, NULL, buf[i]};
+        assert_int_equal(convd_gpu_conv(&p, &t, 1, NULL, 0, NULL), 0);
+    }
+    assert_int_equal(convd_gpu_synchronize(), 0);
+    for (int i = 1; i <= STAGES; i++) {
+        assert_int_equal(convd_gpu_download(c.hx, buf[i - 1], c.z.input_bytes), 0);
+        tc_reference(&c);
+        assert_int_equal(convd_gpu_download(c.hy, buf[i], c.z.output_bytes), 0);
+        size_t bad = 0;
+        const double err = tu_rel_error(p.dtype, c.hy, c.ref, c.z.output_elems, &bad);
+        if (!(err <= tu_tolerance(p.dtype)))
+            fail_msg("stage %d: rel error %.3g (element %zu: got %g, want %g)", i, err, bad,
+                     (double)tu_load(p.dtype, c.hy, bad), (double)c.ref[bad]);
+        n_checked++;
+    }
+    for (int i = 1; i <= STAGES; i++)
+        convd_gpu_free(buf[i]);
+    tc_free(&c);
 }
 
 static void test_mma(void **state)
@@ -1065,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
+        cmocka_unit_test(test_mma_chain),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_group_identity),
