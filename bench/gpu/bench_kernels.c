@@ -719,7 +719,18 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                 double us = time_graph(ours_run, &oc, b.nbuf, 10);
                 printf("sweep %s %s %s cfg %d: %.1f us (%s)\n", sh->name, convd_dtype_name(dt),
                        convd_layout_name(lay), cfg, us, d2);
-                if (tma) { /* and launched without programmatic serialization */
+                /* Tensor copies: each forced ring depth, then launched without programmatic
+                 * serialization. */
+                for (int nst = 2; tma && nst <= 4; nst++) {
+                    convd_gpu_tune_mma_stages(nst);
+                    char d3[200];
+                    convd_gpu_describe(&p, CONVD_GPU_FAMILY_MMA, d3, sizeof(d3));
+                    us = time_graph(ours_run, &oc, b.nbuf, 10);
+                    printf("sweep %s %s %s cfg %d: %.1f us (%s, %d stages forced)\n", sh->name,
+                           convd_dtype_name(dt), convd_layout_name(lay), cfg, us, d3, nst);
+                }
+                convd_gpu_tune_mma_stages(-1);
+                if (tma) {
                     convd_gpu_tune_mma_pdl(0);
                     us = time_graph(ours_run, &oc, b.nbuf, 10);
                     convd_gpu_tune_mma_pdl(-1);

@@ -57,6 +57,7 @@ struct mma_args {
     /* Tensor-copy kernel (mma_tma_kernel): second staging buffer, the two A mbarriers, the halo
      * box's bytes, and the swizzle masks of A and staging (mma_swizzle_mask). */
     int off_stage1, off_bar, a_tx, smask_a, smask_s;
+    int nst, a_stride; /* A stages (a ring from off_a0) and their spacing */
 };
 
 struct mma_cfg {
@@ -72,8 +73,9 @@ static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG coun
 #endif
 
 static int mma_forced_cfg = -1;
-static int mma_tma_mode = -1; /* convd_gpu_tune_mma_tma */
-static int mma_pdl_mode = -1; /* convd_gpu_tune_mma_pdl */
+static int mma_tma_mode = -1;   /* convd_gpu_tune_mma_tma */
+static int mma_pdl_mode = -1;   /* convd_gpu_tune_mma_pdl */
+static int mma_forced_nst = -1; /* convd_gpu_tune_mma_stages */
 
 #if defined(CONVD_GPU_NVIDIA)
 /* Tensor maps of the tensor-copy kernel, passed by value (__grid_constant__): input and output of
@@ -868,11 +870,12 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
  * The tensor-copy variant (sm_90, NHWC in and out, one chunk, block channels contiguous; see
  * gpu_mma_plan.tma). Per item one thread moves the whole halo with one cp.async.bulk.tensor box
  * (padding filled by the copy unit) and the whole output tile with another, so the warps only
- * multiply and stage. The halo of item i + 2 is issued as soon as every warp has finished item i,
- * into the buffer item i used; each A buffer has an mbarrier whose phase completes when its bytes
- * have landed. Staging is double-buffered, so one block barrier per item suffices: before it,
- * thread 0 waits until the store of the previous item has read its staging buffer (long done: it
- * was issued a whole item earlier), which is the buffer the next item stages into.
+ * multiply and stage. A ring of nst halo buffers (2 to 4, as shared memory allows without losing
+ * a resident block): the halo of item i + nst is issued as soon as every warp has finished item
+ * i, into the buffer item i used; each buffer has an mbarrier whose phase completes when its
+ * bytes have landed. Staging is double-buffered, so one block barrier per item suffices: before
+ * it, thread 0 waits until the store of the previous item has read its staging buffer (long done:
+ * it was issued a whole item earlier), which is the buffer the next item stages into.
  */
 template <class DT, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
@@ -902,11 +905,11 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     const int bko = (lane >> 3) & 1;
 
     const uint32_t bar0 = mma_smem_addr(smem + a.off_bar);
-#define MMA_TMA_A(i)   (smem + ((i) ? a.off_a1 : a.off_a0))
-#define MMA_TMA_BAR(i) (bar0 + ((i) ? 8u : 0u))
+#define MMA_TMA_A(i)   (smem + a.off_a0 + (i)*a.a_stride)
+#define MMA_TMA_BAR(i) (bar0 + 8u * (uint32_t)(i))
     if (tid == 0) {
-        mma_mbar_init(MMA_TMA_BAR(0), 1);
-        mma_mbar_init(MMA_TMA_BAR(1), 1);
+        for (int i = 0; i < a.nst; i++)
+            mma_mbar_init(MMA_TMA_BAR(i), 1);
         mma_mbar_init_fence();
     }
     __syncthreads();
@@ -923,11 +926,9 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                       hit_.ow0 *g.sw - g.pl, hit_.oh0 * g.sh - g.pt, hit_.n0, MMA_TMA_BAR(i),      \
                       (uint32_t)a.a_tx);                                                           \
     } while (0)
-    if (tid == 0) {
-        MMA_TMA_HALO(it_begin, 0);
-        if (it_begin + 1 < it_end)
-            MMA_TMA_HALO(it_begin + 1, 1);
-    }
+    if (tid == 0)
+        for (int i = 0; i < a.nst && it_begin + i < it_end; i++)
+            MMA_TMA_HALO(it_begin + i, i);
     {
         const struct mma_item it = mma_decode(a, it_begin);
         mma_load_b<DT, 1>(a, b, it, 0, smem + a.off_b0, tid, nthr);
@@ -936,8 +937,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     bool bfresh = true;
     uint32_t phase = 0;
     const uint32_t sb = mma_smem_addr(smem + a.off_b0) + brow * a.brs + bko * 16;
-    int ab = 0;
-    for (int item = it_begin; item < it_end; item++, ab ^= 1) {
+    int ab = 0, sbuf = 0; /* A stage of this item (a ring of nst), staging buffer */
+    for (int item = it_begin; item < it_end; item++, ab = ab + 1 == a.nst ? 0 : ab + 1, sbuf ^= 1) {
         if (bfresh) { /* the weights' cp.async copies, by every thread */
             mma_wait<0>();
             __syncthreads();
@@ -960,7 +961,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         const struct mma_item it = mma_decode(a, item);
         if (g.bias || g.relu)
             mma_bias_relu<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
-        uint8_t *stage = smem + (ab ? a.off_stage1 : a.off_stage);
+        uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
         mma_stage_swz<DT, MT, NT>(acc, stage, wm, wn, lane, a.bn * 2, a.smask_s);
         mma_fence_async_smem();
         if (tid == 0)
@@ -968,8 +969,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         __syncthreads();
         if (tid == 0) {
             mma_tma_store4(&tm.y[it.prob], mma_smem_addr(stage), it.k0, it.ow0, it.oh0, it.n0);
-            if (item + 2 < it_end)
-                MMA_TMA_HALO(item + 2, ab);
+            if (item + a.nst < it_end)
+                MMA_TMA_HALO(item + a.nst, ab);
         }
         /* A new n-block: its weights replace these (every warp is past its HMMA loop). */
         if (item + 1 < it_end && convd_math_fdiv_div((uint32_t)(item + 1), a.fd_tiles) !=
@@ -986,6 +987,32 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
 #undef MMA_TMA_A
 #undef MMA_TMA_BAR
 #endif
+}
+
+/* The tensor-copy kernel of a dtype and warp layout (for occupancy queries). */
+static const void *mma_tma_fn(int dtype, int cfg)
+{
+    static const void *f16[MMA_NCFG] = {
+        (const void *)mma_tma_kernel<dt_f16, 7, 1, 1, 8>,
+        (const void *)mma_tma_kernel<dt_f16, 7, 1, 1, 4>,
+        (const void *)mma_tma_kernel<dt_f16, 7, 2, 1, 4>,
+        (const void *)mma_tma_kernel<dt_f16, 7, 3, 1, 2>,
+        (const void *)mma_tma_kernel<dt_f16, 4, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_f16, 2, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_f16, 4, 5, 2, 2>,
+    };
+    static const void *bf16[MMA_NCFG] = {
+        (const void *)mma_tma_kernel<dt_bf16, 7, 1, 1, 8>,
+        (const void *)mma_tma_kernel<dt_bf16, 7, 1, 1, 4>,
+        (const void *)mma_tma_kernel<dt_bf16, 7, 2, 1, 4>,
+        (const void *)mma_tma_kernel<dt_bf16, 7, 3, 1, 2>,
+        (const void *)mma_tma_kernel<dt_bf16, 4, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_bf16, 2, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_bf16, 4, 5, 2, 2>,
+    };
+    if (cfg < 0 || cfg >= MMA_NCFG)
+        return NULL;
+    return dtype == CONVD_DTYPE_BF16 ? bf16[cfg] : f16[cfg];
 }
 
 /* Occupancy per (kernel, shared memory), computed once. */
@@ -1287,6 +1314,8 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
             ? a.g.cpg
             : 0;
     a.off_stage1 = pl->off_stage1;
+    a.nst = pl->nst;
+    a.a_stride = pl->a_stride;
     a.off_bar = pl->off_bar;
     a.a_tx = pl->a_tx;
     a.smask_a = mma_swizzle_mask(a.cbc * 2);
@@ -1335,17 +1364,8 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
         (const void *)mma_kernel<dt_f16, 1, 2, 4, 2, 2>,
         (const void *)mma_kernel<dt_f16, 1, 4, 5, 2, 2>,
     };
-    static const void *tma_fns[] = {
-        (const void *)mma_tma_kernel<dt_f16, 7, 1, 1, 8>,
-        (const void *)mma_tma_kernel<dt_f16, 7, 1, 1, 4>,
-        (const void *)mma_tma_kernel<dt_f16, 7, 2, 1, 4>,
-        (const void *)mma_tma_kernel<dt_f16, 7, 3, 1, 2>,
-        (const void *)mma_tma_kernel<dt_f16, 4, 4, 2, 2>,
-        (const void *)mma_tma_kernel<dt_f16, 2, 4, 2, 2>,
-        (const void *)mma_tma_kernel<dt_f16, 4, 5, 2, 2>,
-    };
     if (pl->cfg >= 0 && pl->cfg < MMA_NCFG) {
-        const void *fn = pl->tma ? tma_fns[pl->cfg] : fns[pl->cfg];
+        const void *fn = pl->tma ? mma_tma_fn(pl->dtype, pl->cfg) : fns[pl->cfg];
         if (gpu_allow_smem(fn, pl->smem) == 0)
             (void)mma_blocks_per_sm(fn, pl->threads, pl->smem, &per_sm);
     }
@@ -1355,7 +1375,11 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
              "k16 %d threads %d smem %d blocks/SM %d items %d%s",
              pl->cfg, pl->gm, pl->bm, pl->bn, pl->sgb, pl->nsplit, pl->imgs, pl->th, pl->tw, pl->ih,
              pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
-             pl->tiles * pl->nblk, pl->tma ? " tma" : "");
+             pl->tiles * pl->nblk,
+             pl->tma ? (pl->nst == 2   ? " tma"
+                        : pl->nst == 3 ? " tma x3"
+                                       : " tma x4")
+                     : "");
 }
 
 /* ---- planning (host) ---- */
@@ -1641,13 +1665,36 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
     bp.out_nchw = out_nchw;
     if (bp.tma) {
-        /* A0 A1 S0 S1 (1024-byte aligned from the kernel's aligned base) B0 oct bars, and the
-         * 1024 bytes of slack the kernel's alignment may use. */
+        /* Halo stages: as many as shared memory holds (up to 4) without a resident block fewer
+         * than two stages leave, so loads run further ahead at no cost in occupancy. */
+        const int a_stride = mma_round1k(bp.a_bytes);
+        const void *fn = mma_tma_fn(bp.dtype, bp.cfg);
+        int base_blocks = 0;
+        if (gpu_allow_smem(fn, dev.smem_optin) != 0 ||
+            mma_blocks_per_sm(fn, bp.threads, bp.smem, &base_blocks) != 0) {
+            snprintf(why, why_len, "mma: occupancy query failed");
+            return CONVD_EDEVICE;
+        }
+        bp.nst = 2;
+        for (int n = 4; n > 2; n--) {
+            const int sm = bp.smem + (n - 2) * a_stride;
+            int blocks = 0;
+            if (mma_forced_nst > 0 && n != mma_forced_nst)
+                continue;
+            if (sm > dev.smem_optin || mma_blocks_per_sm(fn, bp.threads, sm, &blocks) != 0)
+                continue;
+            if (blocks >= base_blocks || mma_forced_nst == n) {
+                bp.nst = n;
+                break;
+            }
+        }
+        /* A ring (1024-byte aligned from the kernel's aligned base), S0 S1, B0, oct, bars, and
+         * the 1024 bytes of slack the kernel's alignment may use. */
         int off = 0;
         bp.off_a0 = off;
-        off += mma_round1k(bp.a_bytes);
-        bp.off_a1 = off;
-        off += mma_round1k(bp.a_bytes);
+        bp.a_stride = a_stride;
+        off += bp.nst * a_stride;
+        bp.off_a1 = bp.off_a0 + a_stride;
         bp.off_stage = off;
         off += bp.stage_bytes;
         bp.off_stage1 = off;
@@ -1658,7 +1705,7 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
         off += nk16 * 2 * 4;
         off = (off + 15) & ~15;
         bp.off_bar = off;
-        off += 16;
+        off += 8 * bp.nst;
         bp.smem = off + 1024;
         bp.a_tx = bp.a_bytes;
         *ret = bp;
@@ -1706,6 +1753,15 @@ extern "C" int convd_gpu_tune_mma_pdl(int mode)
     if (mode < -1 || mode > 1)
         return CONVD_EINVAL;
     mma_pdl_mode = mode;
+    return 0;
+}
+
+extern "C" int convd_gpu_tune_mma_stages(int n)
+{
+    if (n != -1 && (n < 2 || n > 4))
+        return CONVD_EINVAL;
+    mma_forced_nst = n;
+    gpu_plan_cache_invalidate();
     return 0;
 }
 

@@ -599,6 +599,7 @@ static int untune(void **state)
     convd_gpu_tune_mma_cfg(-1);
     convd_gpu_tune_mma_tma(-1);
     convd_gpu_tune_mma_pdl(-1);
+    convd_gpu_tune_mma_stages(-1);
     convd_gpu_tune_dw_direct(-1);
     return 0;
 }
@@ -712,7 +713,18 @@ static void test_mma_tma(void **state)
         assert_int_equal(convd_gpu_tune_mma_cfg(-1), 0);
         if (ran == 0)
             fail_msg("problem %zu ran on no warp layout with tensor copies", i);
+        /* Rings of 3 and 4 halo buffers (the default takes as many as fit). */
+        for (int nst = 3; nst <= 4; nst++) {
+            assert_int_equal(convd_gpu_tune_mma_stages(nst), 0);
+            const char *want = nst == 3 ? " tma x3" : " tma x4";
+            struct convd_problem p = probs[i];
+            if (!described_as(&p, F, want))
+                fail_msg("problem %zu: no ring of %d halo buffers", i, nst);
+            sweep(p, F, 1, 1);
+        }
+        assert_int_equal(convd_gpu_tune_mma_stages(-1), 0);
     }
+    assert_int_equal(convd_gpu_tune_mma_stages(5), CONVD_EINVAL);
     struct convd_problem p = mk(2, 9, 10, 32, 32, 3, 3, 4, 1, 1, 1, H, L);
     assert_true(described_as(&p, F, " tma"));
     p = mk(32, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, CONVD_DTYPE_BF16, L);
