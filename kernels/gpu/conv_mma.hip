@@ -870,12 +870,12 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
  * The tensor-copy variant (sm_90, NHWC in and out, one chunk, block channels contiguous; see
  * gpu_mma_plan.tma). Per item one thread moves the whole halo with one cp.async.bulk.tensor box
  * (padding filled by the copy unit) and the whole output tile with another, so the warps only
- * multiply and stage. A ring of nst halo buffers (2 to 4, as shared memory allows without losing
- * a resident block): the halo of item i + nst is issued as soon as every warp has finished item
- * i, into the buffer item i used; each buffer has an mbarrier whose phase completes when its
- * bytes have landed. Staging is double-buffered, so one block barrier per item suffices: before
- * it, thread 0 waits until the store of the previous item has read its staging buffer (long done:
- * it was issued a whole item earlier), which is the buffer the next item stages into.
+ * multiply and stage. A ring of nst halo buffers (2; 3 or 4 only when forced for a sweep): the
+ * halo of item i + nst is issued as soon as every warp has finished item i, into the buffer item
+ * i used; each buffer has an mbarrier whose phase completes when its bytes have landed. Staging is
+ * double-buffered, so one block barrier per item suffices: before it, thread 0 waits until the
+ * store of the previous item has read its staging buffer (long done: it was issued a whole item
+ * earlier), which is the buffer the next item stages into.
  */
 template <class DT, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
@@ -1665,29 +1665,13 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
     bp.out_nchw = out_nchw;
     if (bp.tma) {
-        /* Halo stages: as many as shared memory holds (up to 4) without a resident block fewer
-         * than two stages leave, so loads run further ahead at no cost in occupancy. */
+        /* Two halo buffers: rings of 3 and 4 (convd_gpu_tune_mma_stages) were measured no
+         * faster where they kept every resident block, and slower where they cost one
+         * (bench/gpu/NOTES.md round 10): the loads are not what the items wait for. */
         const int a_stride = mma_round1k(bp.a_bytes);
-        const void *fn = mma_tma_fn(bp.dtype, bp.cfg);
-        int base_blocks = 0;
-        if (gpu_allow_smem(fn, dev.smem_optin) != 0 ||
-            mma_blocks_per_sm(fn, bp.threads, bp.smem, &base_blocks) != 0) {
-            snprintf(why, why_len, "mma: occupancy query failed");
-            return CONVD_EDEVICE;
-        }
         bp.nst = 2;
-        for (int n = 4; n > 2; n--) {
-            const int sm = bp.smem + (n - 2) * a_stride;
-            int blocks = 0;
-            if (mma_forced_nst > 0 && n != mma_forced_nst)
-                continue;
-            if (sm > dev.smem_optin || mma_blocks_per_sm(fn, bp.threads, sm, &blocks) != 0)
-                continue;
-            if (blocks >= base_blocks || mma_forced_nst == n) {
-                bp.nst = n;
-                break;
-            }
-        }
+        if (mma_forced_nst > 2 && bp.smem + (mma_forced_nst - 2) * a_stride <= dev.smem_optin)
+            bp.nst = mma_forced_nst;
         /* A ring (1024-byte aligned from the kernel's aligned base), S0 S1, B0, oct, bars, and
          * the 1024 bytes of slack the kernel's alignment may use. */
         int off = 0;

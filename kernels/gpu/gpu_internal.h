@@ -412,7 +412,7 @@ struct gpu_mma_plan {
      * bytes. */
     int tma;
     int off_stage1, off_bar, a_tx;
-    int nst, a_stride; /* tensor copies: halo buffers in the ring (2-4), their spacing */
+    int nst, a_stride; /* tensor copies: halo buffers in the ring (2; 3-4 forced), spacing */
 };
 int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
                       char *why, size_t why_len);

@@ -88,9 +88,9 @@ int convd_gpu_tune_mma_tma(int mode);
  * serialization (its set-up overlaps the previous kernel's tail; it waits for that kernel before
  * touching memory): -1 (the default) and 1 yes, 0 no. Process-global; CONVD_EINVAL otherwise. */
 int convd_gpu_tune_mma_pdl(int mode);
-/* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) as many as
- * fit without losing a resident block, up to 4; 2, 3 or 4 forces that many where shared memory
- * holds them. Process-global; CONVD_EINVAL for other values. */
+/* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) two; 3 or 4
+ * forces that many where shared memory holds them (2 is the default's). Process-global;
+ * CONVD_EINVAL for other values. */
 int convd_gpu_tune_mma_stages(int n);
 
 /* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_dw.hip:
