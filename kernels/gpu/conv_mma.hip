@@ -23,6 +23,10 @@
  * then halo and weights are double-buffered per chunk. The epilogue (bias, ReLU, rounding) goes
  * through shared memory so global stores are 16-byte and coalesced (NHWC) or pixel-contiguous
  * (NCHW). NCHW input is gathered with ordinary loads (it has to be transposed on the way in).
+ *
+ * On sm_90, NHWC problems whose block channels are one chunk run mma_tma_kernel instead: the halo
+ * and the output tile each move as one tensor copy per item (see its comment), which measured
+ * 1.1-1.5x faster on the suite's NHWC shapes (bench/gpu/NOTES.md, round 10).
  */
 #include <pthread.h>
 
@@ -640,8 +644,8 @@ GPU_D void mma_abase(const struct mma_args &a, int wm, int wn, int lane, int (&a
 
 /* The k16 loop of one item and chunk: A fragments by ldmatrix from the halo at the lane's row
  * bases plus the octet's tap offset, B from the weights. SWZ: the halo came by a tensor copy with
- * the 64- or 128-byte swizzle, so every A address has its 16-byte unit XOR'd with its row bits
- * ((offset >> 3) & smask; the buffer is 1024-byte aligned). */
+ * the 32-, 64- or 128-byte swizzle, so every A address has its 16-byte unit XOR'd with its row
+ * bits ((offset >> 3) & smask, the buffer 1024-byte aligned; smask 0 for plain rows). */
 template <class DT, int MT, int NT, bool SWZ>
 GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const int *oct,
                         uint32_t sa, const int (&abase)[MT], uint32_t sb, int khalf, int smask)
@@ -679,7 +683,7 @@ GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const
 
 /* Staging for a tensor store: [m][n] rows of bn * 2 bytes (the box's layout), 16-byte units
  * swizzled like the store's map (smask as in mma_mainloop), so the warp's 8 rows x 16 bytes land
- * in distinct banks. */
+ * in distinct banks (plain rows of 96 or 160 bytes: two rows per bank group). */
 template <class DT, int MT, int NT>
 GPU_D void mma_stage_swz(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int wn, int lane,
                          int pitch, int smask)
