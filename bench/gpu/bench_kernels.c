@@ -731,9 +731,9 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                 }
                 convd_gpu_tune_mma_stages(-1);
                 if (tma) {
-                    convd_gpu_tune_mma_pdl(0);
+                    convd_gpu_tune_pdl(0);
                     us = time_graph(ours_run, &oc, b.nbuf, 10);
-                    convd_gpu_tune_mma_pdl(-1);
+                    convd_gpu_tune_pdl(-1);
                     printf("sweep %s %s %s cfg %d: %.1f us (%s, no pdl)\n", sh->name,
                            convd_dtype_name(dt), convd_layout_name(lay), cfg, us, d2);
                 }

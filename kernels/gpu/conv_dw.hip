@@ -81,6 +81,7 @@ template <class DT, int CPL, int KPG, int P, int SMAX>
 __global__ void __launch_bounds__(256)
     dw_nhwc_kernel(const struct gpu_geom g, const struct gpu_batch b, const struct dwt_args a)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     extern __shared__ __align__(16) uint8_t dwt_smem[];
     const int prob = blockIdx.z;
@@ -389,6 +390,7 @@ template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool SPLIT,
 __global__ void __launch_bounds__(256, MINB)
     dw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cvn, int bands)
 {
+    convd_grid_dependency();
     constexpr int NO = CPT * KPG; /* outputs per pixel of a thread */
     typedef typename DT::T T;
     constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS;
@@ -469,6 +471,7 @@ template <class DT, int KS, int SH, int TH, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     dw_nchw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     constexpr int P = 4, PAD = (KS - 1) / 2, OFF = (4 - PAD % 4) % 4;
     constexpr int IR = (TH - 1) * SH + KS, NC = (P - 1) * SH + KS, NCH = (OFF + NC + 3) / 4;
@@ -614,6 +617,7 @@ __global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
     dw_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int th, int sx, int tiles_h,
                    int ir, int icols)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     extern __shared__ float dw_smem[];
     const int prob = blockIdx.z;

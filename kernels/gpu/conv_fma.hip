@@ -160,6 +160,7 @@ template <class DT, int NHWC, int TN, int KS>
 __global__ void __launch_bounds__(256, 2)
     fma_kernel(const struct fma_args a, const struct gpu_batch b)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     extern __shared__ float fma_smem[];
     const struct gpu_geom &g = a.g;

@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(256, 2)
     gd_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands,
                    int ktiles)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     extern __shared__ float gd_w[];       /* [cpg][9][KT] */
     constexpr int KS = 3, P = 4, OFF = 3; /* window start: 3 elements into the first chunk */

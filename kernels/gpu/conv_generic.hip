@@ -9,6 +9,7 @@ template <class DT, int NHWC>
 __global__ void __launch_bounds__(256)
     generic_kernel(const struct gpu_geom g, const struct gpu_batch b, int64_t total)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     const int prob = blockIdx.z;
     const T *x = (const T *)b.x[prob];

@@ -67,6 +67,7 @@ GPU_D void tr_tile64_pairs(const uint16_t *s, uint16_t *d, int rows, int cols, i
 
 template <class T> __global__ void __launch_bounds__(256) transpose_kernel(const struct tr_args a)
 {
+    convd_grid_dependency();
     __shared__ __align__(16) uint32_t tr_smem[64 * 33];
     int j = 0;
     while (j + 1 < a.njobs && (int)blockIdx.x >= a.first[j + 1])

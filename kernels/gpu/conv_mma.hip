@@ -78,7 +78,6 @@ static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG coun
 
 static int mma_forced_cfg = -1;
 static int mma_tma_mode = -1;   /* convd_gpu_tune_mma_tma */
-static int mma_pdl_mode = -1;   /* convd_gpu_tune_mma_pdl */
 static int mma_forced_nst = -1; /* convd_gpu_tune_mma_stages */
 
 #if defined(CONVD_GPU_NVIDIA)
@@ -207,23 +206,6 @@ template <bool READ> GPU_D void mma_tma_store_wait()
         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     else
         asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
-}
-
-/* Programmatic dependent launch (sm_90): the wait holds this thread until the grids this one
- * depends on have completed and their memory is visible (a no-op for a launch without the
- * attribute); the trigger lets the next such launch in the stream start its blocks early. */
-GPU_D void mma_grid_dep_wait()
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-GPU_D void mma_grid_dep_trigger()
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
@@ -713,6 +695,7 @@ template <class DT, int NHWC, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     mma_kernel(const struct mma_args a, const struct gpu_batch b)
 {
+    convd_grid_dependency();
 #if defined(CONVD_DEVICE_SM80)
     typedef typename DT::T T;
     extern __shared__ __align__(128) uint8_t mma_smem[];
@@ -917,11 +900,9 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         mma_mbar_init_fence();
     }
     __syncthreads();
-    /* Launched with programmatic stream serialization (mma_go_tma): the set-up above overlapped
-     * the previous kernel's tail; nothing global is touched before the wait. Every block of this
-     * grid is resident (it is persistent), so the next kernel may start queueing its blocks. */
-    mma_grid_dep_trigger();
-    mma_grid_dep_wait();
+    /* Launched with programmatic stream serialization (convd_launch): the set-up above, which
+     * touches no global memory, overlaps the previous kernel's tail. */
+    convd_grid_dependency();
     /* The halo box of an item: block channels from ch0, the tile's input window. */
 #define MMA_TMA_HALO(item, i)                                                                      \
     do {                                                                                           \
@@ -1213,17 +1194,9 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
         int64_t grid = (int64_t)dev.sm_count * per_sm;
         if (grid > a->items)
             grid = a->items;
-        cudaLaunchConfig_t lc = {};
-        lc.gridDim = dim3((unsigned)grid);
-        lc.blockDim = dim3((unsigned)pl->threads);
-        lc.dynamicSmemBytes = (size_t)pl->smem;
-        lc.stream = stream;
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        lc.attrs = at;
-        lc.numAttrs = mma_pdl_mode != 0 ? 1 : 0;
-        CONVD_GPU_CHECK(cudaLaunchKernelEx(&lc, mma_tma_kernel<DT, MT, NT, WM, WN>, *a, sub, tm));
+        hipLaunchKernelGGL((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
+                           dim3((unsigned)pl->threads), pl->smem, stream, *a, sub, tm);
+        CONVD_GPU_CHECK(hipGetLastError());
     }
     return 0;
 }
@@ -1733,14 +1706,6 @@ extern "C" int convd_gpu_tune_mma_tma(int mode)
         return CONVD_EINVAL;
     mma_tma_mode = mode;
     gpu_plan_cache_invalidate();
-    return 0;
-}
-
-extern "C" int convd_gpu_tune_mma_pdl(int mode)
-{
-    if (mode < -1 || mode > 1)
-        return CONVD_EINVAL;
-    mma_pdl_mode = mode;
     return 0;
 }
 

@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(256, 2)
     pw_kernel(const struct gpu_geom g, const struct gpu_batch b, int tch, int tpx, int ctiles,
               int ptiles, int vec_out, int out_nchw)
 {
+    convd_grid_dependency();
     typedef typename DT::T T;
     extern __shared__ float pw_smem[];
     const int prob = blockIdx.z;

@@ -28,6 +28,16 @@ static struct gpu_device_info gpu_devs[GPU_MAX_DEVICES];
 static int gpu_devs_ok[GPU_MAX_DEVICES];
 static pthread_mutex_t gpu_devs_lock = PTHREAD_MUTEX_INITIALIZER;
 
+int convd_gpu_pdl_mode = -1; /* vendor.h's convd_launch */
+
+extern "C" int convd_gpu_tune_pdl(int mode)
+{
+    if (mode < -1 || mode > 1)
+        return CONVD_EINVAL;
+    convd_gpu_pdl_mode = mode;
+    return 0;
+}
+
 int gpu_device_info_get(struct gpu_device_info *ret)
 {
     int dev = 0;
@@ -616,6 +626,7 @@ __device__ __forceinline__ uint64_t fill_mix(uint64_t z)
 template <class DT>
 __global__ void fill_random_kernel(typename DT::T *dst, size_t count, uint64_t seed)
 {
+    convd_grid_dependency();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (size_t)gridDim.x * blockDim.x) {
         const uint64_t h = fill_mix(seed ^ fill_mix(i));

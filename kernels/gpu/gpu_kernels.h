@@ -84,10 +84,11 @@ int convd_gpu_tune_mma_cfg(int cfg);
  * copies where a problem allows them (NHWC in and out, the block's input channels in one chunk):
  * -1 (the default) and 1 yes, 0 never. Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_mma_tma(int mode);
-/* Tests and benchmark only: whether the tensor-copy kernel is launched with programmatic stream
- * serialization (its set-up overlaps the previous kernel's tail; it waits for that kernel before
- * touching memory): -1 (the default) and 1 yes, 0 no. Process-global; CONVD_EINVAL otherwise. */
-int convd_gpu_tune_mma_pdl(int mode);
+/* Tests and benchmark only: whether kernels are launched with programmatic stream serialization
+ * (sm_90: a kernel's blocks start while the previous one finishes and wait for it before touching
+ * memory; about 1.5 us a kernel): -1 (the default) and 1 yes, 0 no. Process-global; CONVD_EINVAL
+ * for other values. */
+int convd_gpu_tune_pdl(int mode);
 /* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) two; 3 or 4
  * forces that many where shared memory holds them (2 is the default's). Process-global;
  * CONVD_EINVAL for other values. */

@@ -598,7 +598,7 @@ static int untune(void **state)
     (void)state;
     convd_gpu_tune_mma_cfg(-1);
     convd_gpu_tune_mma_tma(-1);
-    convd_gpu_tune_mma_pdl(-1);
+    convd_gpu_tune_pdl(-1);
     convd_gpu_tune_mma_stages(-1);
     convd_gpu_tune_dw_direct(-1);
     return 0;
@@ -737,23 +737,18 @@ static void test_mma_tma(void **state)
     assert_int_equal(convd_gpu_tune_mma_tma(2), CONVD_EINVAL);
 }
 
-/* Back-to-back dependent launches: six convolutions on one stream, each reading the output the
- * one before wrote, with no synchronisation between them. The tensor-copy kernel is launched with
- * programmatic serialization (its blocks start during the previous kernel's tail and must wait
- * for it before reading), so a missing wait would read the poison (NaN) or a partial tensor. Each
- * stage is checked against the reference run on that stage's actual input. */
-static void test_mma_chain(void **state)
+/* Back-to-back dependent launches of one problem: six convolutions on one stream, each reading
+ * the output the one before wrote, with no synchronisation between them. Every kernel is
+ * launched with programmatic serialization (its blocks start during the previous kernel's tail
+ * and must wait for it before touching memory), so a missing wait would read the poison (NaN) or
+ * a partial tensor. Each stage is checked against the reference run on that stage's actual
+ * input. With use_ws, NCHW runs as two kernels per stage (transposed copies, then the GEMM). */
+static void chain_case(struct convd_problem p, const char *kernel, int use_ws)
 {
-    (void)state;
-    REQUIRE_GPU();
-    require_mma();
-    /* bf16: six stages grow the values about 3x each, past fp16's range for some seeds. */
-    struct convd_problem p =
-        mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, CONVD_DTYPE_BF16, CONVD_LAYOUT_NHWC);
     struct tcase c;
     tc_init(&c, &p);
     assert_int_equal(c.z.input_bytes, c.z.output_bytes);
-    assert_true(described_as(&p, CONVD_GPU_FAMILY_MMA, " tma"));
+    assert_true(described_as(&p, CONVD_GPU_FAMILY_AUTO, kernel));
     enum { STAGES = 6 };
     void *buf[STAGES + 1];
     buf[0] = c.dx;
@@ -764,9 +759,12 @@ static void test_mma_chain(void **state)
     assert_int_equal(convd_gpu_synchronize(), 0);
     for (int i = 1; i <= STAGES; i++) {
         struct convd_tensors t = {buf[i - 1], c.dw, NULL, buf[i]};
-        assert_int_equal(convd_gpu_conv(&p, &t, 1, NULL, 0, NULL), 0);
+        assert_int_equal(
+            convd_gpu_conv(&p, &t, 1, use_ws ? c.ws : NULL, use_ws ? c.ws_bytes : 0, NULL), 0);
     }
     assert_int_equal(convd_gpu_synchronize(), 0);
+    char desc[160];
+    convd_problem_str(&p, desc, sizeof(desc));
     for (int i = 1; i <= STAGES; i++) {
         assert_int_equal(convd_gpu_download(c.hx, buf[i - 1], c.z.input_bytes), 0);
         tc_reference(&c);
@@ -774,13 +772,34 @@ static void test_mma_chain(void **state)
         size_t bad = 0;
         const double err = tu_rel_error(p.dtype, c.hy, c.ref, c.z.output_elems, &bad);
         if (!(err <= tu_tolerance(p.dtype)))
-            fail_msg("stage %d: rel error %.3g (element %zu: got %g, want %g)", i, err, bad,
-                     (double)tu_load(p.dtype, c.hy, bad), (double)c.ref[bad]);
+            fail_msg("%s stage %d: rel error %.3g (element %zu: got %g, want %g)", desc, i, err,
+                     bad, (double)tu_load(p.dtype, c.hy, bad), (double)c.ref[bad]);
         n_checked++;
     }
     for (int i = 1; i <= STAGES; i++)
         convd_gpu_free(buf[i]);
     tc_free(&c);
+}
+
+/* The chain on each kernel family that the router reaches with C = K. bf16: six stages grow the
+ * values about 3x each, past fp16's range for some seeds. */
+static void test_chain(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_dtype B = CONVD_DTYPE_BF16, S = CONVD_DTYPE_FP32;
+    const enum convd_layout NHWC = CONVD_LAYOUT_NHWC, NCHW = CONVD_LAYOUT_NCHW;
+    struct convd_problem p = mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, B, NHWC);
+    if (convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0) { /* not on AMD */
+        if (device_has_tma())
+            assert_true(described_as(&p, CONVD_GPU_FAMILY_MMA, " tma"));
+        chain_case(p, "mma", 0);
+        chain_case(mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, B, NCHW), "mma", 1); /* 2 kernels */
+    }
+    chain_case(mk(2, 24, 24, 32, 32, 3, 3, 32, 1, 1, 1, B, NHWC), "depthwise", 0);
+    chain_case(mk(2, 24, 24, 32, 32, 3, 3, 32, 1, 1, 1, S, NCHW), "depthwise", 0);
+    chain_case(mk(2, 16, 16, 32, 32, 3, 3, 4, 1, 1, 1, S, NHWC), "fma", 0);
+    chain_case(mk(2, 16, 16, 32, 32, 3, 3, 4, 1, 1, 1, S, NCHW), "direct", 0);
 }
 
 static void test_mma(void **state)
@@ -1126,7 +1145,7 @@ int main(void)
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
-        cmocka_unit_test(test_mma_chain),
+        cmocka_unit_test(test_chain),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_group_identity),
