@@ -97,16 +97,18 @@ static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
 #define CONVD_DEVICE_PASS 1
 #endif
 
-/* The first statement of every kernel (see convd_launch): lets the next kernel in the stream
- * start launching (this grid's blocks are all scheduled once each has passed here), then waits
- * until the grids this one depends on have completed and their memory is visible. Nothing of
- * the kernel's may touch global memory before it. A no-op before sm_90, on AMD, and for a launch
- * without the attribute. */
+/* The first statement of every kernel (see convd_launch): waits until the grids this one depends
+ * on have completed and their memory is visible, then lets the next kernel in the stream start
+ * launching. Nothing of the kernel's may touch global memory before it. In that order, a launch
+ * runs at most one kernel ahead: with the trigger first, each kernel's waiting blocks released
+ * the next one's, and kernels queued up resident and idle on the SMs the running one needed
+ * (latency_b1_resnext fp32 NHWC 9.6 -> 17.4 us, bench/gpu/NOTES.md round 10). A no-op before
+ * sm_90, on AMD, and for a launch without the attribute. */
 __device__ __forceinline__ void convd_grid_dependency(void)
 {
 #if defined(CONVD_DEVICE_SM90)
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
