@@ -538,10 +538,13 @@ GPU_D void mma_bias_relu(float (&acc)[MT][NT][4], const typename DT::T *bias,
 /* The epilogue's first half: accumulators (bias and ReLU applied) -> rounding -> staging, as
  * [m][n] rows of `pitch` bytes (NHWC output: a pixel's channels are one run) or [n][m] (NCHW: a
  * channel's pixels are one run; rows n, n + 1 of a (bm + 8)-element pitch, so that the warp's 8 m
- * and 4 n pairs fall in distinct banks). */
+ * and 4 n pairs fall in distinct banks). smask (NHWC only): staging for a tensor store, whose
+ * rows are bn * 2 bytes with their 16-byte units swizzled like the store's map (as in
+ * mma_mainloop), so the warp's 8 rows x 16 bytes land in distinct banks (plain rows of 96 or 160
+ * bytes: two rows per bank group); 0 for the padded pitch of the cp.async kernel. */
 template <class DT, int MT, int NT, bool NCHW_OUT>
 GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int wn, int lane,
-                     int pitch)
+                     int pitch, int smask)
 {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
@@ -556,7 +559,9 @@ GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int 
                     *(uint16_t *)(stage + n * pitch + (m + 8 * h) * 2) = (uint16_t)v;
                     *(uint16_t *)(stage + (n + 1) * pitch + (m + 8 * h) * 2) = (uint16_t)(v >> 16);
                 } else {
-                    *(uint32_t *)(stage + (m + 8 * h) * pitch + n * 2) = v;
+                    uint32_t o = (uint32_t)((m + 8 * h) * pitch + n * 2);
+                    o ^= (o >> 3) & (uint32_t)smask;
+                    *(uint32_t *)(stage + o) = v;
                 }
             }
         }
@@ -663,29 +668,6 @@ GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const
     }
 }
 
-/* Staging for a tensor store: [m][n] rows of bn * 2 bytes (the box's layout), 16-byte units
- * swizzled like the store's map (smask as in mma_mainloop), so the warp's 8 rows x 16 bytes land
- * in distinct banks (plain rows of 96 or 160 bytes: two rows per bank group). */
-template <class DT, int MT, int NT>
-GPU_D void mma_stage_swz(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int wn, int lane,
-                         int pitch, int smask)
-{
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t o = (uint32_t)((m + 8 * h) * pitch + n * 2);
-                o ^= (o >> 3) & (uint32_t)smask;
-                *(uint32_t *)(stage + o) = DT::store2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-            }
-        }
-    }
-}
-
 /* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
  * the persistent grid relies on a second resident block to overlap one block's epilogue and
  * barriers with another's tensor-core work. Holding the 256-thread ones to 3 blocks (80
@@ -783,9 +765,9 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             if (g.bias || g.relu)
                 mma_bias_relu<DT, MT, NT>(acc, bias, it, g, wn, lane);
             if (nchw_out)
-                mma_stage<DT, MT, NT, true>(acc, stage, wm, wn, lane, mpitch);
+                mma_stage<DT, MT, NT, true>(acc, stage, wm, wn, lane, mpitch, 0);
             else
-                mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, pitch);
+                mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, pitch, 0);
             __syncthreads();
             const int tslots = a.th * a.tw;
             if (NHWC && !a.out_nchw && a.out_vpt == 2) {
@@ -947,7 +929,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         if (g.bias || g.relu)
             mma_bias_relu<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
         uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
-        mma_stage_swz<DT, MT, NT>(acc, stage, wm, wn, lane, a.bn * 2, a.smask_s);
+        mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, a.bn * 2, a.smask_s);
         mma_fence_async_smem();
         if (tid == 0)
             mma_tma_store_wait<true>(); /* the previous item's store has read the other buffer */
@@ -1035,11 +1017,10 @@ static int mma_blocks_per_sm(const void *fn, int threads, int smem, int *ret)
     return 0;
 }
 
-template <class DT, int NHWC, int MT, int NT, int WM, int WN>
-static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
-                  int count, hipStream_t stream)
+/* The persistent grid of a kernel with the plan's shared memory: blocks resident on every SM
+ * (its shared-memory limit raised first). */
+static int mma_grid_cap(const void *fn, const struct gpu_mma_plan *pl, int64_t *ret)
 {
-    const void *fn = (const void *)mma_kernel<DT, NHWC, MT, NT, WM, WN>;
     int rc = gpu_allow_smem(fn, pl->smem);
     if (rc != 0)
         return rc;
@@ -1051,8 +1032,19 @@ static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struc
     rc = gpu_device_info_get(&dev);
     if (rc != 0)
         return rc;
+    *ret = (int64_t)dev.sm_count * per_sm;
+    return 0;
+}
+
+template <class DT, int NHWC, int MT, int NT, int WM, int WN>
+static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
+                  int count, hipStream_t stream)
+{
+    int64_t grid = 0;
+    int rc = mma_grid_cap((const void *)mma_kernel<DT, NHWC, MT, NT, WM, WN>, pl, &grid);
+    if (rc != 0)
+        return rc;
     a->items = count * pl->nblk * pl->tiles;
-    int64_t grid = (int64_t)dev.sm_count * per_sm;
     if (grid > a->items)
         grid = a->items;
     hipLaunchKernelGGL((mma_kernel<DT, NHWC, MT, NT, WM, WN>), dim3((unsigned)grid),
@@ -1156,16 +1148,8 @@ template <class DT, int MT, int NT, int WM, int WN>
 static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
                       int count, hipStream_t stream)
 {
-    const void *fn = (const void *)mma_tma_kernel<DT, MT, NT, WM, WN>;
-    int rc = gpu_allow_smem(fn, pl->smem);
-    if (rc != 0)
-        return rc;
-    int per_sm = 1;
-    rc = mma_blocks_per_sm(fn, pl->threads, pl->smem, &per_sm);
-    if (rc != 0)
-        return rc;
-    struct gpu_device_info dev;
-    rc = gpu_device_info_get(&dev);
+    int64_t cap = 0;
+    int rc = mma_grid_cap((const void *)mma_tma_kernel<DT, MT, NT, WM, WN>, pl, &cap);
     if (rc != 0)
         return rc;
     const struct gpu_geom *g = &pl->g;
@@ -1191,9 +1175,7 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
                 return rc;
         }
         a->items = cnt * pl->nblk * pl->tiles;
-        int64_t grid = (int64_t)dev.sm_count * per_sm;
-        if (grid > a->items)
-            grid = a->items;
+        const int64_t grid = cap < a->items ? cap : a->items;
         hipLaunchKernelGGL((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
                            dim3((unsigned)pl->threads), pl->smem, stream, *a, sub, tm);
         CONVD_GPU_CHECK(hipGetLastError());
