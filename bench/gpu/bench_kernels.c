@@ -57,6 +57,7 @@ struct opts {
     int dt_mask, lay_mask;
     int no_cudnn;
     int sweep_mma;
+    int sweep_pdl;
     int sweep_dw;
     int sweep_nchw;
     int sweep_fma;
@@ -703,6 +704,18 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         oc.fam = fam;
     }
 
+    /* Programmatic launch: off, and (NCHW through transposed copies) with the transposes or the
+     * kernel after them launched plainly. */
+    for (int mode = 0; o->sweep_pdl && mode <= 3; mode++) {
+        if (mode >= 2 && lay != CONVD_LAYOUT_NCHW)
+            break;
+        convd_gpu_tune_pdl(mode);
+        const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+        printf("sweep %s %s %s pdl mode %d: %.1f us (default %.1f us)\n", sh->name,
+               convd_dtype_name(dt), convd_layout_name(lay), mode, us, out->ours_us);
+    }
+    convd_gpu_tune_pdl(-1);
+
     if (o->sweep_mma && fam == CONVD_GPU_FAMILY_MMA) {
         for (int cfg = 0; cfg < 16; cfg++) {
             if (convd_gpu_tune_mma_cfg(cfg) != 0)
@@ -798,7 +811,8 @@ static void usage(void)
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn]\n"
-           "         [--sweep-mma] [--sweep-dw] [--sweep-nchw] [--sweep-fma] [--sweep-direct]\n");
+           "         [--sweep-mma] [--sweep-pdl] [--sweep-dw] [--sweep-nchw] [--sweep-fma] "
+           "[--sweep-direct]\n");
 }
 
 static int parse_mask(const char *s, int is_dtype)
@@ -963,6 +977,8 @@ int main(int argc, char **argv)
             o.no_cudnn = 1;
         } else if (strcmp(a, "--sweep-mma") == 0) {
             o.sweep_mma = 1;
+        } else if (strcmp(a, "--sweep-pdl") == 0) {
+            o.sweep_pdl = 1;
         } else if (strcmp(a, "--sweep-fma") == 0) {
             o.sweep_fma = 1;
         } else if (strcmp(a, "--sweep-dw") == 0) {

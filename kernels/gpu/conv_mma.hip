@@ -627,6 +627,13 @@ GPU_D void mma_abase(const struct mma_args &a, int wm, int wn, int lane, int (&a
         const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
         abase[mt] = ((img * a.ih + tr * g.sh) * a.iw + tc * g.sw) * a.ps + sgl_w * a.kc * 2;
     }
+    /* Opaque from here on: ptxas otherwise rematerialises the bases (two divisions each) in
+     * front of every item's k loop and again for its odd last step rather than keep MT registers
+     * live across the item loop: about 370 of the 680 instructions a warp issued per item in the
+     * tensor-copy kernel (resnext50_l2, Nsight Compute source counters, bench/gpu/NOTES.md). */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        asm volatile("" : "+r"(abase[mt]));
 }
 
 /* The k16 loop of one item and chunk: A fragments by ldmatrix from the halo at the lane's row

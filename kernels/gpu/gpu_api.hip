@@ -29,10 +29,11 @@ static int gpu_devs_ok[GPU_MAX_DEVICES];
 static pthread_mutex_t gpu_devs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int convd_gpu_pdl_mode = -1; /* vendor.h's convd_launch */
+thread_local int convd_launch_plain;
 
 extern "C" int convd_gpu_tune_pdl(int mode)
 {
-    if (mode < -1 || mode > 1)
+    if (mode < -1 || mode > 3)
         return CONVD_EINVAL;
     convd_gpu_pdl_mode = mode;
     return 0;
@@ -439,11 +440,18 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             tr[1].outer = p->k;
             tr[1].rows = p->c / p->groups;
             tr[1].cols = p->r * p->s;
+            convd_launch_plain = convd_gpu_pdl_mode == 2;
             rc = gpu_transpose_launch(tr, 2, n, (int)es, s);
+            convd_launch_plain = 0;
             if (rc != 0)
                 return rc;
         }
+        /* Launched early beside the transposes' last wave, the kernel after them ran up to 1.26x
+         * slower on small images (regnety16_l3 fp16 37.1 us against 29.3 launched plainly;
+         * bench/gpu/NOTES.md, round 11): by default it waits for them the ordinary way. */
+        convd_launch_plain = pl.transposed && (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
         rc = plan_launch(&pl, &b, n, s);
+        convd_launch_plain = 0;
         if (rc != 0)
             return rc;
     }

@@ -59,6 +59,9 @@ typedef cudaFuncAttributes hipFuncAttributes;
  * What overlaps is the launch and the block scheduling, about 1.5 us a kernel on the H200. An
  * error is left for the caller's hipGetLastError(). */
 extern int convd_gpu_pdl_mode;
+/* Set around one launch by its caller (this thread only): that launch goes without the attribute.
+ */
+extern thread_local int convd_launch_plain;
 template <typename... KArgs, typename... Args>
 static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shmem,
                                 cudaStream_t stream, Args &&...args)
@@ -72,7 +75,7 @@ static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = at;
-    lc.numAttrs = convd_gpu_pdl_mode != 0 ? 1 : 0;
+    lc.numAttrs = convd_gpu_pdl_mode != 0 && !convd_launch_plain ? 1 : 0;
     (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Args &&>(args)...);
 }
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...)                                \

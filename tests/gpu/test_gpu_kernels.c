@@ -740,9 +740,10 @@ static void test_mma_tma(void **state)
 /* Back-to-back dependent launches of one problem: six convolutions on one stream, each reading
  * the output the one before wrote, with no synchronisation between them. Every kernel is
  * launched with programmatic serialization (its blocks start during the previous kernel's tail
- * and must wait for it before touching memory), so a missing wait would read the poison (NaN) or
- * a partial tensor. Each stage is checked against the reference run on that stage's actual
- * input. With use_ws, NCHW runs as two kernels per stage (transposed copies, then the GEMM). */
+ * and must wait for it before touching memory; the default launches the kernel after NCHW
+ * transposes plainly), so a missing wait would read the poison (NaN) or a partial tensor. Each
+ * stage is checked against the reference run on that stage's actual input. With use_ws, NCHW runs
+ * as two kernels per stage (transposed copies, then the GEMM). */
 static void chain_case(struct convd_problem p, const char *kernel, int use_ws)
 {
     struct tcase c;
@@ -794,7 +795,15 @@ static void test_chain(void **state)
         if (device_has_tma())
             assert_true(described_as(&p, CONVD_GPU_FAMILY_MMA, " tma"));
         chain_case(p, "mma", 0);
-        chain_case(mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, B, NCHW), "mma", 1); /* 2 kernels */
+        /* Two kernels per stage, in each programmatic-launch arrangement (the default launches
+         * the GEMM after the transposes plainly; 1 launches both early, 2 the GEMM only). */
+        const struct convd_problem q = mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, B, NCHW);
+        for (int mode = -1; mode <= 2; mode++) {
+            assert_int_equal(convd_gpu_tune_pdl(mode), 0);
+            chain_case(q, "mma", 1);
+        }
+        assert_int_equal(convd_gpu_tune_pdl(4), CONVD_EINVAL);
+        assert_int_equal(convd_gpu_tune_pdl(-1), 0);
     }
     chain_case(mk(2, 24, 24, 32, 32, 3, 3, 32, 1, 1, 1, B, NHWC), "depthwise", 0);
     chain_case(mk(2, 24, 24, 32, 32, 3, 3, 32, 1, 1, 1, S, NCHW), "depthwise", 0);
@@ -1145,7 +1154,7 @@ int main(void)
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
-        cmocka_unit_test(test_chain),
+        cmocka_unit_test_teardown(test_chain, untune),
         cmocka_unit_test(test_generic),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_group_identity),
