@@ -568,6 +568,56 @@ GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int 
     }
 }
 
+/* The tensor-copy kernel's staging offsets of a lane (mma_stage's, NHWC, swizzled by smask), kept
+ * in registers for the whole item loop where they are few (MT * NT <= 8: 16 registers at most):
+ * recomputed per item they were about 60 of a warp's 440 instructions per item (resnext50_l2,
+ * 112x32 layout). Larger layouts compute them per item (PRE false). */
+template <int MT, int NT> struct mma_stage_offs {
+    static constexpr bool PRE = MT * NT <= 8;
+    uint32_t o[PRE ? MT : 1][PRE ? NT : 1][2];
+};
+
+template <int MT, int NT>
+GPU_D void mma_stage_offs_init(mma_stage_offs<MT, NT> &so, int wm, int wn, int lane, int pitch,
+                               int smask)
+{
+    if constexpr (mma_stage_offs<MT, NT>::PRE) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
+                    const int m = wm * MT * 16 + mt * 16 + (lane >> 2) + 8 * h;
+                    uint32_t o = (uint32_t)(m * pitch + n * 2);
+                    o ^= (o >> 3) & (uint32_t)smask;
+                    asm volatile("" : "+r"(o)); /* kept, not recomputed (see mma_abase) */
+                    so.o[mt][nt][h] = o;
+                }
+    }
+}
+
+/* mma_stage for NHWC staging through precomputed offsets (or mma_stage itself without them). */
+template <class DT, int MT, int NT>
+GPU_D void mma_stage_pre(const float (&acc)[MT][NT][4], uint8_t *stage,
+                         const mma_stage_offs<MT, NT> &so, int wm, int wn, int lane, int pitch,
+                         int smask)
+{
+    if constexpr (mma_stage_offs<MT, NT>::PRE) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *(uint32_t *)(stage + so.o[mt][nt][h]) =
+                        DT::store2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+    } else {
+        mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, pitch, smask);
+    }
+}
+
 /* The NHWC copy-out of one item: each thread keeps VPT 8-channel columns (vpr / VPT apart, so a
  * warp's stores cover adjacent columns) and walks output pixels, one decode and address per
  * pixel for VPT 16-byte stores. */
@@ -627,7 +677,7 @@ GPU_D void mma_abase(const struct mma_args &a, int wm, int wn, int lane, int (&a
         const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
         abase[mt] = ((img * a.ih + tr * g.sh) * a.iw + tc * g.sw) * a.ps + sgl_w * a.kc * 2;
     }
-    /* Opaque from here on: ptxas otherwise rematerialises the bases (two divisions each) in
+    /* Opaque from here on: the compiler otherwise recomputes the bases (two divisions each) in
      * front of every item's k loop and again for its odd last step rather than keep MT registers
      * live across the item loop: about 370 of the 680 instructions a warp issued per item in the
      * tensor-copy kernel (resnext50_l2, Nsight Compute source counters, bench/gpu/NOTES.md). */
@@ -880,6 +930,9 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     const int brow = wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3);
     const int bko = (lane >> 3) & 1;
 
+    mma_stage_offs<MT, NT> soffs;
+    mma_stage_offs_init<MT, NT>(soffs, wm, wn, lane, a.bn * 2, a.smask_s);
+
     const uint32_t bar0 = mma_smem_addr(smem + a.off_bar);
 #define MMA_TMA_A(i)   (smem + a.off_a0 + (i)*a.a_stride)
 #define MMA_TMA_BAR(i) (bar0 + 8u * (uint32_t)(i))
@@ -936,7 +989,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         if (g.bias || g.relu)
             mma_bias_relu<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
         uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
-        mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, a.bn * 2, a.smask_s);
+        mma_stage_pre<DT, MT, NT>(acc, stage, soffs, wm, wn, lane, a.bn * 2, a.smask_s);
         mma_fence_async_smem();
         if (tid == 0)
             mma_tma_store_wait<true>(); /* the previous item's store has read the other buffer */
