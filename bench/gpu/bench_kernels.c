@@ -704,6 +704,31 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         oc.fam = fam;
     }
 
+#if defined(CONVD_MMA_TRACE)
+    {
+        extern int convd_gpu_mma_trace(unsigned long long *dst, int clear);
+        const char *tp = getenv("CONVD_TRACE_OUT");
+        FILE *tf = tp ? fopen(tp, "a") : NULL;
+        if (tf) {
+            /* the second of two back-to-back runs (it overwrites the first's stamps) */
+            CK(cudaStreamSynchronize(g_stream));
+            convd_gpu_mma_trace(NULL, 1);
+            CK(cudaDeviceSynchronize());
+            ours_run(&oc, 0);
+            ours_run(&oc, 1 % b.nbuf);
+            CK(cudaStreamSynchronize(g_stream));
+            unsigned long long *tr = malloc(2048 * 64 * sizeof(*tr));
+            convd_gpu_mma_trace(tr, 0);
+            for (int bi = 0; bi < 2048; bi++)
+                for (int e = 0; e < 64; e++)
+                    if (tr[bi * 64 + e])
+                        fprintf(tf, "%s %s %d %d %llu %llu\n", sh->name, convd_dtype_name(dt), bi,
+                                e, tr[bi * 64 + e] >> 56, tr[bi * 64 + e] & ((1ull << 56) - 1));
+            free(tr);
+            fclose(tf);
+        }
+    }
+#endif
     /* Programmatic launch: off, and (NCHW through transposed copies) with the transposes or the
      * kernel after them launched plainly. */
     for (int mode = 0; o->sweep_pdl && mode <= 3; mode++) {
@@ -734,7 +759,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                        convd_layout_name(lay), cfg, us, d2);
                 /* Tensor copies: each forced ring depth, then launched without programmatic
                  * serialization. */
-                for (int nst = 2; tma && nst <= 4; nst++) {
+                for (int nst = 1; tma && nst <= 4; nst++) {
                     convd_gpu_tune_mma_stages(nst);
                     char d3[200];
                     convd_gpu_describe(&p, CONVD_GPU_FAMILY_MMA, d3, sizeof(d3));
@@ -744,6 +769,11 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                 }
                 convd_gpu_tune_mma_stages(-1);
                 if (tma) {
+                    convd_gpu_tune_mma_prefetch(0);
+                    us = time_graph(ours_run, &oc, b.nbuf, 10);
+                    convd_gpu_tune_mma_prefetch(-1);
+                    printf("sweep %s %s %s cfg %d: %.1f us (%s, no prefetch)\n", sh->name,
+                           convd_dtype_name(dt), convd_layout_name(lay), cfg, us, d2);
                     convd_gpu_tune_pdl(0);
                     us = time_graph(ours_run, &oc, b.nbuf, 10);
                     convd_gpu_tune_pdl(-1);

@@ -62,6 +62,7 @@ struct mma_args {
      * box's bytes, and the swizzle masks of A and staging (mma_swizzle_mask). */
     int off_stage1, off_bar, a_tx, smask_a, smask_s;
     int nst, a_stride; /* A stages (a ring from off_a0) and their spacing */
+    int prefetch;      /* L2 prefetch of the first item before the grid dependency */
 };
 
 struct mma_cfg {
@@ -77,8 +78,9 @@ static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG coun
 #endif
 
 static int mma_forced_cfg = -1;
-static int mma_tma_mode = -1;   /* convd_gpu_tune_mma_tma */
-static int mma_forced_nst = -1; /* convd_gpu_tune_mma_stages */
+static int mma_tma_mode = -1;      /* convd_gpu_tune_mma_tma */
+static int mma_forced_nst = -1;    /* convd_gpu_tune_mma_stages */
+static int mma_prefetch_mode = -1; /* convd_gpu_tune_mma_prefetch */
 
 #if defined(CONVD_GPU_NVIDIA)
 /* Tensor maps of the tensor-copy kernel, passed by value (__grid_constant__): input and output of
@@ -96,6 +98,27 @@ GPU_D uint32_t mma_smem_addr(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+
+#if defined(CONVD_MMA_TRACE)
+#define MMA_TRACE_BLOCKS 2048
+#define MMA_TRACE_EV     64
+#define MMA_TRACE_EV_END 63
+__device__ unsigned long long mma_trace[MMA_TRACE_BLOCKS][MMA_TRACE_EV];
+GPU_D void mma_tr(int ev)
+{
+    if (threadIdx.x == 0 && blockIdx.x < MMA_TRACE_BLOCKS && ev < MMA_TRACE_EV) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        mma_trace[blockIdx.x][ev] = t | ((unsigned long long)sm << 56);
+    }
+}
+#define MMA_TR(ev) mma_tr(ev)
+#else
+#define MMA_TR(ev)       ((void)0)
+#define MMA_TRACE_EV_END 0
+#endif
 
 GPU_D void mma_cp16(uint32_t dst, const void *src, bool valid)
 {
@@ -182,6 +205,33 @@ GPU_D void mma_tma_load4(uint32_t dst, const CUtensorMap *map, int c, int w, int
                  " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar)
                  : "memory");
+#endif
+}
+
+/* Hints that bring one 4-D box, or a byte range, into L2 without touching shared memory or any
+ * register. Safe before griddepcontrol.wait even where the previous kernel writes that memory: L2
+ * is the one coherent copy of global memory, so a line fetched early is updated in place by those
+ * writes, and nothing of it reaches the SM before the wait. */
+GPU_D void mma_tma_prefetch4(const CUtensorMap *map, int c, int w, int h, int n)
+{
+#if defined(CONVD_DEVICE_SM90)
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(c), "r"(w), "r"(h), "r"(n)
+                 : "memory");
+#endif
+}
+
+/* The whole 16-byte units inside [p, p + bytes). */
+GPU_D void mma_prefetch_l2(const void *p, size_t bytes)
+{
+#if defined(CONVD_DEVICE_SM90)
+    const uint64_t b = ((uint64_t)p + 15) & ~(uint64_t)15,
+                   e = ((uint64_t)p + bytes) & ~(uint64_t)15;
+    for (uint64_t q = b; q < e; q += 1u << 20) {
+        const uint32_t n = (uint32_t)(e - q < (1u << 20) ? e - q : (1u << 20));
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(q), "r"(n) : "memory");
+    }
 #endif
 }
 
@@ -917,6 +967,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % WM, wn = warp / WM;
 
+    MMA_TR(0);
     const int it_begin = (int)((int64_t)blockIdx.x * a.items / gridDim.x);
     const int it_end = (int)((int64_t)(blockIdx.x + 1) * a.items / gridDim.x);
     if (it_begin >= it_end)
@@ -941,10 +992,21 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             mma_mbar_init(MMA_TMA_BAR(i), 1);
         mma_mbar_init_fence();
     }
+    /* The first item's halo and weights into L2 while the previous kernel finishes (a hint:
+     * see mma_tma_prefetch4; inputs that kernel wrote are in L2 already). */
+    if (tid == 0 && a.prefetch) {
+        const struct mma_item it = mma_decode(a, it_begin);
+        mma_tma_prefetch4(&tm.x[it.prob], it.ch0, it.ow0 * g.sw - g.pl, it.oh0 * g.sh - g.pt,
+                          it.n0);
+        const size_t row = (size_t)g.r * g.s * g.cpg * sizeof(typename DT::T);
+        mma_prefetch_l2((const uint8_t *)b.w[it.prob] + (size_t)it.k0 * row,
+                        (size_t)(it.kend - it.k0) * row);
+    }
     __syncthreads();
     /* Launched with programmatic stream serialization (convd_launch): the set-up above, which
-     * touches no global memory, overlaps the previous kernel's tail. */
+     * reads no global memory, overlaps the previous kernel's tail. */
     convd_grid_dependency();
+    MMA_TR(1);
     /* The halo box of an item: block channels from ch0, the tile's input window. */
 #define MMA_TMA_HALO(item, i)                                                                      \
     do {                                                                                           \
@@ -953,9 +1015,12 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
                       hit_.ow0 *g.sw - g.pl, hit_.oh0 * g.sh - g.pt, hit_.n0, MMA_TMA_BAR(i),      \
                       (uint32_t)a.a_tx);                                                           \
     } while (0)
+    /* Only the first item's halo now: the others follow once it has landed (below). Every block
+     * starts at once, and with all of their first nst halos requested together the first ones
+     * arrived only when nearly all had (3-4 us after the dependency resolved on resnext50_l1-l3,
+     * globaltimer stamps; bench/gpu/NOTES.md round 11). */
     if (tid == 0)
-        for (int i = 0; i < a.nst && it_begin + i < it_end; i++)
-            MMA_TMA_HALO(it_begin + i, i);
+        MMA_TMA_HALO(it_begin, 0);
     {
         const struct mma_item it = mma_decode(a, it_begin);
         mma_load_b<DT, 1>(a, b, it, 0, smem + a.off_b0, tid, nthr);
@@ -970,9 +1035,14 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             mma_wait<0>();
             __syncthreads();
             bfresh = false;
+            MMA_TR(2);
         }
         mma_mbar_wait(MMA_TMA_BAR(ab), (phase >> ab) & 1u);
         phase ^= 1u << ab;
+        MMA_TR(3 + 3 * (item - it_begin));
+        if (item == it_begin && tid == 0)
+            for (int i = 1; i < a.nst && it_begin + i < it_end; i++)
+                MMA_TMA_HALO(it_begin + i, i);
 
         float acc[MT][NT][4];
 #pragma unroll
@@ -985,6 +1055,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
         mma_mainloop<DT, MT, NT, true>(acc, a, oct, mma_smem_addr(MMA_TMA_A(ab)), abase, sb, khalf,
                                        a.smask_a);
 
+        MMA_TR(4 + 3 * (item - it_begin));
         const struct mma_item it = mma_decode(a, item);
         if (g.bias || g.relu)
             mma_bias_relu<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
@@ -998,6 +1069,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
             mma_tma_store4(&tm.y[it.prob], mma_smem_addr(stage), it.k0, it.ow0, it.oh0, it.n0);
             if (item + a.nst < it_end)
                 MMA_TMA_HALO(item + a.nst, ab);
+            MMA_TR(5 + 3 * (item - it_begin));
         }
         /* A new n-block: its weights replace these (every warp is past its HMMA loop). */
         if (item + 1 < it_end && convd_math_fdiv_div((uint32_t)(item + 1), a.fd_tiles) !=
@@ -1010,6 +1082,7 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     }
     if (tid == 0)
         mma_tma_store_wait<false>();
+    MMA_TR(MMA_TRACE_EV_END);
 #undef MMA_TMA_HALO
 #undef MMA_TMA_A
 #undef MMA_TMA_BAR
@@ -1334,6 +1407,13 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
             : 0;
     a.off_stage1 = pl->off_stage1;
     a.nst = pl->nst;
+    /* Measured (bench/gpu/NOTES.md round 11): 0.3-1.5 us faster where a block's weights are a
+     * few KB and its items many (resnext50_l1 19.3 -> 18.3, cpg2_hero 11.8 -> 11.3, shufflenet
+     * 10.7 -> 10.2), 0.3-0.4 us slower with 36-74 KB of weights per block (resnext50_l4,
+     * dense_resnet50_l1), whose early reads compete with the previous kernel's. */
+    a.prefetch = mma_prefetch_mode == 1 ||
+                 (mma_prefetch_mode == -1 &&
+                  (int64_t)pl->bn * pl->g.r * pl->g.s * pl->g.cpg * 2 <= 24 * 1024);
     a.a_stride = pl->a_stride;
     a.off_bar = pl->off_bar;
     a.a_tx = pl->a_tx;
@@ -1396,6 +1476,7 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
              pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
              pl->tiles * pl->nblk,
              pl->tma ? (pl->nst == 2   ? " tma"
+                        : pl->nst == 1 ? " tma x1"
                         : pl->nst == 3 ? " tma x3"
                                        : " tma x4")
                      : "");
@@ -1689,7 +1770,8 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
          * (bench/gpu/NOTES.md round 10): the loads are not what the items wait for. */
         const int a_stride = mma_round1k(bp.a_bytes);
         bp.nst = 2;
-        if (mma_forced_nst > 2 && bp.smem + (mma_forced_nst - 2) * a_stride <= dev.smem_optin)
+        if (mma_forced_nst == 1 ||
+            (mma_forced_nst > 2 && bp.smem + (mma_forced_nst - 2) * a_stride <= dev.smem_optin))
             bp.nst = mma_forced_nst;
         /* A ring (1024-byte aligned from the kernel's aligned base), S0 S1, B0, oct, bars, and
          * the 1024 bytes of slack the kernel's alignment may use. */
@@ -1753,10 +1835,18 @@ extern "C" int convd_gpu_tune_mma_tma(int mode)
 
 extern "C" int convd_gpu_tune_mma_stages(int n)
 {
-    if (n != -1 && (n < 2 || n > 4))
+    if (n != -1 && (n < 1 || n > 4))
         return CONVD_EINVAL;
     mma_forced_nst = n;
     gpu_plan_cache_invalidate();
+    return 0;
+}
+
+extern "C" int convd_gpu_tune_mma_prefetch(int mode)
+{
+    if (mode < -1 || mode > 1)
+        return CONVD_EINVAL;
+    mma_prefetch_mode = mode;
     return 0;
 }
 
@@ -1768,3 +1858,18 @@ extern "C" int convd_gpu_tune_mma_cfg(int cfg)
     gpu_plan_cache_invalidate();
     return 0;
 }
+
+#if defined(CONVD_MMA_TRACE) && defined(CONVD_GPU_NVIDIA)
+/* Diagnostics build only (-DCONVD_MMA_TRACE): the tensor-copy kernel's per-block timestamps. */
+extern "C" int convd_gpu_mma_trace(unsigned long long *dst, int clear)
+{
+    void *p = NULL;
+    if (cudaGetSymbolAddress(&p, mma_trace) != cudaSuccess)
+        return CONVD_EDEVICE;
+    if (clear)
+        return cudaMemset(p, 0, sizeof(mma_trace)) == cudaSuccess ? 0 : CONVD_EDEVICE;
+    return cudaMemcpy(dst, p, sizeof(mma_trace), cudaMemcpyDeviceToHost) == cudaSuccess
+               ? 0
+               : CONVD_EDEVICE;
+}
+#endif

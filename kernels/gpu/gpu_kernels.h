@@ -90,10 +90,15 @@ int convd_gpu_tune_mma_tma(int mode);
  * copies) for the transposes (2) or the kernel after them (3); -1, the default, is 3.
  * Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_pdl(int mode);
-/* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) two; 3 or 4
- * forces that many where shared memory holds them (2 is the default's). Process-global;
- * CONVD_EINVAL for other values. */
+/* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) two; 1, or 3
+ * or 4 where shared memory holds them, forces that many. Process-global; CONVD_EINVAL for other
+ * values. */
 int convd_gpu_tune_mma_stages(int n);
+/* Tests and benchmark only: whether the tensor-copy kernel prefetches its first item's halo and
+ * weights into L2 before its grid dependency resolves: 1 yes, 0 no, -1 (the default) where a
+ * block's weights are at most 24 KB.
+ * Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_mma_prefetch(int mode);
 
 /* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_dw.hip:
  * NHWC 3x3 and 5x5, NCHW 3x3, 5x5 and 7x7 with "same" left padding and widths of whole 4-element
