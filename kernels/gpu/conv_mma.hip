@@ -946,7 +946,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
  * The tensor-copy variant (sm_90, NHWC in and out, one chunk, block channels contiguous; see
  * gpu_mma_plan.tma). Per item one thread moves the whole halo with one cp.async.bulk.tensor box
  * (padding filled by the copy unit) and the whole output tile with another, so the warps only
- * multiply and stage. A ring of nst halo buffers (2; 3 or 4 only when forced for a sweep): the
+ * multiply and stage. A ring of nst halo buffers (2; 1, 3 or 4 only when forced for a sweep):
+ * the first item's halo is issued at the start and the next nst - 1 once it has landed; then the
  * halo of item i + nst is issued as soon as every warp has finished item i, into the buffer item
  * i used; each buffer has an mbarrier whose phase completes when its bytes have landed. Staging is
  * double-buffered, so one block barrier per item suffices: before it, thread 0 waits until the
