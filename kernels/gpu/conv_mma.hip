@@ -1287,7 +1287,7 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
     if (rc != 0)
         return rc;
     const struct gpu_geom *g = &pl->g;
-    const cuuint32_t xbox[4] = {(cuuint32_t)pl->cbc, (cuuint32_t)pl->iw, (cuuint32_t)pl->ih,
+    const cuuint32_t xbox[4] = {(cuuint32_t)pl->ps / 2, (cuuint32_t)pl->iw, (cuuint32_t)pl->ih,
                                 (cuuint32_t)pl->imgs};
     const cuuint32_t ybox[4] = {(cuuint32_t)pl->bn, (cuuint32_t)pl->tw, (cuuint32_t)pl->th,
                                 (cuuint32_t)pl->imgs};
@@ -1418,7 +1418,7 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.a_stride = pl->a_stride;
     a.off_bar = pl->off_bar;
     a.a_tx = pl->a_tx;
-    a.smask_a = mma_swizzle_mask(a.cbc * 2);
+    a.smask_a = mma_swizzle_mask(a.ps);
     a.smask_s = mma_swizzle_mask(a.bn * 2);
     if (pl->tma) {
         if (pl->dtype == CONVD_DTYPE_FP16)
@@ -1636,10 +1636,16 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
         const int cbc = (sgb > 0 ? sgb : 1) * kc;
         /* Tensor copies need the block's channels contiguous (one chunk) and box rows of at
          * most 256 elements; boxes are checked per tile below. Rows of 32, 64 or 128 bytes are
-         * swizzled, others (48, 80 channels) kept plain at their 16-byte pitch. */
+         * swizzled; other rows of an even number of 16-byte units (48, 80, 128 channels) are
+         * padded to an odd one, the box taking 8 channels past the block's (the next block's,
+         * or zeros past C) that no octet reads: conflict-free ldmatrix. Measured (round 11):
+         * regnety16_l2 13.5 -> 11.8 us, regnety16_l3 11.7 -> 10.0 (96-byte rows, 2-way
+         * conflicts before); padding the swizzled rows as well, to drop the two swizzle
+         * instructions per A fragment, lost more to the larger halo (resnext50_l1 18.4 ->
+         * 20.7, l4 7.8 -> 10.1). */
         const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
         int ps = cbc * 2;
-        if (!tma_cfg && (ps / 16) % 2 == 0)
+        if ((ps / 16) % 2 == 0 && (!tma_cfg || (mma_swizzle_mask(ps) == 0 && cbc + 8 <= 256)))
             ps += 16;
         struct mma_tile tiles[8];
         const int nt = mma_tiles(&g, bm, tiles, 8);
