@@ -59,8 +59,7 @@ typedef cudaFuncAttributes hipFuncAttributes;
  * What overlaps is the launch and the block scheduling, about 1.5 us a kernel on the H200. An
  * error is left for the caller's hipGetLastError(). */
 extern int convd_gpu_pdl_mode;
-/* Set around one launch by its caller (this thread only): that launch goes without the attribute.
- */
+/* Set by a caller around one launch (this thread only): that launch goes plainly. */
 extern thread_local int convd_launch_plain;
 template <typename... KArgs, typename... Args>
 static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shmem,

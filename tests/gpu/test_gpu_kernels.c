@@ -798,6 +798,14 @@ static void test_chain(void **state)
         if (device_has_tma())
             assert_true(described_as(&p, CONVD_GPU_FAMILY_MMA, " tma"));
         chain_case(p, "mma", 0);
+        /* The L2 prefetch of each stage's first halo, issued before the previous stage has
+         * finished writing it, forced on and off (the default takes it for this problem). */
+        for (int mode = 0; mode <= 1; mode++) {
+            assert_int_equal(convd_gpu_tune_mma_prefetch(mode), 0);
+            chain_case(p, "mma", 0);
+        }
+        assert_int_equal(convd_gpu_tune_mma_prefetch(2), CONVD_EINVAL);
+        assert_int_equal(convd_gpu_tune_mma_prefetch(-1), 0);
         /* Two kernels per stage, in each programmatic-launch arrangement (the default launches
          * the GEMM after the transposes plainly; 1 launches both early, 2 the GEMM only). */
         const struct convd_problem q = mk(2, 20, 20, 64, 64, 3, 3, 8, 1, 1, 1, B, NCHW);
