@@ -58,8 +58,9 @@ struct mma_args {
     int out_vpt;  /* NHWC copy-out columns per thread (mma_out_nhwc), 0: the any-shape loop */
     int merged_w; /* 4 or 2: mma_load_b_merged for groups of that many channels, else 0 */
     struct convd_math_fdiv fd_tpr;
-    /* Tensor-copy kernel (mma_tma_kernel): second staging buffer, the two A mbarriers, the halo
-     * box's bytes, and the swizzle masks of A and staging (mma_swizzle_mask). */
+    /* Tensor-copy kernel (mma_tma_kernel): second staging buffer, the A mbarriers (one per ring
+     * buffer), the halo box's bytes, and the swizzle masks of A and staging (mma_swizzle_mask; 0
+     * for plain or padded rows). */
     int off_stage1, off_bar, a_tx, smask_a, smask_s;
     int nst, a_stride; /* A stages (a ring from off_a0) and their spacing */
     int prefetch;      /* L2 prefetch of the first item before the grid dependency */
@@ -995,13 +996,13 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
     }
     /* The first item's halo and weights into L2 while the previous kernel finishes (a hint:
      * see mma_tma_prefetch4; inputs that kernel wrote are in L2 already). */
+    const struct mma_item first = mma_decode(a, it_begin);
     if (tid == 0 && a.prefetch) {
-        const struct mma_item it = mma_decode(a, it_begin);
-        mma_tma_prefetch4(&tm.x[it.prob], it.ch0, it.ow0 * g.sw - g.pl, it.oh0 * g.sh - g.pt,
-                          it.n0);
+        mma_tma_prefetch4(&tm.x[first.prob], first.ch0, first.ow0 * g.sw - g.pl,
+                          first.oh0 * g.sh - g.pt, first.n0);
         const size_t row = (size_t)g.r * g.s * g.cpg * sizeof(typename DT::T);
-        mma_prefetch_l2((const uint8_t *)b.w[it.prob] + (size_t)it.k0 * row,
-                        (size_t)(it.kend - it.k0) * row);
+        mma_prefetch_l2((const uint8_t *)b.w[first.prob] + (size_t)first.k0 * row,
+                        (size_t)(first.kend - first.k0) * row);
     }
     __syncthreads();
     /* Launched with programmatic stream serialization (convd_launch): the set-up above, which
@@ -1022,11 +1023,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
      * globaltimer stamps; bench/gpu/NOTES.md round 11). */
     if (tid == 0)
         MMA_TMA_HALO(it_begin, 0);
-    {
-        const struct mma_item it = mma_decode(a, it_begin);
-        mma_load_b<DT, 1>(a, b, it, 0, smem + a.off_b0, tid, nthr);
-        mma_commit();
-    }
+    mma_load_b<DT, 1>(a, b, first, 0, smem + a.off_b0, tid, nthr);
+    mma_commit();
     bool bfresh = true;
     uint32_t phase = 0;
     const uint32_t sb = mma_smem_addr(smem + a.off_b0) + brow * a.brs + bko * 16;
@@ -1487,14 +1485,15 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
 
 #if defined(CONVD_GPU_NVIDIA)
 
-/* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
- * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an
- * output does not depend on how many groups the problem has. */
+/* Bytes rounded up to the tensor-copy kernel's 1024-byte buffer alignment. */
 static int mma_round1k(int bytes)
 {
     return (bytes + 1023) & ~1023;
 }
 
+/* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
+ * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an
+ * output does not depend on how many groups the problem has. */
 static int mma_pick_kc(int cpgm, int rs)
 {
     int kc = cpgm;

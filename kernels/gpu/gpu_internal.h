@@ -406,13 +406,13 @@ struct gpu_mma_plan {
     int fast_w; /* weights copied with 16-byte cp.async (NHWC, gm == 1) */
     int out_nchw;
     /* Tensor copies (sm_90): the halo arrives as one cp.async.bulk.tensor box per item into a
-     * ring of nst dense, swizzled A buffers (ps = cbc * 2, 1024-byte aligned, a_stride apart),
-     * the output leaves as one box from a double-buffered, swizzled staging tile (off_stage,
-     * off_stage1); completion is counted on the mbarriers at off_bar. a_tx: the halo box's
-     * bytes. */
+     * ring of nst A buffers (rows of ps bytes: cbc * 2 swizzled at 32, 64 or 128 bytes, else
+     * padded to an odd number of 16-byte units; 1024-byte aligned, a_stride apart), the output
+     * leaves as one box from a double-buffered, swizzled staging tile (off_stage, off_stage1);
+     * completion is counted on the mbarriers at off_bar. a_tx: the halo box's bytes. */
     int tma;
     int off_stage1, off_bar, a_tx;
-    int nst, a_stride; /* tensor copies: halo buffers in the ring (2; 3-4 forced), spacing */
+    int nst, a_stride; /* tensor copies: halo buffers in the ring (2; 1, 3, 4 forced), spacing */
 };
 int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
                       char *why, size_t why_len);
