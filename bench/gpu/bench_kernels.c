@@ -706,7 +706,6 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
 
 #if defined(CONVD_MMA_TRACE)
     {
-        extern int convd_gpu_mma_trace(unsigned long long *dst, int clear);
         const char *tp = getenv("CONVD_TRACE_OUT");
         FILE *tf = tp ? fopen(tp, "a") : NULL;
         if (tf) {
@@ -717,13 +716,14 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
             ours_run(&oc, 0);
             ours_run(&oc, 1 % b.nbuf);
             CK(cudaStreamSynchronize(g_stream));
-            unsigned long long *tr = malloc(2048 * 64 * sizeof(*tr));
+            enum { NB = CONVD_MMA_TRACE_BLOCKS, NE = CONVD_MMA_TRACE_EVENTS };
+            unsigned long long *tr = malloc((size_t)NB * NE * sizeof(*tr));
             convd_gpu_mma_trace(tr, 0);
-            for (int bi = 0; bi < 2048; bi++)
-                for (int e = 0; e < 64; e++)
-                    if (tr[bi * 64 + e])
+            for (int bi = 0; bi < NB; bi++)
+                for (int e = 0; e < NE; e++)
+                    if (tr[bi * NE + e])
                         fprintf(tf, "%s %s %d %d %llu %llu\n", sh->name, convd_dtype_name(dt), bi,
-                                e, tr[bi * 64 + e] >> 56, tr[bi * 64 + e] & ((1ull << 56) - 1));
+                                e, tr[bi * NE + e] >> 56, tr[bi * NE + e] & ((1ull << 56) - 1));
             free(tr);
             fclose(tf);
         }

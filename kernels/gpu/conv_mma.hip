@@ -101,9 +101,9 @@ GPU_D uint32_t mma_smem_addr(const void *p)
 }
 
 #if defined(CONVD_MMA_TRACE)
-#define MMA_TRACE_BLOCKS 2048
-#define MMA_TRACE_EV     64
-#define MMA_TRACE_EV_END 63
+#define MMA_TRACE_BLOCKS CONVD_MMA_TRACE_BLOCKS
+#define MMA_TRACE_EV     CONVD_MMA_TRACE_EVENTS
+#define MMA_TRACE_EV_END (MMA_TRACE_EV - 1)
 __device__ unsigned long long mma_trace[MMA_TRACE_BLOCKS][MMA_TRACE_EV];
 GPU_D void mma_tr(int ev)
 {
@@ -1866,7 +1866,6 @@ extern "C" int convd_gpu_tune_mma_cfg(int cfg)
 }
 
 #if defined(CONVD_MMA_TRACE) && defined(CONVD_GPU_NVIDIA)
-/* Diagnostics build only (-DCONVD_MMA_TRACE): the tensor-copy kernel's per-block timestamps. */
 extern "C" int convd_gpu_mma_trace(unsigned long long *dst, int clear)
 {
     void *p = NULL;

@@ -131,6 +131,17 @@ int convd_gpu_tune_direct_prefetch(int mode);
  * Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_direct_outputs8(int mode);
 
+#if defined(CONVD_MMA_TRACE)
+/* Diagnostics build only (-DCONVD_MMA_TRACE): per-block globaltimer stamps of the tensor-copy
+ * kernel, CONVD_MMA_TRACE_EVENTS per block for the first CONVD_MMA_TRACE_BLOCKS blocks, each the
+ * SM id << 56 | nanoseconds (0: not reached). clear != 0 zeroes them; otherwise they are copied to
+ * dst (CONVD_MMA_TRACE_BLOCKS * CONVD_MMA_TRACE_EVENTS values). bench/gpu/trace_summary.py reads
+ * what convd-bench-kernels writes of them. */
+#define CONVD_MMA_TRACE_BLOCKS 2048
+#define CONVD_MMA_TRACE_EVENTS 64
+int convd_gpu_mma_trace(unsigned long long *dst, int clear);
+#endif
+
 #ifdef __cplusplus
 }
 #endif
