@@ -667,7 +667,8 @@ static int device_has_tma(void)
  * that takes a problem through them, against the reference, on problems whose tiles the image
  * edges cut, with asymmetric padding, stride, dilation, merged groups, several images per tile,
  * a last n-block that is partial (block channels past C, outputs past K), kpg split over
- * n-blocks, and rows that are swizzled (32, 64, 128 bytes) or plain (96, 160). The router sends
+ * n-blocks, and rows that are swizzled (32, 64, 128 bytes) or padded (96, 160 bytes to 112, 176,
+ * the box reading 8 channels past the block's, past C on the last). The router sends
  * such problems to the copies by default, and never with the copies switched off. */
 static void test_mma_tma(void **state)
 {
@@ -698,8 +699,8 @@ static void test_mma_tma(void **state)
         mk(1, 12, 12, 64, 64, 3, 3, 1, 1, 1, 1, H, L),  /* dense */
         mk(1, 10, 11, 96, 96, 3, 3, 12, 1, 1, 1, H, L), /* last n-block partial */
         mk(1, 9, 9, 64, 128, 3, 3, 1, 1, 1, 1, H, L),   /* kpg 128: split */
-        mk(2, 10, 10, 72, 72, 3, 3, 3, 1, 1, 1, H, L),  /* cpg 24: plain 96-byte rows */
-        mk(2, 9, 11, 160, 160, 1, 1, 2, 1, 0, 1, H, L), /* cpg 80, 1x1: plain 160-byte rows */
+        mk(2, 10, 10, 72, 72, 3, 3, 3, 1, 1, 1, H, L),  /* cpg 24: 96-byte rows, padded */
+        mk(2, 9, 11, 160, 160, 1, 1, 2, 1, 0, 1, H, L), /* cpg 80, 1x1: 160-byte rows, padded */
         asym,
     };
     for (size_t i = 0; i < sizeof(probs) / sizeof(probs[0]); i++) {
