@@ -606,6 +606,59 @@ GPU_D void dw_nchw_fill_vec(float *in_s, const typename DT::T *xp, const struct 
 }
 
 /*
+ * The tiled NCHW kernels' arithmetic: DW_P outputs of row oh (row tr of the shared tile), columns
+ * ow0.., of each of the kpg output planes of input channel c of image n.
+ */
+template <class DT, int SMAX, int SW>
+GPU_D void dw_nchw_strip(const struct gpu_geom &g, const float *in_s, const float *w_s, int icols,
+                         int tr, int oh, int ow0, int c, int n, const typename DT::T *bias,
+                         typename DT::T *y)
+{
+    typedef typename DT::T T;
+    const int rs = g.r * g.s;
+    for (int q = 0; q < g.kpg; q++) {
+        const int k = c * g.kpg + q;
+        float acc[DW_P];
+#pragma unroll
+        for (int o = 0; o < DW_P; o++)
+            acc[o] = 0.0f;
+        for (int r = 0; r < g.r; r++) {
+            const float *row = in_s + (tr * g.sh + r * g.dh) * icols;
+            const float *wr = w_s + q * rs + r * g.s;
+            if (SMAX > 0) {
+                /* The strip's input columns, read once: (DW_P - 1) * SW + S of them. */
+                float win[(DW_P - 1) * SW + (SMAX > 0 ? SMAX : 1)];
+#pragma unroll
+                for (int j = 0; j < (DW_P - 1) * SW + SMAX; j++)
+                    win[j] = j < (DW_P - 1) * SW + g.s ? row[ow0 * SW + j] : 0.0f;
+#pragma unroll
+                for (int s = 0; s < SMAX; s++) {
+                    if (s < g.s) {
+                        const float wv = wr[s];
+#pragma unroll
+                        for (int o = 0; o < DW_P; o++)
+                            acc[o] = fmaf(win[o * SW + s], wv, acc[o]);
+                    }
+                }
+            } else {
+                for (int s = 0; s < g.s; s++) {
+                    const float wv = wr[s];
+#pragma unroll
+                    for (int o = 0; o < DW_P; o++)
+                        acc[o] = fmaf(row[(ow0 + o) * g.sw + s * g.dw], wv, acc[o]);
+                }
+            }
+        }
+        const float bv = g.bias ? DT::load(bias[k]) : 0.0f;
+        T *out = y + ((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow0;
+#pragma unroll
+        for (int o = 0; o < DW_P; o++)
+            if (ow0 + o < g.wo)
+                out[o] = DT::store(gpu_epilogue(acc[o], bv, g.relu));
+    }
+}
+
+/*
  * NCHW. Block: one (image, input channel) plane and `th` output rows; threads th x sx, each a
  * strip of DW_P outputs of one row, for each of the kpg output planes of the channel. 3-wide
  * windows at eight blocks per SM (32 registers): the bf16 stride-2 instance had taken 44 (5
@@ -674,51 +727,59 @@ __global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
     __syncthreads();
 
     const int tr = threadIdx.x / sx, sxi = threadIdx.x - tr * sx;
-    const int oh = oh0 + tr;
-    if (tr >= th || oh >= g.ho)
+    if (tr >= th || oh0 + tr >= g.ho)
         return;
-    const int ow0 = sxi * DW_P;
+    dw_nchw_strip<DT, SMAX, SW>(g, in_s, w_s, icols, tr, oh0 + tr, sxi * DW_P, c, n, bias, y);
+}
 
-    for (int q = 0; q < g.kpg; q++) {
-        const int k = c * g.kpg + q;
-        float acc[DW_P];
-#pragma unroll
-        for (int o = 0; o < DW_P; o++)
-            acc[o] = 0.0f;
-        for (int r = 0; r < g.r; r++) {
-            const float *row = in_s + (tr * g.sh + r * g.dh) * icols;
-            const float *wr = w_s + q * rs + r * g.s;
-            if (SMAX > 0) {
-                /* The strip's input columns, read once: (DW_P - 1) * SW + S of them. */
-                float win[(DW_P - 1) * SW + (SMAX > 0 ? SMAX : 1)];
-#pragma unroll
-                for (int j = 0; j < (DW_P - 1) * SW + SMAX; j++)
-                    win[j] = j < (DW_P - 1) * SW + g.s ? row[ow0 * SW + j] : 0.0f;
-#pragma unroll
-                for (int s = 0; s < SMAX; s++) {
-                    if (s < g.s) {
-                        const float wv = wr[s];
-#pragma unroll
-                        for (int o = 0; o < DW_P; o++)
-                            acc[o] = fmaf(win[o * SW + s], wv, acc[o]);
-                    }
-                }
-            } else {
-                for (int s = 0; s < g.s; s++) {
-                    const float wv = wr[s];
-#pragma unroll
-                    for (int o = 0; o < DW_P; o++)
-                        acc[o] = fmaf(row[(ow0 + o) * g.sw + s * g.dw], wv, acc[o]);
-                }
-            }
-        }
-        const float bv = g.bias ? DT::load(bias[k]) : 0.0f;
-        T *out = y + ((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow0;
-#pragma unroll
-        for (int o = 0; o < DW_P; o++)
-            if (ow0 + o < g.wo)
-                out[o] = DT::store(gpu_epilogue(acc[o], bv, g.relu));
+/*
+ * NCHW, planes too small to fill a block (7x7 and 14x14 images: one plane of a 7x7 image gave
+ * dw_nchw_kernel blocks of 14 threads): `pp` whole (image, channel) planes per block, each served
+ * by th x sx threads as dw_nchw_kernel serves one, so th is Ho. Consecutive planes are one
+ * contiguous run in NCHW: the block reads its inputs coalesced, over a zeroed tile.
+ */
+template <class DT, int SMAX, int SW>
+__global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
+    dw_nchw_planes_kernel(const struct gpu_geom g, const struct gpu_batch b, int th, int sx, int pp,
+                          int ir, int icols)
+{
+    convd_grid_dependency();
+    typedef typename DT::T T;
+    extern __shared__ float dw_smem[];
+    const int prob = blockIdx.z;
+    const T *x = (const T *)b.x[prob];
+    const T *w = (const T *)b.w[prob];
+    const T *bias = (const T *)b.b[prob];
+    T *y = (T *)b.y[prob];
+    const int p0 = (int)blockIdx.x * pp;
+    const int np = min(pp, g.n * g.c - p0);
+    const int pin = ir * icols, wn = g.kpg * g.r * g.s;
+    float *w_s = dw_smem + pp * pin;
+    const int bd = (int)blockDim.x, tid = (int)threadIdx.x;
+    for (int e = tid; e < np * pin; e += bd)
+        dw_smem[e] = 0.0f;
+    __syncthreads();
+    /* Tile row ih + pt holds input row ih, tile column iw + pl input column iw. */
+    const int hw = g.h * g.w;
+    const T *xp = x + (size_t)p0 * hw;
+    for (int e = tid; e < np * hw; e += bd) {
+        const int pi = e / hw, rem = e - pi * hw;
+        const int ih = rem / g.w, iw = rem - ih * g.w;
+        if (ih + g.pt < ir && iw + g.pl < icols)
+            dw_smem[pi * pin + (ih + g.pt) * icols + iw + g.pl] = DT::load(xp[e]);
     }
+    for (int e = tid; e < np * wn; e += bd) {
+        const int pi = e / wn;
+        w_s[e] = DT::load(w[(size_t)((p0 + pi) % g.c) * wn + (e - pi * wn)]);
+    }
+    __syncthreads();
+    const int per = th * sx, pi = tid / per, t = tid - pi * per;
+    const int tr = t / sx, sxi = t - tr * sx;
+    if (pi >= np || tr >= g.ho)
+        return;
+    const int plane = p0 + pi;
+    dw_nchw_strip<DT, SMAX, SW>(g, dw_smem + pi * pin, w_s + pi * wn, icols, tr, tr, sxi * DW_P,
+                                plane % g.c, plane / g.c, bias, y);
 }
 
 /* Width of the register window over a filter row (0: none): unit dilation along W, S <= 7, and
@@ -774,6 +835,8 @@ static int dw_smax(const struct convd_problem *p)
     X(DW_NHWC, 3, 2, 2, 1, 6, 2, 1, 3, 1, 0, DW_ALL)                                               \
     X(DW_NHWC, 5, 1, 2, 1, 4, 4, 0, 2, 1, 1, DW_ALL)                                               \
     X(DW_NHWC, 5, 1, 2, 1, 4, 4, 0, 2, 1, 0, 0)                                                    \
+    X(DW_NHWC, 5, 2, 2, 1, 4, 4, 0, 2, 1, 1, DW_ALL)                                               \
+    X(DW_NHWC, 5, 2, 1, 1, 4, 4, 0, 2, 1, 1, 0)                                                    \
     X(DW_NHWC, 7, 1, 2, 1, 6, 4, 0, 1, 1, 1, 0)                                                    \
     X(DW_NHWC, 7, 1, 1, 1, 6, 4, 0, 2, 1, 1, DW_ALL)                                               \
     X(DW_NHWC, 7, 1, 1, 1, 4, 4, 0, 2, 1, 1, 0)                                                    \
@@ -829,6 +892,18 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
         }
     if (ci < 0)
         return 0;
+    /* Bands that overrun a small image by more than a fifth of it (6-row bands on a 7-row
+     * output compute 12 rows): the same shape of work with the band that wastes least, when the
+     * router chooses (convnext_dw7_l4, 7x7: 4 rows 11.2 us against 6 rows 14.0 in fp16). */
+    const int ho = g->ho;
+    for (int i = 0; dw_direct_mode < 0 && i < DW_NDCFG; i++) {
+        const struct dw_dcfg *a = &dw_dcfgs[ci], *e = &dw_dcfgs[i];
+        const int wa = (ho + a->th - 1) / a->th * a->th - ho,
+                  we = (ho + e->th - 1) / e->th * e->th - ho;
+        if (5 * wa > ho && we < wa && e->layout == a->layout && e->ks == a->ks && e->sh == a->sh &&
+            e->kpg == a->kpg && e->cpt == a->cpt && e->p == a->p)
+            ci = i;
+    }
     const struct dw_dcfg *d = &dw_dcfgs[ci];
     if (g->c % d->cpt != 0)
         return 0;
@@ -969,6 +1044,24 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
             return CONVD_EUNSUPPORTED;
         }
         pl.blocks_per_problem = g->n * g->c * pl.tiles_h;
+        /* Whole planes that leave most of a block idle: several per block (as many as fit in
+         * 256 threads and 48 KiB), while that still leaves two blocks per SM. */
+        const int nplanes = g->n * g->c;
+        if (pl.tiles_h == 1 && pl.threads <= 128) {
+            struct gpu_device_info dev;
+            const int sms = gpu_device_info_get(&dev) == 0 ? dev.sm_count : 132;
+            int pp = 256 / pl.threads;
+            if (pp > 48 * 1024 / pl.smem)
+                pp = 48 * 1024 / pl.smem;
+            if (pp > nplanes / (2 * sms))
+                pp = nplanes / (2 * sms);
+            if (pp >= 2) {
+                pl.planes = pp;
+                pl.threads *= pp;
+                pl.smem *= pp;
+                pl.blocks_per_problem = (nplanes + pp - 1) / pp;
+            }
+        }
     }
     *ret = pl;
     return 0;
@@ -1063,8 +1156,15 @@ static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *
     dim3 grid((unsigned)pl->blocks_per_problem, 1, (unsigned)count);
     dim3 block((unsigned)pl->threads);
 #define DW_GO(SMAX, SW)                                                                            \
-    hipLaunchKernelGGL((dw_nchw_kernel<DT, SMAX, SW>), grid, block, pl->smem, stream, *g, *b,      \
-                       pl->strips, pl->cvb, pl->tiles_h, pl->in_rows, pl->in_cols)
+    do {                                                                                           \
+        if (pl->planes > 1)                                                                        \
+            hipLaunchKernelGGL((dw_nchw_planes_kernel<DT, SMAX, SW>), grid, block, pl->smem,       \
+                               stream, *g, *b, pl->strips, pl->cvb, pl->planes, pl->in_rows,       \
+                               pl->in_cols);                                                       \
+        else                                                                                       \
+            hipLaunchKernelGGL((dw_nchw_kernel<DT, SMAX, SW>), grid, block, pl->smem, stream, *g,  \
+                               *b, pl->strips, pl->cvb, pl->tiles_h, pl->in_rows, pl->in_cols);    \
+    } while (0)
     if (pl->unit == 3 && g->sw == 2)
         DW_GO(3, 2);
     else if (pl->unit == 3)

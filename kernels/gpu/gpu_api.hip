@@ -330,8 +330,8 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
                      pl.u.dw.direct - 1, pl.u.dw.vec, pl.u.dw.strips, pl.u.dw.p, pl.u.dw.threads,
                      pl.u.dw.blocks_per_problem);
         else
-            snprintf(buf, len, "depthwise vec %d window %d threads %d smem %d blocks %d",
-                     pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.threads, pl.u.dw.smem,
+            snprintf(buf, len, "depthwise vec %d window %d planes %d threads %d smem %d blocks %d",
+                     pl.u.dw.vec, pl.u.dw.unit, pl.u.dw.planes, pl.u.dw.threads, pl.u.dw.smem,
                      pl.u.dw.blocks_per_problem);
         break;
     case CONVD_GPU_FAMILY_FMA:

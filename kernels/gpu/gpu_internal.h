@@ -303,6 +303,7 @@ struct gpu_dw_plan {
                              thread, cvb = channel vectors per row (NHWC) or column groups (NCHW),
                              strips = rows per band, p = columns per thread, tiles_h = bands */
     int grid_y;           /* direct kernel: grid height (1 for a flat grid) */
+    int planes;           /* NCHW tiled: whole planes per block (0: one plane, tiles of rows) */
 };
 int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
                      size_t why_len);

@@ -367,12 +367,59 @@ static void test_depthwise_direct_shapes(void **state)
                                         (enum convd_dtype)dt, CONVD_LAYOUT_NHWC);
             assert_true(dw_is_direct(&h));
         }
+    /* NHWC 5x5 stride 2 (MobileNetV3's downsampling): the direct kernel in every dtype. */
+    for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
+        struct convd_problem h =
+            mk(2, 20, 20, 32, 32, 5, 5, 32, 2, 2, 1, (enum convd_dtype)dt, CONVD_LAYOUT_NHWC);
+        assert_true(dw_is_direct(&h));
+    }
+    /* 7x7 on a 7x7 output: 4-row bands rather than the default 6 (which would compute 12). */
+    struct convd_problem sm =
+        mk(2, 7, 7, 32, 32, 7, 7, 32, 1, 3, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    assert_true(described_as(&sm, F, "rows 4 "));
+    sm.h = sm.w = 56;
+    assert_true(described_as(&sm, F, "rows 6 "));
     /* NHWC channel multiplier 2, 3x3 stride 1: the direct kernel in every dtype. */
     for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++) {
         struct convd_problem h =
             mk(2, 20, 20, 32, 64, 3, 3, 32, 1, 1, 1, (enum convd_dtype)dt, CONVD_LAYOUT_NHWC);
         assert_true(dw_is_direct(&h));
     }
+}
+
+/* NCHW planes too small for a block (7x7 and 14x14 images, widths not whole 4-element chunks):
+ * several whole planes per block, planes of two channels and of two images in one block, the last
+ * block partial, kpg 2, stride 2 with input rows the tile leaves out, dilation. */
+static void test_depthwise_planes(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_DEPTHWISE;
+    const enum convd_layout NCHW = CONVD_LAYOUT_NCHW;
+    struct convd_problem cases[] = {
+        mk(4, 7, 7, 160, 160, 5, 5, 160, 1, 2, 1, 0, NCHW),    /* MobileNetV3's last stage */
+        mk(3, 14, 14, 241, 241, 3, 3, 241, 1, 1, 1, 0, NCHW),  /* partial last block */
+        mk(8, 7, 7, 250, 500, 7, 7, 250, 1, 3, 1, 0, NCHW),    /* kpg 2, 7x7 */
+        mk(11, 10, 10, 107, 107, 3, 3, 107, 2, 0, 1, 0, NCHW), /* s2: input row 9 unused */
+        mk(4, 10, 9, 150, 150, 3, 3, 150, 1, 2, 2, 0, NCHW),   /* dilation 2 */
+        mk(6, 6, 5, 100, 100, 3, 5, 100, 2, 1, 1, 0, NCHW),    /* 3x5 filter, stride 2 */
+    };
+    cases[5].pad_left = 2;
+    cases[5].pad_right = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int d = 0; d < 3; d++) {
+            cases[i].dtype = dtypes[d];
+            cases[i].has_bias = cases[i].relu = d != 1;
+            assert_false(dw_is_direct(&cases[i]));
+            assert_false(described_as(&cases[i], F, "planes 0 ")); /* several per block */
+            check_problem(&cases[i], F, 1);
+            check_problem(&cases[i], CONVD_GPU_FAMILY_AUTO, 1);
+        }
+    }
+    /* Few planes: one per block, as before (two blocks per SM would not be filled). */
+    struct convd_problem few = mk(1, 7, 7, 64, 64, 3, 3, 64, 1, 1, 1, CONVD_DTYPE_FP16, NCHW);
+    assert_true(described_as(&few, F, "planes 0 "));
+    check_problem(&few, F, 1);
 }
 
 static void test_fma(void **state)
@@ -1160,6 +1207,7 @@ int main(void)
         cmocka_unit_test(test_depthwise),
         cmocka_unit_test_teardown(test_depthwise_tiled, untune),
         cmocka_unit_test_teardown(test_depthwise_direct_shapes, untune),
+        cmocka_unit_test(test_depthwise_planes),
         cmocka_unit_test(test_fma),
         cmocka_unit_test(test_fma_gemm),
         cmocka_unit_test(test_direct),
