@@ -7,6 +7,10 @@ compares with torch.nn.functional.conv2d computed in float64 on the CPU from the
 inputs. Relative L2 error must be under 1e-5 for fp32 and 1e-2 for fp16/bf16.
 
 Usage: torch-check.py --convctl build/bin/convctl --socket /path/convd.sock [--count N] [--seed S]
+                      [--shapes CSV]...
+--shapes adds every row of a shapes CSV (bench/shapes.csv's columns: name,n,h,w,c,k,r,s,stride,
+pad,dil,groups) at its full size, each in one dtype and layout, taken in turn from the six
+combinations so that a CSV of six or more rows covers them all.
 Needs numpy and torch. Exit status 0 when every problem passed.
 """
 import argparse
@@ -109,13 +113,33 @@ def random_problem(pr):
             (pr.randint(1, 2), pr.randint(1, 2)), pad, (pr.randint(1, 2), pr.randint(1, 2)))
 
 
+def load_csv(path):
+    """(name, problem) for each row of a shapes CSV; a malformed row is an error."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#") or line.startswith("name,"):
+                continue
+            fields = line.split(",")
+            if len(fields) != 12:
+                sys.exit("%s:%d: expected 12 fields, got %d" % (path, lineno, len(fields)))
+            name = fields[0]
+            n, h, w, c, k, r, s, st, pd, dl, g = (int(v) for v in fields[1:])
+            rows.append((name, (n, c, h, w, k, r, s, g, (st, st), (pd,) * 4, (dl, dl))))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--convctl", required=True)
     ap.add_argument("--socket", required=True)
     ap.add_argument("--count", type=int, default=12, help="random problems beyond the fixed ones")
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--shapes", action="append", default=[],
+                    help="also check every row of this shapes CSV (repeatable)")
     args = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
     print("torch-check seed %d, torch %s" % (args.seed, torch.__version__))
     pr = random.Random(args.seed)
     rng = torch.Generator().manual_seed(args.seed)
@@ -134,6 +158,18 @@ def main():
                         failures += 1
                     print("%-4s %2d %-4s %-4s bias=%d relu=%d %s  %s  (%.0f ms)" % (
                         "ok" if ok else "FAIL", i, dtype, layout, bias, relu, prob, msg, ms))
+        combos = [(d, l) for d in ("fp16", "bf16", "fp32") for l in ("nhwc", "nchw")]
+        for path in args.shapes:
+            for j, (name, prob) in enumerate(load_csv(path)):
+                dtype, layout = combos[j % len(combos)]
+                bias, relu = pr.random() < 0.5, pr.random() < 0.5
+                ok, msg, ms = check(args.convctl, args.socket, tmp, prob, dtype, layout, bias,
+                                    relu, rng)
+                total += 1
+                if not ok:
+                    failures += 1
+                print("%-4s %-24s %-4s %-4s bias=%d relu=%d %s  %s  (%.0f ms)" % (
+                    "ok" if ok else "FAIL", name, dtype, layout, bias, relu, prob, msg, ms))
     print("torch-check: %d of %d passed" % (total - failures, total))
     return 1 if failures else 0
 

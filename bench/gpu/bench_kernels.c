@@ -808,13 +808,16 @@ static int load_shapes(const char *path, struct shape *out, int max)
         die("cannot open %s", path);
     char line[512];
     int n = 0;
-    while (fgets(line, sizeof(line), f) != NULL && n < max) {
+    for (int lineno = 1; fgets(line, sizeof(line), f) != NULL; lineno++) {
         if (strncmp(line, "name,", 5) == 0 || line[0] == '#' || line[0] == '\n')
             continue;
+        if (n == max)
+            die("%s: more than %d shapes", path, max);
         struct shape *s = &out[n];
         if (sscanf(line, "%63[^,],%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", s->name, &s->n, &s->h, &s->w,
-                   &s->c, &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->dil, &s->groups) == 12)
-            n++;
+                   &s->c, &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->dil, &s->groups) != 12)
+            die("%s:%d: expected name,n,h,w,c,k,r,s,stride,pad,dil,groups", path, lineno);
+        n++;
     }
     fclose(f);
     return n;
