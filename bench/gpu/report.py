@@ -6,17 +6,35 @@
 Prints the per-row table (ours, the same run's cuDNN, and, when the baseline file is given, the
 PyTorch-cuDNN time of that file with the ratio against it) and the per dtype/layout summary:
 geometric mean of the speedups, median fraction of the roofline, and the grouped shapes
-(groups > 1) slower than each cuDNN. The dense shape (groups = 1) is left out of the "slower"
-lists, as the issue's targets treat it separately.
+(groups > 1) slower than each cuDNN. Dense shapes (groups = 1: the CSV's groups column, or for
+CSVs written before it existed the shapes CSVs' groups, --shapes, by default bench/shapes.csv and
+bench/shapes-extra.csv) are left out of the "slower" lists, as the issue's targets treat them
+separately, and listed after the table.
 """
 import argparse
 import csv
 import math
+import os
 import re
 import statistics
 
 DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-DENSE = {"dense_resnet50_l1"}
+BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SHAPES = [os.path.join(BENCH_DIR, "shapes.csv"), os.path.join(BENCH_DIR, "shapes-extra.csv")]
+
+
+def load_groups(paths):
+    """shape name -> groups, from shapes CSVs (name,n,h,w,c,k,r,s,stride,pad,dil,groups)."""
+    groups = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                cells = line.strip().split(",")
+                if len(cells) == 12 and not line.startswith(("#", "name,")):
+                    groups[cells[0]] = int(cells[11])
+    return groups
 
 
 def load_baseline(path):
@@ -43,9 +61,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--baseline")
+    ap.add_argument("--shapes", action="append", help="shapes CSV for the groups of each shape")
     args = ap.parse_args()
     rows = list(csv.DictReader(open(args.csv, encoding="utf-8")))
     base = load_baseline(args.baseline) if args.baseline else {}
+    groups = load_groups(args.shapes or DEFAULT_SHAPES)
+
+    def dense(r):
+        g = r.get("groups") or groups.get(r["shape"])
+        if g is None:
+            raise SystemExit("report.py: groups of %s unknown (give --shapes)" % r["shape"])
+        return int(g) == 1
 
     head = "| shape | dtype | layout | kernel | ours us | cuDNN us (same run) | speedup |"
     rule = "|---|---|---|---|---:|---:|---:|"
@@ -92,13 +118,18 @@ def main():
                 line += f" {geomean([v for v in vs_base if not math.isnan(v)]):.2f}x |"
             line += f" {statistics.median(float(r['frac']) for r in sel):.2f} |"
             slow = [f"{r['shape']} ({s:.2f}x)" for r, s in zip(sel, same)
-                    if s < 1.0 and r["shape"] not in DENSE]
+                    if s < 1.0 and not dense(r)]
             line += f" {', '.join(slow) or 'none'} |"
             if base:
                 slow_b = [f"{r['shape']} ({v:.2f}x)" for r, v in zip(sel, vs_base)
-                          if v < 1.0 and r["shape"] not in DENSE]
+                          if v < 1.0 and not dense(r)]
                 line += f" {', '.join(slow_b) or 'none'} |"
             print(line)
+    dense_rows = [f"{r['shape']} {r['dtype']} {r['layout']} "
+                  f"{float(r['cudnn_us']) / float(r['ours_us']):.2f}x" for r in rows if dense(r)]
+    if dense_rows:
+        print()
+        print("Dense (groups = 1), against the same-run cuDNN: " + ", ".join(dense_rows) + ".")
 
 
 if __name__ == "__main__":
