@@ -571,12 +571,10 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         convd_gpu_fill_random(b.x[i], dt, z.input_elems, 1000 + (uint64_t)i);
     }
     CK(cudaMalloc(&b.w, z.weight_bytes));
-    b.ws = NULL;
-    b.ws_bytes = 0;
-    if (lay == CONVD_LAYOUT_NCHW) {
-        b.ws_bytes = z.input_bytes + z.weight_bytes + 512;
-        CK(cudaMalloc(&b.ws, b.ws_bytes));
-    }
+    /* Workspace for every route: NCHW copies of NHWC problems (input, weights, output) or NHWC
+     * copies of NCHW ones (input, weights), 256-byte aligned each. */
+    b.ws_bytes = z.input_bytes + z.weight_bytes + z.output_bytes + 1024;
+    CK(cudaMalloc(&b.ws, b.ws_bytes));
     CK(cudaMalloc(&b.y_check, z.output_bytes));
     convd_gpu_fill_random(b.w, dt, z.weight_elems, 7);
     CK(cudaDeviceSynchronize());
@@ -654,8 +652,8 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     }
 
     /* --sweep-fma: fma-family problems on the direct FMA kernel (gemm mode 0) and, where it
-     * takes them, the implicit GEMM regardless of its planner's fill estimate (mode 2), same
-     * buffers, for the routing decision. */
+     * takes them, the implicit GEMM regardless of its planner's fill estimate (mode 2), then
+     * the direct kernel without 3 outputs per thread, same buffers, for the routing. */
     if (o->sweep_fma && fam == CONVD_GPU_FAMILY_FMA) {
         for (int mode = 0; mode <= 2; mode += 2) {
             convd_gpu_tune_fma_gemm(mode);
@@ -668,6 +666,34 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                    convd_dtype_name(dt), convd_layout_name(lay), mode, us, out->ours_us, d2);
         }
         convd_gpu_tune_fma_gemm(1);
+        /* The direct kernel without 3 outputs per thread, where the plan has them. */
+        char d3[200];
+        convd_gpu_describe(&p, CONVD_GPU_FAMILY_FMA, d3, sizeof(d3));
+        if (strstr(d3, "tn 3 ") != NULL) {
+            convd_gpu_tune_fma_outputs3(0);
+            convd_gpu_describe(&p, CONVD_GPU_FAMILY_FMA, d3, sizeof(d3));
+            const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            printf("sweep %s %s %s fma without 3 outputs: %.1f us (default %.1f us) %s\n", sh->name,
+                   convd_dtype_name(dt), convd_layout_name(lay), us, out->ours_us, d3);
+            convd_gpu_tune_fma_outputs3(1);
+        }
+    }
+
+    /* --sweep-direct, NHWC: problems the direct family can run on NCHW copies, routed with and
+     * without that route. */
+    if (o->sweep_direct && lay == CONVD_LAYOUT_NHWC &&
+        convd_gpu_family_check(&p, CONVD_GPU_FAMILY_DIRECT, NULL, 0) == 0) {
+        oc.fam = CONVD_GPU_FAMILY_AUTO;
+        for (int m = 0; m <= 1; m++) {
+            convd_gpu_tune_direct_nhwc(m);
+            char d2[200];
+            convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, d2, sizeof(d2));
+            const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+            printf("sweep %s %s nhwc via nchw direct %s: %.1f us (default %.1f us) %s\n", sh->name,
+                   convd_dtype_name(dt), m ? "on" : "off", us, out->ours_us, d2);
+        }
+        convd_gpu_tune_direct_nhwc(-1);
+        oc.fam = fam;
     }
 
     /* --sweep-direct: NCHW problems the direct family can run, routed without it (mode 0: the

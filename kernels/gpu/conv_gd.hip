@@ -44,6 +44,13 @@ extern "C" int convd_gpu_tune_direct_prefetch(int mode)
     return gd_tune(&gd_prefetch, mode, -1, 1);
 }
 
+static int gd_nhwc_mode = -1;
+
+extern "C" int convd_gpu_tune_direct_nhwc(int mode)
+{
+    return gd_tune(&gd_nhwc_mode, mode, -1, 1);
+}
+
 extern "C" int convd_gpu_tune_direct(int mode)
 {
     return mode == 3 ? CONVD_EINVAL : gd_tune(&gd_mode, mode, -1, 4);
@@ -241,11 +248,45 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
  * route first transposes an input four times the output (resnext50_l2_down fp16: 79.7
  * against 54.6); cpg <= 4 wins everywhere (cpg2_hero 52.7 -> 20.7, latency_b1 18.3 -> 5.1).
  */
-static int gd_routes(const struct gpu_geom *g, int dtype)
+static int gd_routes(const struct convd_problem *p, const struct gpu_geom *g, int dtype)
 {
     if (dtype == CONVD_DTYPE_FP32)
         return g->cpg <= 64;
-    return g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2);
+    if (g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2))
+        return 1;
+    /* 16-bit channel counts the tensor-core kernel cannot take (cpg 5, 7, ...) would go to the
+     * fma family on transposed copies: cpg5_kpg5 fp16 99.4 us there, fp32 on this kernel 34.0. */
+    struct convd_problem q = *p;
+    q.layout = CONVD_LAYOUT_NHWC;
+    struct gpu_mma_plan mp;
+    char why[160];
+    return g->cpg <= 64 && gpu_mma_plan_make(&q, 1, &mp, why, sizeof(why)) != 0;
+}
+
+/*
+ * NHWC problems on this kernel through NCHW copies (input and weights in, output back), where
+ * they would otherwise go to the fma family's direct kernel and it measured slower
+ * (`--sweep-direct`, bench/gpu/NOTES.md round 12, NHWC us without / with the copies):
+ * - 16-bit channel counts the tensor-core kernel cannot take: cpg5_kpg5 fp16 118.9 / 48.0,
+ *   cpg3_kpg6 77.1 / 32.6, cpg3_kpg3 134.8 / 81.7, cpg1_kpg4 64.1 / 25.2;
+ * - fp32 below the implicit GEMM's kpg (24), at stride 2 (cpg2_s2 52.7 / 31.6, resnext50_l2_down
+ *   173.2 / 135.2, cpg4_kpg8_s2 94.3 / 81.8) or with kpg not a multiple of 4 (cpg2_hero 78.5 /
+ *   53.4, cpg5_kpg5 87.3 / 53.7), except odd multiples of 3, where the fma kernel's 3 outputs per
+ *   thread win (cpg3_kpg3 82.0 / 104.4). Stride 1 with kpg 4 or 8 is even (resnext50_l1 117.0 /
+ *   120.5, resnext50_l2 83.6 / 80.4) and stays.
+ */
+int gpu_gd_routes_nhwc(const struct convd_problem *p)
+{
+    if (gd_nhwc_mode >= 0)
+        return gd_nhwc_mode;
+    const int cpg = p->c / p->groups, kpg = p->k / p->groups;
+    if (gd_mode == 0 || cpg > 64)
+        return 0;
+    if (p->dtype == CONVD_DTYPE_FP32)
+        return kpg < 24 && (p->stride_h == 2 || kpg % 4 != 0) && !(kpg % 2 != 0 && kpg % 3 == 0);
+    struct gpu_mma_plan mp;
+    char why[160];
+    return gpu_mma_plan_make(p, 0, &mp, why, sizeof(why)) != 0;
 }
 
 int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
@@ -258,7 +299,7 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
     const struct gpu_geom *g = &pl.g;
     if (!gd_shape_ok(p, g, why, why_len))
         return CONVD_EUNSUPPORTED;
-    if (routing && (gd_mode == 0 || (gd_mode < 0 && !gd_routes(g, p->dtype)))) {
+    if (routing && (gd_mode == 0 || (gd_mode < 0 && !gd_routes(p, g, p->dtype)))) {
         snprintf(why, why_len, "direct: not routed for cpg=%d at stride %d in %s", g->cpg, g->sh,
                  convd_dtype_name(p->dtype));
         return CONVD_EUNSUPPORTED;

@@ -135,6 +135,8 @@ void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g)
 struct gpu_plan {
     enum convd_gpu_family family;
     int transposed; /* NCHW problem run as NHWC on transposed copies in the workspace */
+    int via_nchw;   /* NHWC problem run as NCHW (direct family) on transposed copies of input and
+                       weights, its NCHW output transposed back from the workspace */
     union {
         struct gpu_dw_plan dw;
         struct gpu_fma_plan fma;
@@ -144,14 +146,18 @@ struct gpu_plan {
     } u;
 };
 
-/* ws_ok: the caller has workspace for transposed copies, so NCHW problems on the mma and fma
- * families run as NHWC (input and weights transposed first, output written NCHW by the
- * epilogue); without it they gather NCHW directly, which is slower. */
+/* Workspace levels: 0 none; WS_COPIES input and weight copies (NCHW problems on the mma and fma
+ * families then run as NHWC: input and weights transposed first, output written NCHW by the
+ * epilogue; without it they gather NCHW directly, which is slower); WS_OUTPUT those and an output
+ * copy (NHWC problems may then run on the direct family as NCHW). */
+#define WS_COPIES 1
+#define WS_OUTPUT 2
 static int plan_family(const struct convd_problem *p, enum convd_gpu_family family, int ws_ok,
                        int routing, struct gpu_plan *ret, char *why, size_t why_len)
 {
     ret->family = family;
     ret->transposed = 0;
+    ret->via_nchw = 0;
     const int tr =
         ws_ok && p->layout == CONVD_LAYOUT_NCHW &&
         (family == CONVD_GPU_FAMILY_MMA || (family == CONVD_GPU_FAMILY_FMA && !gpu_pw_applies(p)));
@@ -173,6 +179,20 @@ static int plan_family(const struct convd_problem *p, enum convd_gpu_family fami
     case CONVD_GPU_FAMILY_GENERIC:
         return gpu_generic_plan_make(p, &ret->u.gen);
     case CONVD_GPU_FAMILY_DIRECT:
+        if (p->layout == CONVD_LAYOUT_NHWC) {
+            if (ws_ok < WS_OUTPUT) {
+                snprintf(why, why_len, "direct: NHWC runs on NCHW copies in the workspace");
+                return CONVD_EUNSUPPORTED;
+            }
+            if (routing && !gpu_gd_routes_nhwc(p)) {
+                snprintf(why, why_len, "direct: NHWC not routed through NCHW copies here");
+                return CONVD_EUNSUPPORTED;
+            }
+            q.layout = CONVD_LAYOUT_NCHW;
+            rc = gpu_gd_plan_make(&q, 0, &ret->u.gd, why, why_len);
+            ret->via_nchw = rc == 0;
+            return rc;
+        }
         return gpu_gd_plan_make(p, routing, &ret->u.gd, why, why_len);
     case CONVD_GPU_FAMILY_AUTO:
         break;
@@ -194,17 +214,22 @@ static int plan_auto(const struct convd_problem *p, int ws_ok, struct gpu_plan *
     return CONVD_EUNSUPPORTED;
 }
 
-/* Workspace bytes of one problem's transposed copies: input, then weights, 256-byte aligned. */
-static size_t ws_slot(const struct convd_problem *p, size_t *ret_w_off)
+/* Workspace bytes of one problem's transposed copies: input, then weights (then, with_out, the
+ * output), 256-byte aligned. */
+static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w_off,
+                      size_t *ret_o_off)
 {
     struct convd_problem_sizes z;
     if (convd_problem_sizes(p, &z, NULL, 0) != 0)
         return 0;
     const size_t in = ((size_t)z.input_bytes + 255) & ~(size_t)255;
     const size_t w = ((size_t)z.weight_bytes + 255) & ~(size_t)255;
+    const size_t out = with_out ? ((size_t)z.output_bytes + 255) & ~(size_t)255 : 0;
     if (ret_w_off != NULL)
         *ret_w_off = in;
-    return in + w;
+    if (ret_o_off != NULL)
+        *ret_o_off = in + w;
+    return in + w + out;
 }
 
 static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why_len)
@@ -315,7 +340,7 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
     if (rc != 0)
         return rc;
     struct gpu_plan pl;
-    rc = plan_cached(p, family, 1, &pl);
+    rc = plan_cached(p, family, WS_OUTPUT, &pl);
     if (rc != 0) {
         snprintf(buf, len, "unsupported");
         return rc;
@@ -323,6 +348,8 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
     char extra[32] = "";
     if (pl.transposed)
         snprintf(extra, sizeof(extra), " (NCHW via NHWC copies)");
+    if (pl.via_nchw)
+        snprintf(extra, sizeof(extra), " (NHWC via NCHW copies)");
     switch (pl.family) {
     case CONVD_GPU_FAMILY_DEPTHWISE:
         if (pl.u.dw.direct)
@@ -398,14 +425,19 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
         return CONVD_EUNSUPPORTED;
     if (family == CONVD_GPU_FAMILY_AUTO && !all_aligned)
         family = CONVD_GPU_FAMILY_GENERIC;
-    size_t w_off = 0;
-    const size_t slot = ws_slot(p, &w_off);
+    size_t w_off = 0, o_off = 0;
+    const size_t slot = ws_slot(p, 0, NULL, NULL), slot_out = ws_slot(p, 1, &w_off, &o_off);
     const size_t per_launch = count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX;
-    const int ws_ok =
-        workspace != NULL && aligned16(workspace) && workspace_bytes >= slot * per_launch;
+    const int ws_ok = workspace == NULL || !aligned16(workspace) ? 0
+                      : workspace_bytes >= slot_out * per_launch ? WS_OUTPUT
+                      : workspace_bytes >= slot * per_launch     ? WS_COPIES
+                                                                 : 0;
     rc = plan_cached(p, family, ws_ok, &pl);
     if (rc != 0)
         return rc;
+    /* Slots of the copies: in + weights for NCHW via NHWC, in + weights + output for NHWC via
+     * NCHW. */
+    const size_t stride = pl.via_nchw ? slot_out : slot;
 
     hipStream_t s = (hipStream_t)stream;
     const size_t es = convd_dtype_size(p->dtype);
@@ -426,7 +458,7 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             struct gpu_transpose tr[2];
             memset(tr, 0, sizeof(tr));
             for (int i = 0; i < n; i++) {
-                uint8_t *slot_base = (uint8_t *)workspace + (size_t)i * slot;
+                uint8_t *slot_base = (uint8_t *)workspace + (size_t)i * stride;
                 tr[0].src[i] = b.x[i];
                 tr[1].src[i] = b.w[i];
                 tr[0].dst[i] = slot_base;
@@ -446,14 +478,57 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             if (rc != 0)
                 return rc;
         }
+        struct gpu_transpose back;
+        memset(&back, 0, sizeof(back));
+        if (pl.via_nchw) {
+            /* NHWC -> NCHW copies of inputs ([n][HW][C] -> [n][C][HW]) and weights ([K][RS][cpg]
+             * -> [K][cpg][RS]); the NCHW kernel writes its output into the workspace, and that
+             * comes back [n][K][HoWo] -> [n][HoWo][K] into the caller's output. */
+            struct gpu_transpose tr[2];
+            memset(tr, 0, sizeof(tr));
+            for (int i = 0; i < n; i++) {
+                uint8_t *slot_base = (uint8_t *)workspace + (size_t)i * stride;
+                tr[0].src[i] = b.x[i];
+                tr[1].src[i] = b.w[i];
+                tr[0].dst[i] = slot_base;
+                tr[1].dst[i] = slot_base + w_off;
+                back.src[i] = slot_base + o_off;
+                back.dst[i] = b.y[i];
+                b.x[i] = tr[0].dst[i];
+                b.w[i] = tr[1].dst[i];
+                b.y[i] = slot_base + o_off;
+            }
+            tr[0].outer = p->n;
+            tr[0].rows = p->h * p->w;
+            tr[0].cols = p->c;
+            tr[1].outer = p->k;
+            tr[1].rows = p->r * p->s;
+            tr[1].cols = p->c / p->groups;
+            back.outer = p->n;
+            back.rows = p->k;
+            back.cols = pl.u.gd.g.ho * pl.u.gd.g.wo;
+            convd_launch_plain = convd_gpu_pdl_mode == 2;
+            rc = gpu_transpose_launch(tr, 2, n, (int)es, s);
+            convd_launch_plain = 0;
+            if (rc != 0)
+                return rc;
+        }
         /* Launched early beside the transposes' last wave, the kernel after them ran up to 1.26x
          * slower on small images (regnety16_l3 fp16 37.1 us against 29.3 launched plainly;
          * bench/gpu/NOTES.md, round 11): by default it waits for them the ordinary way. */
-        convd_launch_plain = pl.transposed && (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
+        convd_launch_plain =
+            (pl.transposed || pl.via_nchw) && (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
         rc = plan_launch(&pl, &b, n, s);
         convd_launch_plain = 0;
         if (rc != 0)
             return rc;
+        if (pl.via_nchw) {
+            convd_launch_plain = 1;
+            rc = gpu_transpose_launch(&back, 1, n, (int)es, s);
+            convd_launch_plain = 0;
+            if (rc != 0)
+                return rc;
+        }
     }
     return 0;
 }
@@ -474,14 +549,16 @@ extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, 
     int rc = gpu_limits_check(p, NULL, 0);
     if (rc != 0)
         return rc;
-    /* NCHW problems on the mma and fma families run faster on NHWC copies of input and weights;
-     * everything else needs no scratch memory. With less workspace than this they still run. */
+    /* NCHW problems on the mma and fma families run faster on NHWC copies of input and weights,
+     * and NHWC problems with few channels per group on the direct family's NCHW copies of input,
+     * weights and output; everything else needs no scratch memory. With less workspace than
+     * this they still run. */
     size_t bytes = 0;
-    if (p->layout == CONVD_LAYOUT_NCHW) {
-        struct gpu_plan pl;
-        if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, 1, &pl) == 0 && pl.transposed)
-            bytes = ws_slot(p, NULL) * (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
-    }
+    struct gpu_plan pl;
+    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) == 0 &&
+        (pl.transposed || pl.via_nchw))
+        bytes = ws_slot(p, pl.via_nchw, NULL, NULL) *
+                (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
     *ret_bytes = bytes;
     return 0;
 }
@@ -535,7 +612,7 @@ extern "C" int convd_gpu_family_parse(const char *name, enum convd_gpu_family *r
 extern "C" enum convd_gpu_family convd_gpu_route(const struct convd_problem *p)
 {
     struct gpu_plan pl;
-    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, 1, &pl) != 0)
+    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) != 0)
         return CONVD_GPU_FAMILY_GENERIC;
     return pl.family;
 }
@@ -548,8 +625,11 @@ extern "C" int convd_gpu_family_check(const struct convd_problem *p, enum convd_
     int rc = gpu_limits_check(p, why, why_len);
     if (rc != 0 || family == CONVD_GPU_FAMILY_AUTO)
         return rc;
+    /* Without workspace, except the direct family on NHWC problems, which runs only on copies. */
     struct gpu_plan pl;
-    return plan_family(p, family, 0, 0, &pl, why, why_len);
+    const int ws =
+        family == CONVD_GPU_FAMILY_DIRECT && p->layout == CONVD_LAYOUT_NHWC ? WS_OUTPUT : 0;
+    return plan_family(p, family, ws, 0, &pl, why, why_len);
 }
 
 extern "C" int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,

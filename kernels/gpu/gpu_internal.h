@@ -326,6 +326,9 @@ struct gpu_gd_plan {
  * family switched off by convd_gpu_tune_direct); 0 plans whatever the kernel can run. */
 int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
                      size_t why_len);
+/* Whether the router sends NHWC problem p to this kernel through NCHW copies (the planner still
+ * has to take its NCHW form). */
+int gpu_gd_routes_nhwc(const struct convd_problem *p);
 int gpu_gd_launch(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 

@@ -114,6 +114,11 @@ int convd_gpu_tune_dw_direct(int mode);
  * takes. Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_fma_gemm(int mode);
 
+/* Tests and benchmark only: the fma family's direct kernel with 3 outputs per thread where 3
+ * divides kpg and 2 does not (NHWC input; 1, the default) or only 8, 4, 2, 1 (0).
+ * Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_fma_outputs3(int mode);
+
 /* Tests and benchmark only: the direct family (conv_gd.hip; NCHW 3x3 with pad_left 1, equal
  * strides of 1 or 2, no dilation, W and Wo multiples of 4) for -1 (the default): routed where
  * it measured faster than the other families (cpg <= 64 in fp32; cpg <= 4, or 8 at stride 2, in
@@ -122,6 +127,12 @@ int convd_gpu_tune_fma_gemm(int mode);
  * it on any problem it applies to, whatever the mode. Process-global; CONVD_EINVAL for other
  * values. */
 int convd_gpu_tune_direct(int mode);
+
+/* Tests and benchmark only: NHWC problems on the direct family through NCHW copies of input,
+ * weights and output (given the workspace convd_gpu_workspace asks for): -1 (the default) where
+ * the router finds it pays (16-bit channel counts the tensor cores do not take), 0 never, 1
+ * wherever the direct kernel takes the NCHW form. Process-global; CONVD_EINVAL otherwise. */
+int convd_gpu_tune_direct_nhwc(int mode);
 /* Tests and benchmark only: whether the direct kernel loads the next input plane's window while
  * it multiplies the current one: -1 (the default) where its planner expects it to pay, 0 never,
  * 1 always. Process-global; CONVD_EINVAL for other values. */

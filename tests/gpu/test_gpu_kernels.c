@@ -81,7 +81,9 @@ static void tc_init(struct tcase *c, const struct convd_problem *p)
     assert_int_equal(convd_gpu_alloc(c->z.weight_bytes, &c->dw), 0);
     assert_int_equal(convd_gpu_alloc(c->z.bias_bytes ? c->z.bias_bytes : 16, &c->db), 0);
     assert_int_equal(convd_gpu_alloc(c->z.output_bytes, &c->dy), 0);
-    c->ws_bytes = c->z.input_bytes + c->z.weight_bytes + 512;
+    /* Room for every route's copies: NHWC copies of an NCHW problem's input and weights, or
+     * NCHW copies of an NHWC problem's input, weights and output (256-byte aligned each). */
+    c->ws_bytes = c->z.input_bytes + c->z.weight_bytes + c->z.output_bytes + 1024;
     assert_int_equal(convd_gpu_alloc(c->ws_bytes, &c->ws), 0);
     assert_int_equal(convd_gpu_upload(c->dx, c->hx, c->z.input_bytes), 0);
     assert_int_equal(convd_gpu_upload(c->dw, c->hw, c->z.weight_bytes), 0);
@@ -456,6 +458,20 @@ static void test_fma(void **state)
         tu_random_problem(&rng, &p, 0, 0, 9);
         check_problem(&p, F, 1);
     }
+    /* 3 outputs per thread where 3 divides kpg and 2 does not (NHWC input; the cases above with
+     * kpg 3 and 5 x 3 ran on it), and the same problems with it switched off; kpg 6 keeps 2. */
+    struct convd_problem t3 =
+        mk(1, 11, 9, 18, 54, 3, 3, 6, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    struct convd_problem t6 =
+        mk(1, 11, 10, 12, 24, 5, 5, 4, 1, 2, 1, CONVD_DTYPE_BF16, CONVD_LAYOUT_NHWC);
+    assert_true(described_as(&t3, F, "tn 3 "));
+    assert_true(described_as(&t6, F, "tn 2 "));
+    sweep(t3, F, 1, 0);
+    assert_int_equal(convd_gpu_tune_fma_outputs3(0), 0);
+    assert_true(described_as(&t3, F, "tn 1 "));
+    sweep(t3, F, 1, 0);
+    assert_int_equal(convd_gpu_tune_fma_outputs3(1), 0);
+    assert_int_equal(convd_gpu_tune_fma_outputs3(2), CONVD_EINVAL);
 }
 
 /* Whether the fma family runs p (as NHWC) on its implicit-GEMM kernel. */
@@ -601,11 +617,62 @@ static void test_direct(void **state)
     /* Routing: small cpg in NCHW goes here; cpg past the bound only when asked for by name. */
     struct convd_problem q = mk(1, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, H, L);
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
-    q.groups = 16; /* cpg 8: the tensor cores' at stride 1, here at stride 2 */
-    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
+    q.groups = 16; /* cpg 8: the tensor cores' at stride 1 (where they exist), here at stride 2 */
+    struct convd_problem qh = q;
+    qh.layout = CONVD_LAYOUT_NHWC;
+    const int have_mma = convd_gpu_family_check(&qh, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0;
+    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct") == !have_mma);
     q.stride_h = q.stride_w = 2;
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct"));
     q.stride_h = q.stride_w = 1;
+    /* 16-bit cpg 5 (kpg 5): no tensor-core kernel takes it, so here rather than the fma family
+     * on transposed copies; at cpg 6 the tensor cores take it by merging 4 groups. In NHWC the
+     * same, through NCHW copies of input, weights and output; in fp32 NHWC where the fma
+     * family's direct kernel measured slower: kpg not a multiple of 4 (but not an odd multiple
+     * of 3), or stride 2. */
+    struct convd_problem q5 = mk(2, 28, 28, 160, 160, 3, 3, 32, 1, 1, 1, H, L);
+    assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "direct"));
+    check_problem(&q5, CONVD_GPU_FAMILY_AUTO, 1);
+    q5.layout = CONVD_LAYOUT_NHWC;
+    assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "direct"));
+    assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "(NHWC via NCHW copies)"));
+    check_problem(&q5, CONVD_GPU_FAMILY_AUTO, 1);
+    size_t wsb = 0;
+    assert_int_equal(convd_gpu_workspace(&q5, 2, &wsb), 0);
+    assert_true(wsb >= 2 * (size_t)2 * 28 * 28 * 160 * 2 * 2); /* input and output, twice */
+    q5.dtype = CONVD_DTYPE_FP32;
+    assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "(NHWC via NCHW copies)"));
+    struct convd_problem q4 =
+        mk(2, 56, 56, 128, 128, 3, 3, 32, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC);
+    assert_false(described_as(&q4, CONVD_GPU_FAMILY_AUTO, "direct")); /* kpg 4, stride 1 */
+    struct convd_problem q3 = q4;
+    q3.c = q3.k = 96; /* kpg 3: the fma kernel's 3 outputs per thread */
+    assert_false(described_as(&q3, CONVD_GPU_FAMILY_AUTO, "direct"));
+    q4.stride_h = q4.stride_w = 2;
+    assert_true(described_as(&q4, CONVD_GPU_FAMILY_AUTO, "(NHWC via NCHW copies)"));
+    check_problem(&q4, CONVD_GPU_FAMILY_AUTO, 1);
+    q4.stride_h = q4.stride_w = 1;
+    assert_int_equal(convd_gpu_tune_direct_nhwc(1), 0);
+    assert_true(described_as(&q4, CONVD_GPU_FAMILY_AUTO, "direct"));
+    check_problem(&q4, CONVD_GPU_FAMILY_AUTO, 1);
+    q5.dtype = H;
+    assert_int_equal(convd_gpu_tune_direct_nhwc(0), 0);
+    assert_false(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "direct"));
+    assert_int_equal(convd_gpu_tune_direct_nhwc(-1), 0);
+    assert_int_equal(convd_gpu_tune_direct_nhwc(2), CONVD_EINVAL);
+    q5.layout = L;
+    q5.c = q5.k = 192;
+    assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "direct") == !have_mma);
+    /* Every case above in NHWC, forced onto the direct family (NCHW copies), every dtype. */
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+        struct convd_problem h = ps[i];
+        h.layout = CONVD_LAYOUT_NHWC;
+        for (int d = 0; d < 3; d++) {
+            h.dtype = dtypes[d];
+            h.has_bias = h.relu = d != 1;
+            check_problem(&h, F, 1);
+        }
+    }
     q.dtype = CONVD_DTYPE_FP32;
     q.groups = 2; /* fp32: up to cpg 64, 8 outputs per thread */
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "direct outputs 8"));
@@ -621,8 +688,8 @@ static void test_direct(void **state)
     q.pad_right = 2;
     assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
     q.pad_left = q.pad_right = 1;
-    q.layout = CONVD_LAYOUT_NHWC;
-    assert_int_not_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
+    q.layout = CONVD_LAYOUT_NHWC; /* on NCHW copies */
+    assert_int_equal(convd_gpu_family_check(&q, F, NULL, 0), 0);
     q.layout = CONVD_LAYOUT_NCHW;
     q.dil_w = 2;
     q.pad_right = 3;
@@ -649,6 +716,8 @@ static int untune(void **state)
     convd_gpu_tune_mma_stages(-1);
     convd_gpu_tune_mma_prefetch(-1);
     convd_gpu_tune_dw_direct(-1);
+    convd_gpu_tune_fma_outputs3(1);
+    convd_gpu_tune_direct_nhwc(-1);
     return 0;
 }
 
@@ -1066,7 +1135,7 @@ static void batch_case(struct convd_problem p, enum convd_gpu_family fam, int co
     }
     size_t ws = 1;
     assert_int_equal(convd_gpu_workspace(&p, (size_t)count, &ws), 0);
-    if (p.layout == CONVD_LAYOUT_NHWC)
+    if (p.layout == CONVD_LAYOUT_NHWC && !described_as(&p, CONVD_GPU_FAMILY_AUTO, "NCHW copies"))
         assert_int_equal(ws, 0);
     /* The same per-problem room as the single runs get, so both take the same path. */
     const size_t slot = cs[0].ws_bytes;
@@ -1133,6 +1202,12 @@ static void test_multi_problem(void **state)
     batch_case(p, CONVD_GPU_FAMILY_DIRECT, 9);
     p = mk(1, 6, 7, 6, 9, 2, 3, 3, 1, 1, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
     batch_case(p, CONVD_GPU_FAMILY_GENERIC, 33);
+    /* NHWC on the direct kernel through NCHW copies: past one launch's capacity, so the second
+     * launch's problems take the workspace's slots again. */
+    p = mk(2, 10, 12, 20, 20, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC);
+    p.has_bias = true;
+    batch_case(p, CONVD_GPU_FAMILY_DIRECT, 35);
+    batch_case(p, CONVD_GPU_FAMILY_AUTO, 3);
 }
 
 /* ---- API contract ---- */
@@ -1208,9 +1283,9 @@ int main(void)
         cmocka_unit_test_teardown(test_depthwise_tiled, untune),
         cmocka_unit_test_teardown(test_depthwise_direct_shapes, untune),
         cmocka_unit_test(test_depthwise_planes),
-        cmocka_unit_test(test_fma),
+        cmocka_unit_test_teardown(test_fma, untune),
         cmocka_unit_test(test_fma_gemm),
-        cmocka_unit_test(test_direct),
+        cmocka_unit_test_teardown(test_direct, untune),
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
