@@ -3,8 +3,8 @@
 
 For each problem it draws fresh random tensors with torch, writes them as .npy files (bf16 as
 uint16 bit patterns), runs `convctl conv` against a running daemon, reads the output back and
-compares with torch.nn.functional.conv2d computed in float64 on the CPU from the same (rounded)
-inputs. Relative L2 error must be under 1e-5 for fp32 and 1e-2 for fp16/bf16.
+compares with torch.nn.functional.conv2d computed in float64 from the same (rounded) inputs, on
+the GPU when torch sees one (PyTorch's own kernels, not convd's), else on the CPU. Relative L2 error must be under 1e-5 for fp32 and 1e-2 for fp16/bf16.
 
 Usage: torch-check.py --convctl build/bin/convctl --socket /path/convd.sock [--count N] [--seed S]
                       [--shapes CSV]...
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 TOL = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
+REF_DEVICE = "cpu"
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # Shapes chosen to be unlike bench/shapes.csv: odd channels per group, non-square filters,
@@ -64,12 +65,15 @@ def check(convctl, socket, tmp, prob, dtype, layout, bias, relu, rng):
     wt = (torch.rand(k, c // g, r, s, generator=rng) * 2 - 1).to(td)
     b = (torch.rand(k, generator=rng) * 2 - 1).to(td) if bias else None
 
-    # reference in float64 from the rounded inputs; asymmetric padding through F.pad
-    xp = F.pad(x.double(), (pad[2], pad[3], pad[0], pad[1]))
-    ref = F.conv2d(xp, wt.double(), None if b is None else b.double(), stride=stride,
-                   padding=0, dilation=dil, groups=g)
+    # reference in float64 from the rounded inputs; asymmetric padding through F.pad. On the GPU
+    # when torch sees one (full-size shapes in float64 take minutes on the CPU), else the CPU.
+    xp = F.pad(x.double().to(REF_DEVICE), (pad[2], pad[3], pad[0], pad[1]))
+    ref = F.conv2d(xp, wt.double().to(REF_DEVICE),
+                   None if b is None else b.double().to(REF_DEVICE), stride=stride, padding=0,
+                   dilation=dil, groups=g)
     if relu:
         ref = torch.relu(ref)
+    ref = ref.cpu()
 
     if layout == "nhwc":
         xs, ws = x.permute(0, 2, 3, 1), wt.permute(0, 2, 3, 1)
@@ -140,7 +144,11 @@ def main():
                     help="also check every row of this shapes CSV (repeatable)")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    print("torch-check seed %d, torch %s" % (args.seed, torch.__version__))
+    global REF_DEVICE
+    if torch.cuda.is_available():
+        REF_DEVICE = "cuda"
+    print("torch-check seed %d, torch %s, reference on %s" % (args.seed, torch.__version__,
+                                                            REF_DEVICE))
     pr = random.Random(args.seed)
     rng = torch.Generator().manual_seed(args.seed)
     probs = FIXED + [random_problem(pr) for _ in range(args.count)]
