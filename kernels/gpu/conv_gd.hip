@@ -284,6 +284,8 @@ int gpu_gd_routes_nhwc(const struct convd_problem *p)
         return 0;
     if (p->dtype == CONVD_DTYPE_FP32)
         return kpg < 24 && (p->stride_h == 2 || kpg % 4 != 0) && !(kpg % 2 != 0 && kpg % 3 == 0);
+    if (p->groups == 1 && p->k % 8 == 0)
+        return 0; /* dense: the tensor cores take it, channels padded where C needs it */
     struct gpu_mma_plan mp;
     char why[160];
     return gpu_mma_plan_make(p, 0, &mp, why, sizeof(why)) != 0;

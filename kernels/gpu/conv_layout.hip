@@ -124,3 +124,69 @@ int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count,
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
+
+/*
+ * Channel padding for dense problems whose C is not a multiple of 8 (the 3-channel stem), so
+ * that the tensor-core kernel takes them: dst [outer][inner][cp] from src [outer][inner][c]
+ * (channels last: NHWC input, NHWC weights [K][R*S][C]) or src [outer][c][inner] (channels
+ * first: NCHW input and weights), channels c..cp-1 zero. One thread per destination element,
+ * consecutive threads along the destination's channels: its writes are coalesced, and the few
+ * source bytes a block reads come through L1.
+ */
+struct pad_args {
+    struct gpu_padc job[GPU_PADC_JOBS];
+    int64_t first[GPU_PADC_JOBS + 1]; /* first destination element of each job, per problem */
+    int njobs;
+};
+
+template <class T> __global__ void __launch_bounds__(256) padc_kernel(const struct pad_args a)
+{
+    convd_grid_dependency();
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= a.first[a.njobs])
+        return;
+    int j = 0;
+    while (j + 1 < a.njobs && e >= a.first[j + 1])
+        j++;
+    const struct gpu_padc &jb = a.job[j];
+    const int64_t k = e - a.first[j];
+    const int64_t row = k / jb.cp; /* outer * inner + inner index */
+    const int ch = (int)(k - row * jb.cp);
+    const int64_t o = row / jb.inner, i = row - o * jb.inner;
+    const T *s = (const T *)jb.src[blockIdx.z];
+    T v = 0;
+    if (ch < jb.c)
+        v = jb.chan_first ? s[(o * jb.c + ch) * jb.inner + i] : s[row * jb.c + ch];
+    ((T *)jb.dst[blockIdx.z])[k] = v;
+}
+
+int gpu_padc_launch(const struct gpu_padc *jobs, int njobs, int count, int elem_bytes,
+                    hipStream_t stream)
+{
+    if (count < 1 || count > CONVD_GPU_BATCH_MAX || njobs < 1 || njobs > GPU_PADC_JOBS)
+        return CONVD_EINVAL;
+    struct pad_args a;
+    memset(&a, 0, sizeof(a));
+    a.njobs = njobs;
+    int64_t total = 0;
+    for (int j = 0; j < njobs; j++) {
+        a.job[j] = jobs[j];
+        a.first[j] = total;
+        total += (int64_t)jobs[j].outer * jobs[j].inner * jobs[j].cp;
+    }
+    a.first[njobs] = total;
+    if (total == 0)
+        return 0;
+    const int64_t blocks = (total + 255) / 256;
+    if (blocks > 0x7fffffff)
+        return CONVD_EUNSUPPORTED;
+    dim3 grid((unsigned)blocks, 1, (unsigned)count);
+    if (elem_bytes == 2)
+        hipLaunchKernelGGL(padc_kernel<uint16_t>, grid, dim3(256), 0, stream, a);
+    else if (elem_bytes == 4)
+        hipLaunchKernelGGL(padc_kernel<uint32_t>, grid, dim3(256), 0, stream, a);
+    else
+        return CONVD_EINVAL;
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}

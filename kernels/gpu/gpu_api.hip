@@ -137,6 +137,8 @@ struct gpu_plan {
     int transposed; /* NCHW problem run as NHWC on transposed copies in the workspace */
     int via_nchw;   /* NHWC problem run as NCHW (direct family) on transposed copies of input and
                        weights, its NCHW output transposed back from the workspace */
+    int padded_c;   /* dense problem with C % 8 != 0 run on the mma family as NHWC with C padded
+                       to this (copies of input and weights in the workspace); 0: not padded */
     union {
         struct gpu_dw_plan dw;
         struct gpu_fma_plan fma;
@@ -152,12 +154,35 @@ struct gpu_plan {
  * copy (NHWC problems may then run on the direct family as NCHW). */
 #define WS_COPIES 1
 #define WS_OUTPUT 2
+/* 1 (default): dense 16-bit problems with C not a multiple of 8 (and K one) run on the mma family
+ * with C padded; 0: not (the fma family takes them). */
+static int mma_pad_mode = 1;
+
+extern "C" int convd_gpu_tune_mma_pad(int mode)
+{
+    if (mode < 0 || mode > 1)
+        return CONVD_EINVAL;
+    mma_pad_mode = mode;
+    gpu_plan_cache_invalidate();
+    return 0;
+}
+
+/* The padded channel count for p's mma route with padding, or 0 where it does not apply. */
+static int pad_channels(const struct convd_problem *p)
+{
+    if (!mma_pad_mode || p->groups != 1 || p->c % 8 == 0 || p->k % 8 != 0 ||
+        p->dtype == CONVD_DTYPE_FP32)
+        return 0;
+    return (p->c + 7) / 8 * 8;
+}
+
 static int plan_family(const struct convd_problem *p, enum convd_gpu_family family, int ws_ok,
                        int routing, struct gpu_plan *ret, char *why, size_t why_len)
 {
     ret->family = family;
     ret->transposed = 0;
     ret->via_nchw = 0;
+    ret->padded_c = 0;
     const int tr =
         ws_ok && p->layout == CONVD_LAYOUT_NCHW &&
         (family == CONVD_GPU_FAMILY_MMA || (family == CONVD_GPU_FAMILY_FMA && !gpu_pw_applies(p)));
@@ -175,6 +200,19 @@ static int plan_family(const struct convd_problem *p, enum convd_gpu_family fami
     case CONVD_GPU_FAMILY_MMA:
         rc = gpu_mma_plan_make(&q, tr, &ret->u.mma, why, why_len);
         ret->transposed = rc == 0 && tr;
+        if (rc != 0 && ws_ok >= WS_OUTPUT && pad_channels(p) > 0) {
+            /* Channels padded to a multiple of 8 in NHWC copies (either layout's input read in
+             * place by the padding pass; NCHW output from the kernel's epilogue). */
+            struct convd_problem qp = *p;
+            qp.c = pad_channels(p);
+            qp.layout = CONVD_LAYOUT_NHWC;
+            char why2[160];
+            if (gpu_mma_plan_make(&qp, p->layout == CONVD_LAYOUT_NCHW, &ret->u.mma, why2,
+                                  sizeof(why2)) == 0) {
+                ret->padded_c = qp.c;
+                return 0;
+            }
+        }
         return rc;
     case CONVD_GPU_FAMILY_GENERIC:
         return gpu_generic_plan_make(p, &ret->u.gen);
@@ -214,10 +252,12 @@ static int plan_auto(const struct convd_problem *p, int ws_ok, struct gpu_plan *
     return CONVD_EUNSUPPORTED;
 }
 
-/* Workspace bytes of one problem's transposed copies: input, then weights (then, with_out, the
- * output), 256-byte aligned. */
+/* Workspace bytes of one problem's copies, 256-byte aligned each: input, then weights; with_out
+ * (the WS_OUTPUT level) also the output, and at least the channel-padded input and weights where
+ * those apply. Offsets of the weights and output copies in *ret_w_off, *ret_o_off; of the padded
+ * weights in *ret_pw_off. */
 static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w_off,
-                      size_t *ret_o_off)
+                      size_t *ret_o_off, size_t *ret_pw_off)
 {
     struct convd_problem_sizes z;
     if (convd_problem_sizes(p, &z, NULL, 0) != 0)
@@ -225,11 +265,19 @@ static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w
     const size_t in = ((size_t)z.input_bytes + 255) & ~(size_t)255;
     const size_t w = ((size_t)z.weight_bytes + 255) & ~(size_t)255;
     const size_t out = with_out ? ((size_t)z.output_bytes + 255) & ~(size_t)255 : 0;
+    size_t pin = 0, pw = 0;
+    const int cp = with_out ? pad_channels(p) : 0;
+    if (cp > 0) {
+        pin = ((size_t)z.input_bytes / (size_t)p->c * (size_t)cp + 255) & ~(size_t)255;
+        pw = ((size_t)z.weight_bytes / (size_t)p->c * (size_t)cp + 255) & ~(size_t)255;
+    }
     if (ret_w_off != NULL)
         *ret_w_off = in;
     if (ret_o_off != NULL)
         *ret_o_off = in + w;
-    return in + w + out;
+    if (ret_pw_off != NULL)
+        *ret_pw_off = pin;
+    return in + w + out > pin + pw ? in + w + out : pin + pw;
 }
 
 static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why_len)
@@ -350,6 +398,8 @@ extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_
         snprintf(extra, sizeof(extra), " (NCHW via NHWC copies)");
     if (pl.via_nchw)
         snprintf(extra, sizeof(extra), " (NHWC via NCHW copies)");
+    if (pl.padded_c)
+        snprintf(extra, sizeof(extra), " (C padded to %d)", pl.padded_c);
     switch (pl.family) {
     case CONVD_GPU_FAMILY_DEPTHWISE:
         if (pl.u.dw.direct)
@@ -426,7 +476,9 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     if (family == CONVD_GPU_FAMILY_AUTO && !all_aligned)
         family = CONVD_GPU_FAMILY_GENERIC;
     size_t w_off = 0, o_off = 0;
-    const size_t slot = ws_slot(p, 0, NULL, NULL), slot_out = ws_slot(p, 1, &w_off, &o_off);
+    size_t pw_off = 0;
+    const size_t slot = ws_slot(p, 0, NULL, NULL, NULL),
+                 slot_out = ws_slot(p, 1, &w_off, &o_off, &pw_off);
     const size_t per_launch = count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX;
     const int ws_ok = workspace == NULL || !aligned16(workspace) ? 0
                       : workspace_bytes >= slot_out * per_launch ? WS_OUTPUT
@@ -436,8 +488,8 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     if (rc != 0)
         return rc;
     /* Slots of the copies: in + weights for NCHW via NHWC, in + weights + output for NHWC via
-     * NCHW. */
-    const size_t stride = pl.via_nchw ? slot_out : slot;
+     * NCHW, and the padded input and weights within the latter's room. */
+    const size_t stride = pl.via_nchw || pl.padded_c ? slot_out : slot;
 
     hipStream_t s = (hipStream_t)stream;
     const size_t es = convd_dtype_size(p->dtype);
@@ -474,6 +526,34 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             tr[1].cols = p->r * p->s;
             convd_launch_plain = convd_gpu_pdl_mode == 2;
             rc = gpu_transpose_launch(tr, 2, n, (int)es, s);
+            convd_launch_plain = 0;
+            if (rc != 0)
+                return rc;
+        }
+        if (pl.padded_c) {
+            /* Input [N][HW][C] or [N][C][HW] and weights [K][RS][C] or [K][C][RS] into NHWC
+             * copies with C padded by zero channels. */
+            struct gpu_padc pc[2];
+            memset(pc, 0, sizeof(pc));
+            for (int i = 0; i < n; i++) {
+                uint8_t *slot_base = (uint8_t *)workspace + (size_t)i * stride;
+                pc[0].src[i] = b.x[i];
+                pc[1].src[i] = b.w[i];
+                pc[0].dst[i] = slot_base;
+                pc[1].dst[i] = slot_base + pw_off;
+                b.x[i] = pc[0].dst[i];
+                b.w[i] = pc[1].dst[i];
+            }
+            const int cf = p->layout == CONVD_LAYOUT_NCHW;
+            pc[0].outer = p->n;
+            pc[0].inner = p->h * p->w;
+            pc[1].outer = p->k;
+            pc[1].inner = p->r * p->s;
+            pc[0].c = pc[1].c = p->c;
+            pc[0].cp = pc[1].cp = pl.padded_c;
+            pc[0].chan_first = pc[1].chan_first = cf;
+            convd_launch_plain = convd_gpu_pdl_mode == 2;
+            rc = gpu_padc_launch(pc, 2, n, (int)es, s);
             convd_launch_plain = 0;
             if (rc != 0)
                 return rc;
@@ -516,8 +596,8 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
         /* Launched early beside the transposes' last wave, the kernel after them ran up to 1.26x
          * slower on small images (regnety16_l3 fp16 37.1 us against 29.3 launched plainly;
          * bench/gpu/NOTES.md, round 11): by default it waits for them the ordinary way. */
-        convd_launch_plain =
-            (pl.transposed || pl.via_nchw) && (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
+        convd_launch_plain = (pl.transposed || pl.via_nchw || pl.padded_c) &&
+                             (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
         rc = plan_launch(&pl, &b, n, s);
         convd_launch_plain = 0;
         if (rc != 0)
@@ -556,8 +636,8 @@ extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, 
     size_t bytes = 0;
     struct gpu_plan pl;
     if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) == 0 &&
-        (pl.transposed || pl.via_nchw))
-        bytes = ws_slot(p, pl.via_nchw, NULL, NULL) *
+        (pl.transposed || pl.via_nchw || pl.padded_c))
+        bytes = ws_slot(p, pl.via_nchw || pl.padded_c, NULL, NULL, NULL) *
                 (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
     *ret_bytes = bytes;
     return 0;

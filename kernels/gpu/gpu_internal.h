@@ -442,6 +442,18 @@ struct gpu_transpose {
 int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
                          hipStream_t stream);
 
+/* Batched channel padding (conv_layout.hip): dst [outer][inner][cp] from src [outer][inner][c]
+ * (chan_first 0) or [outer][c][inner] (chan_first 1), channels past c zero; up to GPU_PADC_JOBS
+ * of one element size in one launch, src[i] / dst[i] per problem i < count. */
+#define GPU_PADC_JOBS 2
+struct gpu_padc {
+    const void *src[CONVD_GPU_BATCH_MAX];
+    void *dst[CONVD_GPU_BATCH_MAX];
+    int outer, inner, c, cp, chan_first;
+};
+int gpu_padc_launch(const struct gpu_padc *jobs, int njobs, int count, int elem_bytes,
+                    hipStream_t stream);
+
 struct gpu_generic_plan {
     struct gpu_geom g;
     int dtype, layout;

@@ -133,6 +133,11 @@ int convd_gpu_tune_direct(int mode);
  * the router finds it pays (16-bit channel counts the tensor cores do not take), 0 never, 1
  * wherever the direct kernel takes the NCHW form. Process-global; CONVD_EINVAL otherwise. */
 int convd_gpu_tune_direct_nhwc(int mode);
+
+/* Tests and benchmark only: dense 16-bit problems with C not a multiple of 8 (and K one) on the
+ * mma family with C padded to the next multiple of 8 in the workspace (1, the default) or not
+ * (0: the fma family). Process-global; CONVD_EINVAL for other values. */
+int convd_gpu_tune_mma_pad(int mode);
 /* Tests and benchmark only: whether the direct kernel loads the next input plane's window while
  * it multiplies the current one: -1 (the default) where its planner expects it to pay, 0 never,
  * 1 always. Process-global; CONVD_EINVAL for other values. */

@@ -84,6 +84,10 @@ static void tc_init(struct tcase *c, const struct convd_problem *p)
     /* Room for every route's copies: NHWC copies of an NCHW problem's input and weights, or
      * NCHW copies of an NHWC problem's input, weights and output (256-byte aligned each). */
     c->ws_bytes = c->z.input_bytes + c->z.weight_bytes + c->z.output_bytes + 1024;
+    size_t need = 0; /* channel-padded copies can take more */
+    assert_int_equal(convd_gpu_workspace(p, 1, &need), 0);
+    if (need > c->ws_bytes)
+        c->ws_bytes = need;
     assert_int_equal(convd_gpu_alloc(c->ws_bytes, &c->ws), 0);
     assert_int_equal(convd_gpu_upload(c->dx, c->hx, c->z.input_bytes), 0);
     assert_int_equal(convd_gpu_upload(c->dw, c->hw, c->z.weight_bytes), 0);
@@ -718,6 +722,7 @@ static int untune(void **state)
     convd_gpu_tune_dw_direct(-1);
     convd_gpu_tune_fma_outputs3(1);
     convd_gpu_tune_direct_nhwc(-1);
+    convd_gpu_tune_mma_pad(1);
     return 0;
 }
 
@@ -731,6 +736,56 @@ static void require_mma(void)
         printf("skipped: mma family not available here (%s)\n", why);
         skip();
     }
+}
+
+/* Dense 16-bit problems whose C is not a multiple of 8 (the 3-channel stem) run on the mma family
+ * with C padded to the next multiple of 8 in NHWC copies (from NHWC or NCHW input); K must be a
+ * multiple of 8, fp32 stays on the fma family, and the switch turns it off. */
+static void test_mma_padded(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    require_mma();
+    struct convd_problem ps[] = {
+        mk(2, 19, 21, 3, 16, 7, 7, 1, 2, 3, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC), /* stem */
+        mk(3, 9, 10, 5, 24, 3, 3, 1, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(2, 7, 9, 12, 8, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC), /* to 16 */
+    };
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+        for (int d = 1; d < 3; d++) {
+            for (int l = 0; l < 2; l++) {
+                struct convd_problem q = ps[i];
+                q.dtype = dtypes[d];
+                q.layout = layouts[l];
+                q.has_bias = q.relu = l == 1;
+                if (!described_as(&q, CONVD_GPU_FAMILY_AUTO, "(C padded to"))
+                    fail_msg("case %zu dtype %d layout %d not padded", i, d, l);
+                check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
+            }
+        }
+    }
+    struct convd_problem q = ps[0];
+    assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "(C padded to 8)"));
+    assert_true(described_as(&ps[2], CONVD_GPU_FAMILY_AUTO, "(C padded to 16)"));
+    size_t ws = 0, one = 0;
+    assert_int_equal(convd_gpu_workspace(&q, 3, &ws), 0);
+    assert_int_equal(convd_gpu_workspace(&q, 1, &one), 0);
+    assert_true(one >= (size_t)2 * 19 * 21 * 8 * 2 + 16 * 49 * 8 * 2); /* padded in + weights */
+    assert_int_equal(ws, 3 * one);
+    q.k = 12; /* K not a multiple of 8 */
+    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "padded"));
+    q.k = 16;
+    q.dtype = CONVD_DTYPE_FP32;
+    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "padded"));
+    q.dtype = CONVD_DTYPE_FP16;
+    q.groups = 3;
+    q.k = 24; /* grouped: cpg 1, the depthwise family's */
+    assert_false(described_as(&q, CONVD_GPU_FAMILY_AUTO, "padded"));
+    assert_int_equal(convd_gpu_tune_mma_pad(0), 0);
+    assert_false(described_as(&ps[0], CONVD_GPU_FAMILY_AUTO, "padded"));
+    check_problem(&ps[0], CONVD_GPU_FAMILY_AUTO, 1);
+    assert_int_equal(convd_gpu_tune_mma_pad(1), 0);
+    assert_int_equal(convd_gpu_tune_mma_pad(2), CONVD_EINVAL);
 }
 
 /* Every warp layout of the mma kernel (forced with convd_gpu_tune_mma_cfg), on problems whose
@@ -1208,6 +1263,10 @@ static void test_multi_problem(void **state)
     p.has_bias = true;
     batch_case(p, CONVD_GPU_FAMILY_DIRECT, 35);
     batch_case(p, CONVD_GPU_FAMILY_AUTO, 3);
+    /* The 3-channel stem with its channels padded for the mma family, past one launch too. */
+    p = mk(2, 19, 21, 3, 16, 7, 7, 1, 2, 3, 1, CONVD_DTYPE_BF16, CONVD_LAYOUT_NCHW);
+    p.has_bias = true;
+    batch_case(p, CONVD_GPU_FAMILY_AUTO, 35);
 }
 
 /* ---- API contract ---- */
@@ -1287,6 +1346,7 @@ int main(void)
         cmocka_unit_test(test_fma_gemm),
         cmocka_unit_test_teardown(test_direct, untune),
         cmocka_unit_test(test_mma),
+        cmocka_unit_test_teardown(test_mma_padded, untune),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
         cmocka_unit_test_teardown(test_chain, untune),
