@@ -1282,9 +1282,16 @@ static void test_api(void **state)
     bad.groups = 3;
     assert_int_not_equal(convd_gpu_check(&bad, why, sizeof(why)), 0);
     assert_string_equal(convd_gpu_kernel_name(&bad), "none");
+    /* An NHWC problem whose route reads it in place needs no workspace, with a GPU or without
+     * one (fp32, kpg 8 at stride 1: the fma family either way; the 16-bit p goes to the tensor
+     * cores on a GPU and, with none to plan for, through NCHW copies). */
+    struct convd_problem in_place = p;
+    in_place.dtype = CONVD_DTYPE_FP32;
     size_t ws = 7;
-    assert_int_equal(convd_gpu_workspace(&p, 4, &ws), 0);
+    assert_int_equal(convd_gpu_workspace(&in_place, 4, &ws), 0);
     assert_int_equal(ws, 0);
+    assert_int_equal(convd_gpu_workspace(NULL, 4, &ws), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_workspace(&p, 4, NULL), CONVD_EINVAL);
     assert_int_equal(convd_gpu_conv(&p, NULL, 1, NULL, 0, NULL), CONVD_EINVAL);
     struct convd_tensors t = {NULL, NULL, NULL, NULL};
     assert_int_equal(convd_gpu_conv(&p, &t, 1, NULL, 0, NULL), CONVD_EINVAL);
