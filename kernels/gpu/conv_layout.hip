@@ -4,7 +4,10 @@
  * of the input and the weights in one launch (a launch of its own for the weights cost more than
  * their bytes in batch-1 problems).
  * NCHW input (N, C, H*W) becomes NHWC (N, H*W, C); NCHW weights (K, C/G, R*S) become (K, R*S, C/G).
- * The output needs no pass of its own: the NHWC kernels write NCHW from their epilogue.
+ * The output needs no pass of its own: the NHWC kernels write NCHW from their epilogue. The same
+ * kernel serves the reverse route (NHWC problems on the NCHW direct kernel: input and weights to
+ * NCHW, then the output back to NHWC, a third pass), and the channel padding below the dense
+ * problems whose C the tensor-core kernel cannot take.
  */
 #include "gpu_internal.h"
 
