@@ -110,9 +110,10 @@ fi
 
 # The daemon on the GPU (DAEMON=0 skips it): correctness through the whole serving path
 # (convctl verify on named shapes of bench/shapes.csv; PyTorch's conv2d through convctl conv on
-# fixed odd shapes, random ones and every row of $SHAPES at full size), then (DAEMON_BENCH=0 skips it) the load benchmark: P client
-# processes, each doing batch-1 resnext convolutions (fp16 NHWC, host memory) with D in flight,
-# the same workload as the "many processes, one GPU" table of the cuDNN baseline.
+# fixed odd shapes, random ones and every row of $SHAPES at full size), then (DAEMON_BENCH=0
+# skips it) the load benchmark: P client processes, each doing batch-1 resnext convolutions
+# (fp16 NHWC, host memory) with D in flight, the same workload as the "many processes, one GPU"
+# table of the cuDNN baseline.
 daemon_rc=0
 if [ "${DAEMON:-1}" = 1 ]; then
     step "daemon on the GPU"
@@ -144,8 +145,8 @@ if [ "${DAEMON:-1}" = 1 ]; then
         for cd in "1 1" "4 1" "16 1" "16 4" "64 1" "64 4"; do
             set -- $cd
             ctl bench --shape latency_b1_resnext --csv bench/shapes.csv --dtype fp16 \
-                --layout nhwc --clients "$1" --depth "$2" --duration 4 >"$OUT/daemon-bench-$1x$2.txt" 2>&1 ||
-                daemon_rc=1
+                --layout nhwc --clients "$1" --depth "$2" --duration 4 \
+                >"$OUT/daemon-bench-$1x$2.txt" 2>&1 || daemon_rc=1
             awk -v c="$1" -v d="$2" '
                 /requests\/s/ && !rq { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^requests\/s/) rq = $i }
                 /images\/s/ && !im { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^images\/s/) im = $i }

@@ -4,7 +4,8 @@
 For each problem it draws fresh random tensors with torch, writes them as .npy files (bf16 as
 uint16 bit patterns), runs `convctl conv` against a running daemon, reads the output back and
 compares with torch.nn.functional.conv2d computed in float64 from the same (rounded) inputs, on
-the GPU when torch sees one (PyTorch's own kernels, not convd's), else on the CPU. Relative L2 error must be under 1e-5 for fp32 and 1e-2 for fp16/bf16.
+the GPU when torch sees one (PyTorch's own kernels, not convd's), else on the CPU. Relative L2
+error must be under 1e-5 for fp32 and 1e-2 for fp16/bf16.
 
 Usage: torch-check.py --convctl build/bin/convctl --socket /path/convd.sock [--count N] [--seed S]
                       [--shapes CSV]...
@@ -152,32 +153,25 @@ def main():
     pr = random.Random(args.seed)
     rng = torch.Generator().manual_seed(args.seed)
     probs = FIXED + [random_problem(pr) for _ in range(args.count)]
+    # (label, problem, dtype, layout): the fixed and random problems in every dtype and layout,
+    # then each CSV row in one combination, taken in turn.
+    jobs = [("%2d" % i, prob, dtype, layout) for i, prob in enumerate(probs)
+            for dtype in ("fp32", "fp16", "bf16") for layout in ("nhwc", "nchw")]
+    combos = [(d, l) for d in ("fp16", "bf16", "fp32") for l in ("nhwc", "nchw")]
+    for path in args.shapes:
+        jobs += [(name, prob) + combos[j % len(combos)]
+                 for j, (name, prob) in enumerate(load_csv(path))]
     failures = 0
-    total = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, prob in enumerate(probs):
-            for dtype in ("fp32", "fp16", "bf16"):
-                for layout in ("nhwc", "nchw"):
-                    bias, relu = pr.random() < 0.5, pr.random() < 0.5
-                    ok, msg, ms = check(args.convctl, args.socket, tmp, prob, dtype, layout,
-                                        bias, relu, rng)
-                    total += 1
-                    if not ok:
-                        failures += 1
-                    print("%-4s %2d %-4s %-4s bias=%d relu=%d %s  %s  (%.0f ms)" % (
-                        "ok" if ok else "FAIL", i, dtype, layout, bias, relu, prob, msg, ms))
-        combos = [(d, l) for d in ("fp16", "bf16", "fp32") for l in ("nhwc", "nchw")]
-        for path in args.shapes:
-            for j, (name, prob) in enumerate(load_csv(path)):
-                dtype, layout = combos[j % len(combos)]
-                bias, relu = pr.random() < 0.5, pr.random() < 0.5
-                ok, msg, ms = check(args.convctl, args.socket, tmp, prob, dtype, layout, bias,
-                                    relu, rng)
-                total += 1
-                if not ok:
-                    failures += 1
-                print("%-4s %-24s %-4s %-4s bias=%d relu=%d %s  %s  (%.0f ms)" % (
-                    "ok" if ok else "FAIL", name, dtype, layout, bias, relu, prob, msg, ms))
+        for label, prob, dtype, layout in jobs:
+            bias, relu = pr.random() < 0.5, pr.random() < 0.5
+            ok, msg, ms = check(args.convctl, args.socket, tmp, prob, dtype, layout, bias, relu,
+                                rng)
+            if not ok:
+                failures += 1
+            print("%-4s %-2s %-4s %-4s bias=%d relu=%d %s  %s  (%.0f ms)" % (
+                "ok" if ok else "FAIL", label, dtype, layout, bias, relu, prob, msg, ms))
+    total = len(jobs)
     print("torch-check: %d of %d passed" % (total - failures, total))
     return 1 if failures else 0
 

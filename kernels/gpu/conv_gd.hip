@@ -248,19 +248,25 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
  * route first transposes an input four times the output (resnext50_l2_down fp16: 79.7
  * against 54.6); cpg <= 4 wins everywhere (cpg2_hero 52.7 -> 20.7, latency_b1 18.3 -> 5.1).
  */
-static int gd_routes(const struct convd_problem *p, const struct gpu_geom *g, int dtype)
+/* Whether the tensor-core kernel refuses p's NHWC form (16-bit cpg 5, 7, ...; on AMD, all). */
+static int gd_no_mma(const struct convd_problem *p)
 {
-    if (dtype == CONVD_DTYPE_FP32)
-        return g->cpg <= 64;
-    if (g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2))
-        return 1;
-    /* 16-bit channel counts the tensor-core kernel cannot take (cpg 5, 7, ...) would go to the
-     * fma family on transposed copies: cpg5_kpg5 fp16 99.4 us there, fp32 on this kernel 34.0. */
     struct convd_problem q = *p;
     q.layout = CONVD_LAYOUT_NHWC;
     struct gpu_mma_plan mp;
     char why[160];
-    return g->cpg <= 64 && gpu_mma_plan_make(&q, 1, &mp, why, sizeof(why)) != 0;
+    return gpu_mma_plan_make(&q, p->layout == CONVD_LAYOUT_NCHW, &mp, why, sizeof(why)) != 0;
+}
+
+static int gd_routes(const struct convd_problem *p, const struct gpu_geom *g)
+{
+    if (p->dtype == CONVD_DTYPE_FP32)
+        return g->cpg <= 64;
+    if (g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2))
+        return 1;
+    /* 16-bit channel counts the tensor-core kernel cannot take would go to the fma family on
+     * transposed copies: cpg5_kpg5 fp16 99.4 us there, fp32 on this kernel 34.0. */
+    return g->cpg <= 64 && gd_no_mma(p);
 }
 
 /*
@@ -286,9 +292,7 @@ int gpu_gd_routes_nhwc(const struct convd_problem *p)
         return kpg < 24 && (p->stride_h == 2 || kpg % 4 != 0) && !(kpg % 2 != 0 && kpg % 3 == 0);
     if (p->groups == 1 && p->k % 8 == 0)
         return 0; /* dense: the tensor cores take it, channels padded where C needs it */
-    struct gpu_mma_plan mp;
-    char why[160];
-    return gpu_mma_plan_make(p, 0, &mp, why, sizeof(why)) != 0;
+    return gd_no_mma(p);
 }
 
 int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
@@ -301,7 +305,7 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
     const struct gpu_geom *g = &pl.g;
     if (!gd_shape_ok(p, g, why, why_len))
         return CONVD_EUNSUPPORTED;
-    if (routing && (gd_mode == 0 || (gd_mode < 0 && !gd_routes(p, g, p->dtype)))) {
+    if (routing && (gd_mode == 0 || (gd_mode < 0 && !gd_routes(p, g)))) {
         snprintf(why, why_len, "direct: not routed for cpg=%d at stride %d in %s", g->cpg, g->sh,
                  convd_dtype_name(p->dtype));
         return CONVD_EUNSUPPORTED;

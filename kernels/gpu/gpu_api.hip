@@ -151,7 +151,8 @@ struct gpu_plan {
 /* Workspace levels: 0 none; WS_COPIES input and weight copies (NCHW problems on the mma and fma
  * families then run as NHWC: input and weights transposed first, output written NCHW by the
  * epilogue; without it they gather NCHW directly, which is slower); WS_OUTPUT those and an output
- * copy (NHWC problems may then run on the direct family as NCHW). */
+ * copy, or channel-padded input and weights where larger (NHWC problems may then run on the
+ * direct family as NCHW, and dense 16-bit ones with C not a multiple of 8 on the mma family). */
 #define WS_COPIES 1
 #define WS_OUTPUT 2
 /* 1 (default): dense 16-bit problems with C not a multiple of 8 (and K one) run on the mma family
@@ -278,6 +279,15 @@ static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w
     if (ret_pw_off != NULL)
         *ret_pw_off = pin;
     return in + w + out > pin + pw ? in + w + out : pin + pw;
+}
+
+/* Workspace bytes one problem of plan pl uses (0: none): the WS_COPIES slot for NCHW on NHWC
+ * copies, the WS_OUTPUT one for NHWC on NCHW copies and for padded channels. */
+static size_t plan_slot(const struct convd_problem *p, const struct gpu_plan *pl)
+{
+    if (pl->via_nchw || pl->padded_c)
+        return ws_slot(p, 1, NULL, NULL, NULL);
+    return pl->transposed ? ws_slot(p, 0, NULL, NULL, NULL) : 0;
 }
 
 static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why_len)
@@ -487,9 +497,7 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     rc = plan_cached(p, family, ws_ok, &pl);
     if (rc != 0)
         return rc;
-    /* Slots of the copies: in + weights for NCHW via NHWC, in + weights + output for NHWC via
-     * NCHW, and the padded input and weights within the latter's room. */
-    const size_t stride = pl.via_nchw || pl.padded_c ? slot_out : slot;
+    const size_t stride = plan_slot(p, &pl);
 
     hipStream_t s = (hipStream_t)stream;
     const size_t es = convd_dtype_size(p->dtype);
@@ -630,15 +638,14 @@ extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, 
     if (rc != 0)
         return rc;
     /* NCHW problems on the mma and fma families run faster on NHWC copies of input and weights,
-     * and NHWC problems with few channels per group on the direct family's NCHW copies of input,
-     * weights and output; everything else needs no scratch memory. With less workspace than
-     * this they still run. */
+     * NHWC problems with few channels per group on the direct family's NCHW copies of input,
+     * weights and output, and dense 16-bit ones with C not a multiple of 8 on channel-padded
+     * copies; everything else needs no scratch memory. With less workspace than this they still
+     * run. */
     size_t bytes = 0;
     struct gpu_plan pl;
-    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) == 0 &&
-        (pl.transposed || pl.via_nchw || pl.padded_c))
-        bytes = ws_slot(p, pl.via_nchw || pl.padded_c, NULL, NULL, NULL) *
-                (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
+    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) == 0)
+        bytes = plan_slot(p, &pl) * (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
     *ret_bytes = bytes;
     return 0;
 }

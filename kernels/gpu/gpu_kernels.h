@@ -130,8 +130,9 @@ int convd_gpu_tune_direct(int mode);
 
 /* Tests and benchmark only: NHWC problems on the direct family through NCHW copies of input,
  * weights and output (given the workspace convd_gpu_workspace asks for): -1 (the default) where
- * the router finds it pays (16-bit channel counts the tensor cores do not take), 0 never, 1
- * wherever the direct kernel takes the NCHW form. Process-global; CONVD_EINVAL otherwise. */
+ * the router finds it pays (gpu_gd_routes_nhwc: 16-bit channel counts the tensor cores do not
+ * take; fp32 with kpg < 24 at stride 2 or kpg not a multiple of 4), 0 never, 1 wherever the
+ * direct kernel takes the NCHW form. Process-global; CONVD_EINVAL otherwise. */
 int convd_gpu_tune_direct_nhwc(int mode);
 
 /* Tests and benchmark only: dense 16-bit problems with C not a multiple of 8 (and K one) on the
