@@ -243,6 +243,7 @@ int cl_drain(convd_client *c)
         }
         if (n <= 0) {
             /* 0: orderly close; ECONNRESET and the like: gone all the same. */
+            sock_close_fds(fds, nfds);
             cl_mark_closed(c);
             return CONVD_ECLOSED;
         }

@@ -537,6 +537,8 @@ static void conn_read(struct conn *c)
             continue;
         }
         if (n == 0) {
+            /* An empty datagram can still carry descriptors: they are never ours to keep. */
+            sock_close_fds(fds, nfds);
             /* SOCK_SEQPACKET reads an empty datagram as 0 bytes, like the end of the stream;
              * only the hang-up flag tells them apart. */
             struct pollfd pfd = {.fd = c->fd, .events = POLLRDHUP};

@@ -241,6 +241,40 @@ static void test_empty_datagram(void **state)
     assert_alive();
 }
 
+/* Descriptors attached to empty datagrams, before and after Hello, are closed: the daemon's
+ * descriptor count does not grow by the 80 each connection sends (7ab9ac0 kept every one). */
+static void test_empty_datagram_with_fds(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 10, PER = 8 };
+    for (int hello = 0; hello < 2; hello++) {
+        int base = it_count_fds(daemon_.pid);
+        assert_true(base > 0);
+        int fd = hello ? conn() : raw_connect(daemon_.sock);
+        int fds[PER];
+        for (int i = 0; i < PER; i++) {
+            fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            assert_true(fds[i] >= 0);
+        }
+        for (int k = 0; k < ROUNDS; k++) {
+            assert_int_equal(raw_send_bytes_fds(fd, "", 0, fds, PER), 0);
+            raw_expect_protocol_error(fd, CONVD_EPROTO, "empty");
+        }
+        /* Every datagram has been answered, so each was read: the connection itself is the
+         * one descriptor more (the background worker may hold one briefly while it registers
+         * a region). */
+        int held = it_count_fds(daemon_.pid);
+        if (held - base > 2)
+            fail_msg("the daemon holds %d descriptors more after %d empty datagrams with %d "
+                     "descriptors each (%s Hello)",
+                     held - base, ROUNDS, PER, hello ? "after" : "before");
+        for (int i = 0; i < PER; i++)
+            close(fds[i]);
+        close(fd);
+    }
+    assert_alive();
+}
+
 static void test_messages_before_hello(void **state)
 {
     (void)state;
@@ -916,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_truncated_protobuf),
         cmocka_unit_test(test_valid_protobuf_wrong_type),
         cmocka_unit_test(test_empty_datagram),
+        cmocka_unit_test(test_empty_datagram_with_fds),
         cmocka_unit_test(test_messages_before_hello),
         cmocka_unit_test(test_wrong_protocol_version),
         cmocka_unit_test(test_hello_odd_client_names),
