@@ -7,6 +7,7 @@
  * side by side, one per thread, which keeps batch-1 requests from paying the pool's
  * synchronisation once per job.
  */
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,7 +116,20 @@ static void cpub_destroy(void *ctx)
 static int cpub_supports(void *ctx, const struct convd_problem *p, char *why, size_t why_len)
 {
     (void)ctx;
-    return convd_problem_check(p, why, why_len);
+    int rc = convd_problem_check(p, why, why_len);
+    if (rc != 0)
+        return rc;
+    struct cpu_plan plan;
+    rc = cpu_plan_init(p, NULL, 0, &plan);
+    if (rc == CONVD_ETOOBIG)
+        return cpub_why(why, why_len, rc,
+                        "the cpu backend would need more than %zu MiB of scratch per thread for "
+                        "one output row of this problem",
+                        CPU_SCRATCH_MAX >> 20);
+    if (rc != 0)
+        return cpub_why(why, why_len, rc, "the cpu backend cannot plan this problem: %s",
+                        convd_strerror(rc));
+    return 0;
 }
 
 static int cpub_mem_import(void *ctx, struct convd_mem *m, char *why, size_t why_len)
@@ -287,6 +301,10 @@ static int cpub_run_batch(void *ctx, unsigned worker, struct convd_job *const *j
         cpu_pool_run(be->pool, cpub_small_task, small, nsmall);
     }
     free(small);
+    /* A large problem's scratch is not kept for the next batch: the daemon may be idle for
+     * hours after it. */
+    if (cpu_pool_trim(be->pool, CPU_SCRATCH_KEEP) > 0)
+        malloc_trim(0);
     return 0;
 }
 

@@ -63,10 +63,24 @@ static size_t plan_round_up(size_t v, size_t m)
     return (v + m - 1) / m * m;
 }
 
+/* Stride phases share rows between taps, but a phase plane spans every row from the first tap
+ * to the last: with a large dilation that is mostly rows no tap reads (dilation 65536 made a
+ * one-row output pack 131073 rows per plane). Phases are used only while they hold at most
+ * twice the floats of one plane per tap. */
+static bool plan_use_phase(int64_t stride, int64_t extent, int64_t dil, int64_t out)
+{
+    if (stride > extent)
+        return false;
+    int64_t phase = stride * (out + (extent - 1) * dil / stride);
+    return phase <= 2 * extent * out;
+}
+
 /* Plane geometry and scratch of a planar plan for the current gb and bh. */
 static void plan_planar_sizes(struct cpu_plan *pl)
 {
     const struct convd_problem *p = &pl->p;
+    pl->row_phase = plan_use_phase(p->stride_h, p->r, p->dil_h, pl->bh);
+    pl->nrp = pl->row_phase ? p->stride_h : p->r;
     const int32_t offr_max = pl->row_phase ? (p->r - 1) * p->dil_h / p->stride_h : 0;
     const int32_t offc_max = pl->col_phase ? (p->s - 1) * p->dil_w / p->stride_w : 0;
 
@@ -90,9 +104,7 @@ static void plan_planar(struct cpu_plan *pl)
 {
     const struct convd_problem *p = &pl->p;
     pl->algo = CPU_ALGO_PLANAR;
-    pl->row_phase = p->stride_h <= p->r;
-    pl->col_phase = p->stride_w <= p->s;
-    pl->nrp = pl->row_phase ? p->stride_h : p->r;
+    pl->col_phase = plan_use_phase(p->stride_w, p->s, p->dil_w, pl->ow);
     pl->ncp = pl->col_phase ? p->stride_w : p->s;
 
     /* Output channels in blocks of at most kbmax, as even as possible. */
@@ -205,6 +217,8 @@ int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa, enum
         plan_cv(&pl);
     else
         plan_planar(&pl);
+    if (pl.scratch_bytes > CPU_SCRATCH_MAX)
+        return CONVD_ETOOBIG;
     *ret_plan = pl;
     return 0;
 }

@@ -47,6 +47,9 @@ void cpu_pool_destroy(struct cpu_pool *pool);
 int cpu_pool_threads(const struct cpu_pool *pool);
 /* Grows the scratch of every thread of the pool to at least `bytes`. */
 int cpu_pool_reserve(struct cpu_pool *pool, size_t bytes);
+/* Frees the scratch of every thread that holds more than `keep` bytes. Call only between runs.
+ * Returns the bytes freed. */
+size_t cpu_pool_trim(struct cpu_pool *pool, size_t keep);
 /* Runs fn(arg, i, scratch) for every i in [0, ntasks) on the pool's threads and the caller, and
  * returns when all are done. Tasks are handed out dynamically. One run at a time per pool: the
  * caller must serialise its own calls. */
@@ -108,9 +111,17 @@ struct cpu_plan {
     int32_t cv_ow_lo, cv_ow_hi; /* output columns whose taps all fall inside the image */
 };
 
+/* Most scratch one task may use. Plans are sized by the tensors and the work (a few MiB for the
+ * largest layers of real networks); only a problem whose single output row needs more than this
+ * is refused, rather than letting one request grow every thread's scratch without bound. */
+#define CPU_SCRATCH_MAX ((size_t)256 << 20)
+/* Scratch a thread keeps between batches; more is returned once the batch is done. */
+#define CPU_SCRATCH_KEEP ((size_t)8 << 20)
+
 /* Validates p and fills *ret_plan for running it with `isa` (NULL: the best one this CPU runs)
- * and algorithm `algo` (0: the planner's choice). Returns 0, the problem's check error, or
- * CONVD_EUNSUPPORTED when the forced algorithm cannot run p. */
+ * and algorithm `algo` (0: the planner's choice). Returns 0, the problem's check error,
+ * CONVD_EUNSUPPORTED when the forced algorithm cannot run p, or CONVD_ETOOBIG when a task would
+ * need more than CPU_SCRATCH_MAX of scratch. */
 int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa, enum cpu_algo algo,
                   struct cpu_plan *ret_plan);
 

@@ -242,6 +242,18 @@ int cpu_pool_reserve(struct cpu_pool *pool, size_t bytes)
     return 0;
 }
 
+size_t cpu_pool_trim(struct cpu_pool *pool, size_t keep)
+{
+    size_t freed = 0;
+    for (int i = 0; i < pool->nthreads; i++) {
+        if (pool->scratch[i].cap > keep) {
+            freed += pool->scratch[i].cap;
+            cpu_scratch_free(&pool->scratch[i]);
+        }
+    }
+    return freed;
+}
+
 static bool pool_finished(struct cpu_pool *pool, size_t ntasks)
 {
     return atomic_load_explicit(&pool->done, memory_order_acquire) == ntasks &&

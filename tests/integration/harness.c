@@ -58,6 +58,24 @@ int it_count_fds(pid_t pid)
     return n;
 }
 
+long it_proc_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    long kb = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            kb = strtol(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb;
+}
+
 int it_count_memfd_maps(pid_t pid)
 {
     char path[64], line[512];

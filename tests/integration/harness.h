@@ -81,6 +81,9 @@ convd_client *it_connect(const struct it_daemon *d, const char *name);
 /* Counts entries of /proc/<pid>/fd, or -1 if the process is gone. */
 int it_count_fds(pid_t pid);
 
+/* A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"), or -1. */
+long it_proc_kb(pid_t pid, const char *field);
+
 /* Counts mappings of memfd files ("/memfd:" in /proc/<pid>/maps), or -1. */
 int it_count_memfd_maps(pid_t pid);
 

@@ -275,6 +275,42 @@ static void test_empty_datagram_with_fds(void **state)
     assert_alive();
 }
 
+/* A request of 32 KB of tensors with dilation and padding of 65536 rows: the daemon's peak
+ * memory must not follow the padding (7ab9ac0 grew from 2 MB to 2 GB and kept it), and the
+ * result is still right. */
+static void test_huge_padding_memory(void **state)
+{
+    (void)state;
+    convd_client *c = it_connect(&daemon_, "it-huge-padding");
+    struct convd_problem p;
+    convd_problem_init(&p, 1, 1, 4000, 1, 1, 3, 1, 1);
+    p.dil_h = 65536;
+    p.pad_top = p.pad_bottom = 65536;
+    convd_region *r = NULL;
+    assert_int_equal(convd_region_create(c, it_case_span(&p), &r), 0);
+    struct it_case t;
+    it_case_init(&t, r, 0, &p, it_rng());
+    long before = it_proc_kb(daemon_.pid, "VmHWM");
+    assert_true(before > 0);
+    struct convd_conv_args a;
+    it_case_args(&t, &a);
+    uint64_t id;
+    assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+    struct convd_completion done;
+    assert_int_equal(convd_wait(c, id, IT_TIMEOUT_MS, &done), 0);
+    if (done.status != 0)
+        fail_msg("%s: %s", convd_status_name(done.status), done.error);
+    it_case_check(&t);
+    long after = it_proc_kb(daemon_.pid, "VmHWM");
+    if (after - before > 128 * 1024)
+        fail_msg("the daemon's peak memory grew from %ld kB to %ld kB for 32 KB of tensors",
+                 before, after);
+    it_case_fini(&t);
+    convd_region_free(r);
+    convd_close(c);
+    assert_alive();
+}
+
 static void test_messages_before_hello(void **state)
 {
     (void)state;
@@ -951,6 +987,7 @@ int main(void)
         cmocka_unit_test(test_valid_protobuf_wrong_type),
         cmocka_unit_test(test_empty_datagram),
         cmocka_unit_test(test_empty_datagram_with_fds),
+        cmocka_unit_test(test_huge_padding_memory),
         cmocka_unit_test(test_messages_before_hello),
         cmocka_unit_test(test_wrong_protocol_version),
         cmocka_unit_test(test_hello_odd_client_names),

@@ -332,6 +332,32 @@ static void test_geometry(void **state)
     check_all_variants(p, 1);
 }
 
+/* Dilation and padding far beyond the image: the planner packs one plane per tap instead of
+ * stride-phase planes spanning every row between the first and the last tap, so scratch follows
+ * the tensors and the work (7ab9ac0 needed 2 GB for the first problem here). */
+static void test_huge_dilation(void **state)
+{
+    (void)state;
+    struct convd_problem p = grouped(1, 1, 4000, 1, 1, 1, 3, 1);
+    p.dil_h = 65536;
+    p.pad_top = p.pad_bottom = 65536;
+    p.pad_left = p.pad_right = 0;
+    struct cpu_plan plan;
+    assert_int_equal(cpu_plan_init(&p, NULL, 0, &plan), 0);
+    if (plan.scratch_bytes > ((size_t)1 << 20))
+        fail_msg("%zu bytes of scratch for a problem of 32 KB of tensors", plan.scratch_bytes);
+    check_all_variants(p, 2);
+
+    p = grouped(1, 6, 50, 2, 2, 2, 3, 3); /* both dimensions, and stride 2 */
+    p.dil_h = p.dil_w = 4096;
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 4096;
+    p.stride_h = p.stride_w = 2;
+    assert_int_equal(cpu_plan_init(&p, NULL, 0, &plan), 0);
+    if (plan.scratch_bytes > ((size_t)1 << 20))
+        fail_msg("%zu bytes of scratch for dilation 4096", plan.scratch_bytes);
+    check_all_variants(p, 2);
+}
+
 /* Images larger than the planner's bands and blocks, in both dimensions. */
 static void test_large_images(void **state)
 {
@@ -559,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_pointwise_and_dense),
         cmocka_unit_test(test_geometry),
         cmocka_unit_test(test_large_images),
+        cmocka_unit_test(test_huge_dilation),
         cmocka_unit_test(test_threads_identical),
         cmocka_unit_test(test_group_identity),
         cmocka_unit_test(test_bad_arguments),
