@@ -49,8 +49,9 @@ static const struct cfg_option cfg_options[] = {
     {"socket", CFG_PATH, OFF(socket_path), 0, 0, "PATH",
      "socket to listen on when not socket-activated (default $CONVD_SOCKET, "
      "else " CONVD_DEFAULT_SOCKET ")"},
-    {"backend", CFG_BACKEND, OFF(backend), 0, 0, "auto|cpu|gpu",
-     "auto: the GPU when built and a device answers, else the CPU"},
+    {"backend", CFG_BACKEND, OFF(backend), 0, 0, "auto|cpu|gpu|null",
+     "auto: the GPU when built and a device answers, else the CPU; null: complete requests "
+     "without computing (for measuring the serving path only)"},
     {"log_level", CFG_LOG_LEVEL, OFF(log_level), 0, 0, "LEVEL",
      "err, warning, notice, info, debug"},
     {"threads", CFG_INT, OFF(threads), 0, 4096, "N", "CPU backend threads (0: one per CPU)"},
@@ -121,6 +122,8 @@ const char *config_backend_name(enum config_backend b)
         return "cpu";
     case CONFIG_BACKEND_GPU:
         return "gpu";
+    case CONFIG_BACKEND_NULL:
+        return "null";
     }
     return "unknown";
 }
@@ -256,9 +259,11 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
             b = CONFIG_BACKEND_CPU;
         else if (strcasecmp(value, "gpu") == 0)
             b = CONFIG_BACKEND_GPU;
+        else if (strcasecmp(value, "null") == 0)
+            b = CONFIG_BACKEND_NULL;
         else
-            return why_fail(why, why_len, CONVD_EINVAL, "%s: '%s' is not auto, cpu or gpu", key,
-                            value);
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: '%s' is not auto, cpu, gpu or null",
+                            key, value);
         c->backend = b;
         return 0;
     }

@@ -30,6 +30,7 @@ enum config_backend {
     CONFIG_BACKEND_AUTO = 0, /* the GPU when built and a device answers, else the CPU */
     CONFIG_BACKEND_CPU,
     CONFIG_BACKEND_GPU,
+    CONFIG_BACKEND_NULL, /* completes requests without computing: serving-path benchmarks */
 };
 
 struct convd_config {

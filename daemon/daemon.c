@@ -54,6 +54,14 @@ static int dmn_open_backend(struct convd_daemon *d, char *why, size_t why_len)
 {
     char be_why[256] = "";
     int rc;
+    if (d->cfg.backend == CONFIG_BACKEND_NULL) {
+        rc = dmn_try_backend(d, &convd_null_backend_ops, be_why, sizeof(be_why));
+        if (rc != 0)
+            return why_fail(why, why_len, rc, "the null backend did not start: %s", be_why);
+        log_warn("backend null: requests complete without computing anything; outputs are "
+                 "never written (for measuring the serving path only)");
+        return 0;
+    }
     if (d->cfg.backend != CONFIG_BACKEND_CPU) {
 #ifdef CONVD_HAVE_GPU
         rc = dmn_try_backend(d, &convd_gpu_backend_ops, be_why, sizeof(be_why));

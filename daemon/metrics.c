@@ -1,6 +1,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "convd/convd.h"
 #include "convd/status.h"
@@ -170,6 +171,18 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
                "# HELP convd_uptime_seconds Seconds since the daemon started.\n"
                "# TYPE convd_uptime_seconds gauge\nconvd_uptime_seconds %.3f\n",
                (double)(now_ns - m->start_ns) / 1e9);
+
+    /* The daemon's own CPU time, every thread: what the serving path costs per request is this
+     * over convd_requests_total (convctl bench reports it). */
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        double user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6;
+        double sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+        met_printf(&o,
+                   "# HELP process_cpu_seconds_total User and system CPU time of the daemon.\n"
+                   "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.6f\n",
+                   user + sys);
+    }
 
     met_by_status(&o, "convd_requests_total", "Requests completed, by status.", m->requests);
     met_by_status(&o, "convd_requests_rejected_total",

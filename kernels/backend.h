@@ -4,14 +4,25 @@
  * ConnectionType); the daemon calls it through the small inline wrappers at the end and never
  * includes a GPU header.
  *
- * Threading: init, destroy, mem_import and mem_release are called from the daemon's loop thread.
- * run_batch is called from worker threads, at most `max_workers` (from the info init returned) at
- * once, each with its own worker index in [0, max_workers). supports may be called from any
- * thread. Memory that a job references stays imported until its run_batch call returns.
+ * Two ways to run work:
+ *   - run_batch (every backend): blocking, called from worker threads, at most `max_workers`
+ *     (from the info init returned) at once, each with its own worker index in
+ *     [0, max_workers). The CPU backend computes on its own thread pool inside it.
+ *   - launch / query / notify (optional, for backends whose work runs elsewhere: the GPU, the
+ *     null backend): asynchronous, called from the daemon's loop thread, with `max_slots`
+ *     batches in flight at once, each in its own slot [0, max_slots). The daemon prefers this
+ *     when launch is not NULL: a batch costs the loop a launch and a few polls, and no thread
+ *     hand-off.
+ *
+ * Threading: init, destroy, mem_import, mem_release, launch, query and notify are called from
+ * the daemon's loop thread; run_batch from worker threads; supports from any thread. Memory that
+ * a job references stays imported until its run_batch call returns, or until query has reported
+ * its batch done.
  */
 #ifndef CONVD_KERNELS_BACKEND_H
 #define CONVD_KERNELS_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +43,7 @@ struct convd_backend_info {
     char name[16];        /* "cpu", "gpu" */
     char device[128];     /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
     unsigned max_workers; /* worker threads the daemon may run run_batch on concurrently */
+    unsigned max_slots;   /* asynchronous backends: batches that may be in flight at once */
 };
 
 enum convd_mem_kind {
@@ -87,9 +99,33 @@ struct convd_backend_ops {
      * same problem (convd_problem_same) should run in shared launches. The return value is 0, or
      * a CONVD_E* code when the backend itself is broken (each job's status is set either way). */
     int (*run_batch)(void *ctx, unsigned worker, struct convd_job *const *jobs, size_t n);
+
+    /* Asynchronous execution (all three NULL for a backend that has only run_batch).
+     *
+     * launch starts n jobs (same contract as run_batch: groups of the same problem share
+     * launches) in `slot`, which is free: never used, or its last batch was reported done by
+     * query. It returns without waiting for the work. The jobs and their memory must stay valid
+     * until query reports the slot done; their status, error and exec_ns are read only then.
+     * Returns 0, or a CONVD_E* code when the backend itself is broken, in which case nothing is
+     * in flight, every job's status is set, and the slot is free again.
+     *
+     * query never blocks: it returns 1 when the slot's batch has finished (every job's status,
+     * error and exec_ns set; the slot is free), 0 while it runs.
+     *
+     * notify arranges for fn(arg) to be called once, from any thread (the backend's or the
+     * runtime's), after the slot's batch has finished, or soon if it has already; the daemon's
+     * fn only wakes its loop, which then calls query. Returns 0, or a CONVD_E* code when it
+     * cannot (the daemon then polls). */
+    int (*launch)(void *ctx, unsigned slot, struct convd_job *const *jobs, size_t n);
+    int (*query)(void *ctx, unsigned slot);
+    int (*notify)(void *ctx, unsigned slot, void (*fn)(void *arg), void *arg);
+    /* Optional: frees caches and staging memory above what steady serving needs; called from
+     * the loop thread when nothing has been in flight for a while. */
+    void (*trim)(void *ctx);
 };
 
 extern const struct convd_backend_ops convd_cpu_backend_ops;
+extern const struct convd_backend_ops convd_null_backend_ops;
 #ifdef CONVD_HAVE_GPU
 extern const struct convd_backend_ops convd_gpu_backend_ops;
 #endif
@@ -120,6 +156,33 @@ static inline int be_run_batch(struct convd_backend *b, unsigned worker,
                                struct convd_job *const *jobs, size_t n)
 {
     return b->ops->run_batch(b->ctx, worker, jobs, n);
+}
+
+static inline bool be_async(const struct convd_backend *b)
+{
+    return b->ops->launch != NULL;
+}
+
+static inline int be_launch(struct convd_backend *b, unsigned slot, struct convd_job *const *jobs,
+                            size_t n)
+{
+    return b->ops->launch(b->ctx, slot, jobs, n);
+}
+
+static inline int be_query(struct convd_backend *b, unsigned slot)
+{
+    return b->ops->query(b->ctx, slot);
+}
+
+static inline int be_notify(struct convd_backend *b, unsigned slot, void (*fn)(void *), void *arg)
+{
+    return b->ops->notify(b->ctx, slot, fn, arg);
+}
+
+static inline void be_trim(struct convd_backend *b)
+{
+    if (b->ops->trim != NULL)
+        b->ops->trim(b->ctx);
 }
 
 #endif

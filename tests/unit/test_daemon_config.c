@@ -127,7 +127,7 @@ static void test_bad_lines(void **state)
         {"max_batch =\n", {"max_batch", "not a non-negative number"}},
         {"threads = 99999999999\n", {"threads", "not a number"}},
         {"device = -2\n", {"device", "out of range"}},
-        {"backend = tpu\n", {"backend", "auto, cpu or gpu"}},
+        {"backend = tpu\n", {"backend", "auto, cpu, gpu or null"}},
         {"log_level = loud\n", {"log_level", "'loud'"}},
         {"socket_mode = 0999\n", {"socket_mode", "octal"}},
         {"socket_mode = 01777\n", {"socket_mode", "out of range"}},

@@ -1,0 +1,146 @@
+/*
+ * The null backend: convd_null_backend_ops, selected only by name (`--backend null`). It accepts
+ * what the CPU backend accepts and completes every job at once without computing anything, so
+ * that the daemon's serving path (socket, rings, validation, queue, batching, completions) can
+ * be measured and profiled alone, on any machine. Its device string says so, and the daemon
+ * logs it at start; status and metrics name it.
+ *
+ * It is asynchronous like the GPU backend (launch, then query), so the daemon runs the same
+ * loop for it as for a GPU; a launched batch is done by the next query.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+#define NULLB_SLOTS 4
+
+struct nullb_slot {
+    struct convd_job *const *jobs;
+    size_t n;
+};
+
+struct nullb_ctx {
+    struct nullb_slot slots[NULLB_SLOTS];
+};
+
+static int nullb_why(char *why, size_t len, int code, const char *text)
+{
+    if (why != NULL && len > 0)
+        snprintf(why, len, "%s", text);
+    return code;
+}
+
+static int nullb_init(const struct convd_backend_config *cfg, void **ret_ctx,
+                      struct convd_backend_info *ret_info, char *why, size_t why_len)
+{
+    if (cfg == NULL || ret_ctx == NULL || ret_info == NULL)
+        return nullb_why(why, why_len, CONVD_EINVAL, "null backend: init called with NULL");
+    struct nullb_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return nullb_why(why, why_len, CONVD_ENOMEM, "null backend: out of memory");
+    struct convd_backend_info info;
+    memset(&info, 0, sizeof(info));
+    snprintf(info.name, sizeof(info.name), "null");
+    snprintf(info.device, sizeof(info.device),
+             "null: completes requests without computing (serving-path benchmark only)");
+    info.max_workers = 1;
+    info.max_slots = NULLB_SLOTS;
+    *ret_ctx = ctx;
+    *ret_info = info;
+    return 0;
+}
+
+static void nullb_destroy(void *ctx)
+{
+    free(ctx);
+}
+
+static int nullb_supports(void *ctx, const struct convd_problem *p, char *why, size_t why_len)
+{
+    (void)ctx;
+    return convd_problem_check(p, why, why_len);
+}
+
+static int nullb_mem_import(void *ctx, struct convd_mem *m, char *why, size_t why_len)
+{
+    (void)ctx;
+    if (m == NULL)
+        return nullb_why(why, why_len, CONVD_EINVAL, "null backend: memory is NULL");
+    if (m->kind != CONVD_MEM_HOST)
+        return nullb_why(why, why_len, CONVD_EUNSUPPORTED,
+                         "the null backend cannot open GPU memory");
+    return 0;
+}
+
+static void nullb_mem_release(void *ctx, struct convd_mem *m)
+{
+    (void)ctx;
+    (void)m;
+}
+
+static void nullb_complete(struct convd_job *const *jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->status = 0;
+        jobs[i]->error[0] = '\0';
+        jobs[i]->exec_ns = 0;
+    }
+}
+
+static int nullb_run_batch(void *ctx, unsigned worker, struct convd_job *const *jobs, size_t n)
+{
+    (void)ctx;
+    (void)worker;
+    nullb_complete(jobs, n);
+    return 0;
+}
+
+static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, size_t n)
+{
+    struct nullb_ctx *ctx = vctx;
+    if (slot >= NULLB_SLOTS) {
+        for (size_t i = 0; i < n; i++) {
+            jobs[i]->status = CONVD_EINVAL;
+            snprintf(jobs[i]->error, sizeof(jobs[i]->error),
+                     "null backend: slot %u out of range", slot);
+        }
+        return CONVD_EINVAL;
+    }
+    ctx->slots[slot].jobs = jobs;
+    ctx->slots[slot].n = n;
+    return 0;
+}
+
+static int nullb_query(void *vctx, unsigned slot)
+{
+    struct nullb_ctx *ctx = vctx;
+    if (slot < NULLB_SLOTS && ctx->slots[slot].jobs != NULL) {
+        nullb_complete(ctx->slots[slot].jobs, ctx->slots[slot].n);
+        ctx->slots[slot].jobs = NULL;
+        ctx->slots[slot].n = 0;
+    }
+    return 1;
+}
+
+static int nullb_notify(void *ctx, unsigned slot, void (*fn)(void *), void *arg)
+{
+    (void)ctx;
+    (void)slot;
+    fn(arg);
+    return 0;
+}
+
+const struct convd_backend_ops convd_null_backend_ops = {
+    .name = "null",
+    .init = nullb_init,
+    .destroy = nullb_destroy,
+    .supports = nullb_supports,
+    .mem_import = nullb_mem_import,
+    .mem_release = nullb_mem_release,
+    .run_batch = nullb_run_batch,
+    .launch = nullb_launch,
+    .query = nullb_query,
+    .notify = nullb_notify,
+};
