@@ -83,6 +83,11 @@ static const struct cfg_option cfg_options[] = {
      "BYTES", "replies a client has not read before it is disconnected"},
     {"hello_timeout_ms", CFG_U64, OFF(hello_timeout_ms), 100, 3600000, "MS",
      "time a new connection has to send Hello"},
+    {"spin_us", CFG_U64, OFF(spin_us), 0, 1000000, "US",
+     "time the loop keeps polling rings, sockets and the device after its last work before it "
+     "sleeps (0: sleep at once)"},
+    {"ring_stall_timeout_ms", CFG_U64, OFF(ring_stall_timeout_ms), 10, 3600000, "MS",
+     "time a client's completion ring may stay full and unread before it is disconnected"},
 };
 
 #define N_OPTIONS (sizeof(cfg_options) / sizeof(cfg_options[0]))
@@ -111,6 +116,8 @@ void config_defaults(struct convd_config *c)
     c->max_protocol_errors = 16;
     c->max_send_queue_bytes = (uint64_t)16 << 20;
     c->hello_timeout_ms = 10000;
+    c->spin_us = 50;
+    c->ring_stall_timeout_ms = 10000;
 }
 
 const char *config_backend_name(enum config_backend b)
@@ -637,6 +644,8 @@ void config_print(const struct convd_config *c, FILE *out)
     fprintf(out, "max_protocol_errors = %u\n", (unsigned)c->max_protocol_errors);
     fprintf(out, "max_send_queue_bytes = %llu\n", (unsigned long long)c->max_send_queue_bytes);
     fprintf(out, "hello_timeout_ms = %llu\n", (unsigned long long)c->hello_timeout_ms);
+    fprintf(out, "spin_us = %llu\n", (unsigned long long)c->spin_us);
+    fprintf(out, "ring_stall_timeout_ms = %llu\n", (unsigned long long)c->ring_stall_timeout_ms);
 }
 
 bool config_peer_allowed(const struct convd_config *c, uid_t uid, const gid_t *gids, size_t n_gids)

@@ -56,6 +56,8 @@ struct convd_config {
     uint32_t max_protocol_errors;  /* per connection, before the daemon closes it */
     uint64_t max_send_queue_bytes; /* per connection: replies the peer has not read yet */
     uint64_t hello_timeout_ms;     /* a connection must send Hello within this time */
+    uint64_t spin_us;              /* the loop polls rings and sockets this long before sleeping */
+    uint64_t ring_stall_timeout_ms; /* a full completion ring nobody reads closes the connection */
 };
 
 /* What main() should do after config_from_args(). */

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "pbscan.h"
 #include "sock.h"
+#include "why.h"
 
 #define CONN_READS_PER_WAKEUP 32   /* datagrams read before other connections get a turn */
 #define CONN_LINGER_MS        1000 /* how long a closing connection may take to flush */
@@ -48,6 +49,10 @@ static const char *conn_msg_name(Convd__ClientMessage__MsgCase m)
         return "MetricsRequest";
     case CONVD__CLIENT_MESSAGE__MSG_PING:
         return "Ping";
+    case CONVD__CLIENT_MESSAGE__MSG_ATTACH_RING:
+        return "AttachRing";
+    case CONVD__CLIENT_MESSAGE__MSG_DOORBELL:
+        return "Doorbell";
     default:
         return "nothing";
     }
@@ -111,6 +116,8 @@ static void conn_send(struct conn *c, const Convd__ServerMessage *m)
                 (unsigned long long)c->serial, CONVD_MAX_MESSAGE_BYTES);
         return;
     }
+    if (c->has_ring)
+        ring_note_socket(&c->ring);
     if (list_empty(&c->outq)) {
         int rc = sock_send(c->fd, d->tx, (size_t)len, -1);
         if (rc == 0)
@@ -220,8 +227,28 @@ void conn_request_done(struct dreq *r, int status, const char *error, uint64_t q
         c->served++;
     else
         c->failed++;
-    if (c->state == CONN_READY)
-        conn_send_completion(c, r->id, status, error, queue_us, exec_us, batch_size);
+    if (c->state == CONN_READY && r->via_ring && status == 0) {
+        struct convd_ring_cqe cqe = {
+            .id = r->id,
+            .status = 0,
+            .batch_size = batch_size,
+            .queue_us = queue_us > UINT32_MAX ? UINT32_MAX : (uint32_t)queue_us,
+            .exec_us = exec_us > UINT32_MAX ? UINT32_MAX : (uint32_t)exec_us,
+        };
+        char why[192];
+        if (ring_post(&c->ring, &cqe, why, sizeof(why)) != 0) {
+            conn_send_protocol_error(c, CONVD_EPROTO, why);
+            conn_shutdown(c, true, why);
+        } else if (!c->notify_queued) {
+            c->notify_queued = true;
+            list_add_tail(&d->ring_notify, &c->notify_link);
+        }
+    } else {
+        if (r->via_ring && c->has_ring)
+            ring_release(&c->ring);
+        if (c->state == CONN_READY)
+            conn_send_completion(c, r->id, status, error, queue_us, exec_us, batch_size);
+    }
     if (status != 0 && status != CONVD_ECANCELED)
         log_debug("client %llu (%s): request %llu failed: %s: %s", (unsigned long long)c->serial,
                   conn_label(c), (unsigned long long)r->id, convd_status_name(status),
@@ -236,10 +263,13 @@ void conn_request_done(struct dreq *r, int status, const char *error, uint64_t q
         conn_maybe_free(c);
 }
 
-/* Completion for a request refused before it was queued. */
-static void conn_reject(struct conn *c, uint64_t id, int status, const char *why)
+/* Completion for a request refused before it was queued; always on the socket, since it
+ * carries a sentence. */
+static void conn_reject(struct conn *c, bool via_ring, uint64_t id, int status, const char *why)
 {
     struct convd_daemon *d = c->d;
+    if (via_ring)
+        ring_release(&c->ring);
     metrics_request(&d->metrics, status, 1);
     c->failed++;
     log_info("client %llu (%s): request %llu rejected: %s: %s", (unsigned long long)c->serial,
@@ -247,17 +277,17 @@ static void conn_reject(struct conn *c, uint64_t id, int status, const char *why
     conn_send_completion(c, id, status, why, 0, 0, 0);
 }
 
-static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb)
+static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_ring)
 {
     struct convd_daemon *d = c->d;
     char why[320];
     if (d->draining) {
-        conn_reject(c, pb->id, CONVD_ESHUTDOWN, "the daemon is shutting down; no new requests");
+        conn_reject(c, via_ring, pb->id, CONVD_ESHUTDOWN, "the daemon is shutting down; no new requests");
         return;
     }
     struct dreq *r = calloc(1, sizeof(*r));
     if (r == NULL) {
-        conn_reject(c, pb->id, CONVD_ENOMEM, "out of memory");
+        conn_reject(c, via_ring, pb->id, CONVD_ENOMEM, "out of memory");
         return;
     }
     const struct req_context ctx = {
@@ -269,10 +299,11 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb)
     int rc = req_validate(pb, &ctx, r, why, sizeof(why));
     if (rc != 0) {
         free(r);
-        conn_reject(c, pb->id, rc, why);
+        conn_reject(c, via_ring, pb->id, rc, why);
         return;
     }
     r->conn = c;
+    r->via_ring = via_ring;
     r->recv_ns = convd_now_ns();
     r->sched.enqueue_ns = r->recv_ns;
     if (r->timeout_us != 0) {
@@ -285,7 +316,7 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb)
     rc = idmap_put(&c->inflight, r->id, r);
     if (rc != 0) {
         free(r);
-        conn_reject(c, pb->id, rc, "out of memory");
+        conn_reject(c, via_ring, pb->id, rc, "out of memory");
         return;
     }
     rc = sched_push(&d->sched, &c->sched, &r->sched);
@@ -294,13 +325,229 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb)
         free(r);
         snprintf(why, sizeof(why), "the queue holds %u requests, the limit (queue_limit)",
                  (unsigned)sched_depth(&d->sched));
-        conn_reject(c, pb->id, rc, why);
+        conn_reject(c, via_ring, pb->id, rc, why);
         return;
     }
     req_ref_regions(r);
     if (r->sched.deadline_ns != 0)
         daemon_note_deadline(d, r->sched.deadline_ns);
-    daemon_dispatch(d);
+    if (!d->defer_dispatch)
+        daemon_dispatch(d);
+}
+
+/* --- rings -------------------------------------------------------------------------------- */
+
+#define CONN_RING_BUDGET 64 /* submissions taken from one ring before the next ring's turn */
+
+static void conn_send_ring_reply(struct conn *c, int status, const char *error)
+{
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__RingReply rr = CONVD__RING_REPLY__INIT;
+    rr.status = status;
+    rr.error = (char *)(status != 0 ? error : "");
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_RING_REPLY;
+    m.ring_reply = &rr;
+    conn_send(c, &m);
+}
+
+static void conn_on_attach_ring(struct conn *c, const Convd__AttachRing *ar, const int *fds,
+                                size_t nfds)
+{
+    struct convd_daemon *d = c->d;
+    char why[256];
+    int rc;
+    if (c->has_ring) {
+        rc = CONVD_EEXIST;
+        snprintf(why, sizeof(why), "this connection already has rings");
+    } else if (d->draining) {
+        rc = CONVD_ESHUTDOWN;
+        snprintf(why, sizeof(why), "the daemon is shutting down; no new rings");
+    } else {
+        rc = ring_map(&c->ring, ar->version, ar->sq_entries, ar->cq_entries, ar->size, fds, nfds,
+                      why, sizeof(why));
+    }
+    if (rc != 0) {
+        log_info("client %llu (%s): rings refused: %s: %s", (unsigned long long)c->serial,
+                 conn_label(c), convd_status_name(rc), why);
+        conn_send_ring_reply(c, rc, why);
+        return;
+    }
+    c->has_ring = true;
+    list_add_tail(&d->ring_conns, &c->ring_link);
+    log_debug("client %llu (%s): rings attached (%u submissions, %u completions)",
+              (unsigned long long)c->serial, conn_label(c), ar->sq_entries, ar->cq_entries);
+    conn_send_ring_reply(c, 0, "");
+}
+
+/* Stops serving the rings: after this nothing reads or writes them. */
+static void conn_detach_ring(struct conn *c)
+{
+    if (!c->has_ring)
+        return;
+    list_del(&c->ring_link);
+    if (c->notify_queued) {
+        list_del(&c->notify_link);
+        c->notify_queued = false;
+    }
+    if (c->ring_stalled)
+        uv_timer_stop(&c->timer);
+    c->ring_stalled = false;
+    c->has_ring = false;
+    ring_unmap(&c->ring);
+}
+
+static void conn_on_ring_stall(uv_timer_t *t);
+
+/* The completion ring is full while submissions wait: back-pressure, unless the client stops
+ * reading its completions altogether, which the timer catches. */
+static void conn_ring_stall_start(struct conn *c)
+{
+    if (c->ring_stalled)
+        return;
+    c->ring_stalled = true;
+    c->stall_cq_head = ring_cq_head(&c->ring);
+    uv_timer_start(&c->timer, conn_on_ring_stall, c->d->cfg.ring_stall_timeout_ms, 0);
+}
+
+static void conn_on_ring_stall(uv_timer_t *t)
+{
+    struct conn *c = t->data;
+    if (c->state != CONN_READY || !c->has_ring || !c->ring_stalled)
+        return;
+    uint32_t head = ring_cq_head(&c->ring);
+    if (head != c->stall_cq_head) {
+        /* It does read, slowly: keep watching. */
+        c->ring_stalled = false;
+        return;
+    }
+    char why[192];
+    snprintf(why, sizeof(why),
+             "the completion ring stayed full for %llu ms with submissions waiting: the client "
+             "does not read its completions (ring_stall_timeout_ms)",
+             (unsigned long long)c->d->cfg.ring_stall_timeout_ms);
+    log_warn("client %llu (%s): %s; disconnecting it", (unsigned long long)c->serial,
+             conn_label(c), why);
+    conn_send_protocol_error(c, CONVD_ETIMEDOUT, why);
+    conn_shutdown(c, true, why);
+}
+
+/* Turns a ring entry into the ConvRequest it stands for, so that both paths share every check.
+ * Fields the message does not have (opcode, flags, reserved) are checked here. */
+static int conn_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req,
+                             Convd__Problem *pb, Convd__TensorRef refs[4], char *why,
+                             size_t why_len)
+{
+    if (e->opcode != CONVD_RING_OP_CONV)
+        return why_fail(why, why_len, CONVD_EPROTO,
+                        "ring entry for request %llu has opcode %u; the only one is CONV (1)",
+                        (unsigned long long)e->id, e->opcode);
+    if ((e->flags & ~CONVD_RING_F_ALL) != 0 || e->reserved != 0)
+        return why_fail(why, why_len, CONVD_EPROTO,
+                        "ring entry for request %llu sets unknown flags (0x%x) or its reserved "
+                        "field (%u)",
+                        (unsigned long long)e->id, e->flags, e->reserved);
+    *pb = (Convd__Problem)CONVD__PROBLEM__INIT;
+    pb->n = e->n;
+    pb->h = e->h;
+    pb->w = e->w;
+    pb->c = e->c;
+    pb->k = e->k;
+    pb->r = e->r;
+    pb->s = e->s;
+    pb->groups = e->groups;
+    pb->stride_h = e->stride_h;
+    pb->stride_w = e->stride_w;
+    pb->pad_top = e->pad_top;
+    pb->pad_bottom = e->pad_bottom;
+    pb->pad_left = e->pad_left;
+    pb->pad_right = e->pad_right;
+    pb->dil_h = e->dil_h;
+    pb->dil_w = e->dil_w;
+    pb->dtype = (Convd__DType)e->dtype;
+    pb->layout = (Convd__Layout)e->layout;
+    pb->has_bias = (e->flags & CONVD_RING_F_BIAS) != 0;
+    pb->relu = (e->flags & CONVD_RING_F_RELU) != 0;
+    pb->allow_tf32 = (e->flags & CONVD_RING_F_ALLOW_TF32) != 0;
+    const struct convd_ring_tensor *t[4] = {&e->input, &e->weight, &e->bias, &e->output};
+    for (int i = 0; i < 4; i++) {
+        refs[i] = (Convd__TensorRef)CONVD__TENSOR_REF__INIT;
+        refs[i].region_id = t[i]->region_id;
+        refs[i].offset = t[i]->offset;
+        refs[i].bytes = t[i]->bytes;
+    }
+    *req = (Convd__ConvRequest)CONVD__CONV_REQUEST__INIT;
+    req->id = e->id;
+    req->problem = pb;
+    req->input = &refs[0];
+    req->weight = &refs[1];
+    /* An absent bias is all zeros; one that is present is checked like any tensor. */
+    bool bias_named = e->bias.region_id != 0 || e->bias.offset != 0 || e->bias.bytes != 0;
+    req->bias = pb->has_bias || bias_named ? &refs[2] : NULL;
+    req->output = &refs[3];
+    req->priority = e->priority;
+    req->timeout_us = e->timeout_us;
+    return 0;
+}
+
+unsigned conn_poll_ring(struct conn *c)
+{
+    unsigned taken = 0;
+    while (taken < CONN_RING_BUDGET && c->state == CONN_READY && c->has_ring) {
+        struct convd_ring_sqe e;
+        char why[256];
+        enum ring_take_result res = ring_take(&c->ring, &e, why, sizeof(why));
+        if (res == RING_EMPTY)
+            break;
+        if (res == RING_FULL) {
+            conn_ring_stall_start(c);
+            break;
+        }
+        if (res == RING_CORRUPT) {
+            c->d->metrics.protocol_errors++;
+            log_info("client %llu (%s): %s; disconnecting it", (unsigned long long)c->serial,
+                     conn_label(c), why);
+            conn_send_protocol_error(c, CONVD_EPROTO, why);
+            conn_shutdown(c, true, why);
+            break;
+        }
+        taken++;
+        if (c->ring_stalled) {
+            c->ring_stalled = false;
+            uv_timer_stop(&c->timer);
+        }
+        Convd__ConvRequest req;
+        Convd__Problem pb;
+        Convd__TensorRef refs[4];
+        if (conn_ring_request(&e, &req, &pb, refs, why, sizeof(why)) != 0) {
+            conn_reject(c, true, e.id, CONVD_EPROTO, why);
+            c->protocol_errors++;
+            c->d->metrics.protocol_errors++;
+            if (c->protocol_errors >= c->d->cfg.max_protocol_errors)
+                conn_shutdown(c, true, "too many protocol errors (max_protocol_errors)");
+            continue;
+        }
+        conn_on_conv(c, &req, true);
+    }
+    return taken;
+}
+
+void conn_ring_doorbell(struct conn *c)
+{
+    list_del(&c->notify_link);
+    c->notify_queued = false;
+    if (c->state != CONN_READY || !c->has_ring || !ring_client_waiting(&c->ring))
+        return;
+    /* A full socket already has the client's attention; a doorbell is never queued. */
+    if (!list_empty(&c->outq))
+        return;
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__Doorbell db = CONVD__DOORBELL__INIT;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_DOORBELL;
+    m.doorbell = &db;
+    uint8_t buf[16];
+    int len = wire_pack_server(&m, buf, sizeof(buf));
+    if (len > 0)
+        (void)sock_send(c->fd, buf, (size_t)len, -1);
 }
 
 /* --- regions ------------------------------------------------------------------------------ */
@@ -403,6 +650,7 @@ static void conn_on_hello(struct conn *c, const Convd__Hello *h)
     hr.max_regions = d->cfg.max_regions;
     hr.max_mapped_bytes = d->cfg.max_mapped_bytes;
     hr.max_batch = d->cfg.max_batch;
+    hr.ring_version = CONVD_RING_VERSION;
     c->state = CONN_READY;
     uv_timer_stop(&c->timer);
     log_info("client %llu (%s) ready: pid %d, uid %u, gid %u", (unsigned long long)c->serial,
@@ -469,7 +717,8 @@ static void conn_on_datagram(struct conn *c, const uint8_t *buf, size_t len, con
         return;
     }
     Convd__ClientMessage__MsgCase kind = msg->msg_case;
-    bool fds_expected = kind == CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION;
+    bool fds_expected = kind == CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION ||
+                        kind == CONVD__CLIENT_MESSAGE__MSG_ATTACH_RING;
     if (nfds > 0 && !fds_expected)
         log_debug("client %llu (%s): closing %zu unexpected descriptor(s) sent with %s",
                   (unsigned long long)c->serial, conn_label(c), nfds, conn_msg_name(kind));
@@ -501,7 +750,13 @@ static void conn_on_datagram(struct conn *c, const uint8_t *buf, size_t len, con
             conn_on_unregister(c, msg->unregister_region);
             break;
         case CONVD__CLIENT_MESSAGE__MSG_CONV:
-            conn_on_conv(c, msg->conv);
+            conn_on_conv(c, msg->conv, false);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_ATTACH_RING:
+            conn_on_attach_ring(c, msg->attach_ring, fds, nfds);
+            break;
+        case CONVD__CLIENT_MESSAGE__MSG_DOORBELL:
+            /* The loop polls every ring on its next pass; the datagram only woke it. */
             break;
         case CONVD__CLIENT_MESSAGE__MSG_STATUS:
             conn_on_status(c, msg->status);
@@ -520,7 +775,21 @@ static void conn_on_datagram(struct conn *c, const uint8_t *buf, size_t len, con
     convd__client_message__free_unpacked(msg, NULL);
 }
 
+static void conn_read_some(struct conn *c);
+
+/* Requests read in one go are dispatched together, so that they can share batches. */
 static void conn_read(struct conn *c)
+{
+    struct convd_daemon *d = c->d;
+    bool outer = d->defer_dispatch;
+    d->defer_dispatch = true;
+    conn_read_some(c);
+    d->defer_dispatch = outer;
+    if (!outer)
+        daemon_dispatch(d);
+}
+
+static void conn_read_some(struct conn *c)
 {
     struct convd_daemon *d = c->d;
     for (int i = 0; i < CONN_READS_PER_WAKEUP && c->state != CONN_CLOSING; i++) {
@@ -555,6 +824,7 @@ static void conn_read(struct conn *c)
             conn_shutdown(c, false, reason);
             return;
         }
+        d->activity++;
         conn_on_datagram(c, d->rx, (size_t)n, fds, nfds);
         sock_close_fds(fds, nfds);
     }
@@ -649,6 +919,7 @@ void conn_shutdown(struct conn *c, bool flush, const char *reason)
     }
     enum conn_state was = c->state;
     c->state = CONN_CLOSING;
+    conn_detach_ring(c);
     if (c->counted) {
         d->n_clients--;
         c->counted = false;

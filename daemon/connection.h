@@ -26,6 +26,7 @@
 #include "list.h"
 #include "regions.h"
 #include "request.h"
+#include "ring.h"
 #include "scheduler.h"
 #include "wire.h"
 
@@ -66,6 +67,15 @@ struct conn {
     uint32_t running;
     struct sched_client sched;
     uint64_t served, failed; /* for the closing log line */
+
+    /* Rings (AttachRing): submissions and completions in shared memory. */
+    bool has_ring;
+    struct ring ring;
+    struct list_node ring_link;   /* in daemon->ring_conns while READY with a ring */
+    struct list_node notify_link; /* in daemon->ring_notify while completions await a doorbell */
+    bool notify_queued;
+    bool ring_stalled;        /* the completion ring is full with submissions waiting */
+    uint32_t stall_cq_head;   /* cq_head when the stall timer started */
 };
 
 /* Takes over a freshly accepted descriptor: reads the peer's credentials, applies the allow-list
@@ -76,6 +86,16 @@ void conn_accept(struct convd_daemon *d, int fd);
  * (after flushing queued replies for up to a second when flush is set). Idempotent; a second call
  * without flush cuts a pending flush short. */
 void conn_shutdown(struct conn *c, bool flush, const char *reason);
+
+/* Takes what the connection's submission ring holds (up to a budget, so that every ring gets a
+ * turn) and queues it, without dispatching: the caller dispatches once after polling every ring,
+ * so that what arrived together runs together. Returns the number of submissions taken. A
+ * corrupt ring closes the connection. */
+unsigned conn_poll_ring(struct conn *c);
+
+/* Sends a Doorbell to a client whose completions were posted since its last one, if it sleeps.
+ * The caller issues ring_fence() once before a round of these. */
+void conn_ring_doorbell(struct conn *c);
 
 /* Finishes request r: sends its Completion when the connection is READY, drops its region
  * references and its id, frees it, and frees the connection if that was all it waited for. */

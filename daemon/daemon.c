@@ -18,6 +18,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "request.h"
+#include "ring.h"
 #include "sdnotify.h"
 
 #define STATUS_INTERVAL_MS 5000
@@ -210,6 +211,16 @@ void daemon_dispatch(struct convd_daemon *d)
     d->dispatching = false;
 }
 
+/* Rings whose clients sleep get one Doorbell for everything completed since the last round. */
+static void dmn_ring_doorbells(struct convd_daemon *d)
+{
+    if (list_empty(&d->ring_notify))
+        return;
+    ring_fence();
+    while (!list_empty(&d->ring_notify))
+        conn_ring_doorbell(list_entry(d->ring_notify.next, struct conn, notify_link));
+}
+
 static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
 {
     struct convd_daemon *d = p->data;
@@ -233,6 +244,8 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
                           queue_ns / 1000, exec_ns / 1000, (uint32_t)b->n);
     }
     free(b);
+    d->activity++;
+    dmn_ring_doorbells(d);
     daemon_dispatch(d);
     daemon_check_drained(d);
 }
@@ -506,6 +519,8 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     d->delay_fd = -1;
     d->start_ns = convd_now_ns();
     list_init(&d->conns);
+    list_init(&d->ring_conns);
+    list_init(&d->ring_notify);
     metrics_init(&d->metrics, d->start_ns);
     d->region_limits.max_regions = cfg->max_regions;
     d->region_limits.max_mapped_bytes = cfg->max_mapped_bytes;
@@ -555,13 +570,90 @@ fail:
     return rc;
 }
 
+/* One pass over what the loop polls rather than waits for: the rings, then the batches in
+ * flight on an asynchronous backend. Returns true when anything was taken or finished. */
+static bool dmn_poll(struct convd_daemon *d)
+{
+    unsigned work = 0;
+    if (!list_empty(&d->ring_conns) && !d->finishing) {
+        /* Everything the rings hold is queued first and dispatched once, so that requests that
+         * arrived together share batches. */
+        d->defer_dispatch = true;
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &d->ring_conns)
+        {
+            work += conn_poll_ring(list_entry(pos, struct conn, ring_link));
+        }
+        d->defer_dispatch = false;
+        if (work > 0)
+            daemon_dispatch(d);
+    }
+    if (d->pool_started)
+        work += pool_poll(&d->pool);
+    return work > 0;
+}
+
+/* Sets or clears NEED_WAKEUP on every ring. Returns, after setting it, whether a submission
+ * arrived meanwhile (then the loop must not sleep). */
+static bool dmn_rings_sleep(struct convd_daemon *d, bool sleeping)
+{
+    struct list_node *pos;
+    list_for_each(pos, &d->ring_conns)
+    {
+        ring_set_need_wakeup(&list_entry(pos, struct conn, ring_link)->ring, sleeping);
+    }
+    if (!sleeping)
+        return false;
+    ring_fence();
+    list_for_each(pos, &d->ring_conns)
+    {
+        if (ring_has_submissions(&list_entry(pos, struct conn, ring_link)->ring))
+            return true;
+    }
+    return false;
+}
+
+/*
+ * The loop: poll the rings and the device, run libuv without blocking, and keep doing so for
+ * spin_us after the last thing that happened; only then sleep in libuv, with the rings' flags
+ * set so that clients ring the doorbell and the backend told to wake us when its oldest batch
+ * is done. While work flows the daemon never sleeps, so a request costs no wake-up on this side.
+ */
 int daemon_run(struct convd_daemon *d)
 {
     sdn_notifyf("READY=1\nSTATUS=%s backend (%s) on %s", d->backend.info.name,
                 d->backend.info.device, d->listener.path);
     log_notice("convd %s ready on %s%s", CONVD_VERSION_STRING, d->listener.path,
                d->listener.activated ? " (socket-activated)" : "");
-    uv_run(&d->loop, UV_RUN_DEFAULT);
+    const uint64_t spin_ns = d->cfg.spin_us * 1000u;
+    uint64_t last_work = convd_now_ns();
+    for (;;) {
+        uint64_t seen = d->activity;
+        bool work = dmn_poll(d);
+        if (uv_run(&d->loop, UV_RUN_NOWAIT) == 0)
+            break;
+        uint64_t now = convd_now_ns();
+        if (work || d->activity != seen) {
+            last_work = now;
+            continue;
+        }
+        if (now - last_work < spin_ns) {
+            convd_cpu_relax();
+            continue;
+        }
+        if (dmn_rings_sleep(d, true)) {
+            dmn_rings_sleep(d, false);
+            last_work = now;
+            continue;
+        }
+        if (d->pool_started)
+            pool_arm(&d->pool);
+        int alive = uv_run(&d->loop, UV_RUN_ONCE);
+        dmn_rings_sleep(d, false);
+        if (alive == 0)
+            break;
+        last_work = convd_now_ns();
+    }
     log_notice("convd stopped");
     return d->exit_code;
 }

@@ -38,7 +38,11 @@ struct convd_daemon {
     struct region_stats region_stats;
     struct region_limits region_limits;
 
-    struct list_node conns; /* every struct conn not yet freed */
+    struct list_node conns;       /* every struct conn not yet freed */
+    struct list_node ring_conns;  /* READY connections with rings, polled by the loop */
+    struct list_node ring_notify; /* connections owed a doorbell check */
+    bool defer_dispatch;          /* set while a ring pass queues; it dispatches after */
+    uint64_t activity;            /* bumped by every datagram and batch: the loop spins on */
     uint32_t n_clients;     /* connections counted against max_clients */
     uint32_t n_refused;     /* refused connections waiting to be told why */
     uint64_t next_conn_serial;

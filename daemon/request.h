@@ -30,7 +30,8 @@ struct dreq {
     uint64_t recv_ns;
     uint64_t start_ns;
     uint64_t timeout_us;
-    bool running; /* handed to a worker */
+    bool running;  /* handed to a worker */
+    bool via_ring; /* submitted through the connection's ring: a success completes there */
 };
 
 /* What validation needs to know about the connection and the daemon. */

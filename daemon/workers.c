@@ -1,6 +1,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "convd/status.h"
@@ -45,9 +46,54 @@ static void *pool_thread(void *arg)
     return NULL;
 }
 
+unsigned pool_poll(struct worker_pool *p)
+{
+    if (!p->slots || p->busy == 0)
+        return 0;
+    unsigned done = 0;
+    for (unsigned i = 0; i < p->n; i++) {
+        struct worker *w = &p->workers[i];
+        if (!w->busy || be_query(p->backend, i) == 0)
+            continue;
+        struct batch *b = w->running;
+        w->running = NULL;
+        w->busy = false;
+        p->busy--;
+        b->end_ns = convd_now_ns();
+        done++;
+        p->on_done(p, b);
+    }
+    return done;
+}
+
+static void pool_wake(void *arg)
+{
+    uv_async_send(arg);
+}
+
+bool pool_arm(struct worker_pool *p)
+{
+    if (!p->slots || p->busy == 0)
+        return p->busy > 0;
+    struct worker *oldest = NULL;
+    for (unsigned i = 0; i < p->n; i++)
+        if (p->workers[i].busy &&
+            (oldest == NULL || p->workers[i].running->seq < oldest->running->seq))
+            oldest = &p->workers[i];
+    if (be_notify(p->backend, oldest->index, pool_wake, &p->async) != 0) {
+        /* No way to be told: do not sleep past the batch. */
+        uv_async_send(&p->async);
+    }
+    return true;
+}
+
 static void pool_on_async(uv_async_t *h)
 {
     struct worker_pool *p = h->data;
+    if (p->slots) {
+        pool_poll(p);
+        return;
+    }
     struct list_node done;
     list_init(&done);
     pthread_mutex_lock(&p->mu);
@@ -66,9 +112,12 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
                pool_done_cb on_done, void *data)
 {
     memset(p, 0, sizeof(*p));
+    if (be_async(backend))
+        n = backend->info.max_slots;
     if (n == 0 || on_done == NULL)
         return CONVD_EINVAL;
     p->backend = backend;
+    p->slots = be_async(backend);
     p->on_done = on_done;
     p->data = data;
     list_init(&p->done);
@@ -85,6 +134,11 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     p->async.data = p;
     p->async_open = true;
     p->n = n;
+    if (p->slots) {
+        for (unsigned i = 0; i < n; i++)
+            p->workers[i].index = i;
+        return 0;
+    }
 
     /* Threads inherit the mask: block every signal so that SIGTERM and friends always reach the
      * loop's handlers, never a worker in the middle of a kernel. */
@@ -124,8 +178,19 @@ int pool_idle_worker(const struct worker_pool *p)
 void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
 {
     b->worker = w;
+    b->seq = p->next_seq++;
     p->workers[w].busy = true;
     p->busy++;
+    if (p->slots) {
+        b->start_ns = convd_now_ns();
+        b->rc = be_launch(p->backend, w, b->jobs, b->n);
+        p->workers[w].running = b;
+        if (b->rc != 0) {
+            /* Nothing is in flight; the next poll hands it back with its statuses set. */
+            uv_async_send(&p->async);
+        }
+        return;
+    }
     pthread_mutex_lock(&p->mu);
     p->workers[w].todo = b;
     pthread_cond_signal(&p->workers[w].wake);
@@ -136,6 +201,11 @@ void pool_stop(struct worker_pool *p)
 {
     if (p->workers == NULL)
         return;
+    /* Batches still in flight write into client memory: wait for them, then hand them over. */
+    while (p->slots && p->busy > 0) {
+        if (pool_poll(p) == 0)
+            usleep(20);
+    }
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     for (unsigned i = 0; i < p->n; i++)

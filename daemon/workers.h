@@ -1,7 +1,10 @@
 /*
- * Worker threads: each runs one batch at a time through the backend's run_batch and hands it back
- * to the loop through a mutex-protected list and a uv_async_t. The loop decides what runs where;
- * workers never touch connections, regions or the queue.
+ * Where batches run. For a blocking backend, worker threads: each runs one batch at a time
+ * through the backend's run_batch and hands it back to the loop through a mutex-protected list
+ * and a uv_async_t. For an asynchronous backend (be_async), slots instead: the loop launches a
+ * batch into a free slot and learns that it finished by polling (pool_poll) or, before it
+ * sleeps, from the backend's notify, which wakes it through the same uv_async_t. Either way the
+ * loop decides what runs where; nothing here touches connections, regions or the queue.
  */
 #ifndef CONVD_DAEMON_WORKERS_H
 #define CONVD_DAEMON_WORKERS_H
@@ -22,6 +25,7 @@ struct batch {
     size_t n;
     int rc; /* what run_batch returned */
     uint64_t start_ns, end_ns;
+    uint64_t seq;             /* launch order, for pool_arm */
     struct convd_job *jobs[]; /* n entries */
 };
 
@@ -35,13 +39,15 @@ struct worker {
     struct batch *todo; /* under pool->mu */
     bool busy;          /* loop thread only */
     bool started;
+    struct batch *running; /* asynchronous slots: the batch in flight */
 };
 
 typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
 
 struct worker_pool {
     struct convd_backend *backend;
-    unsigned n;
+    bool slots; /* slots of an asynchronous backend, no threads */
+    unsigned n; /* workers or slots */
     unsigned busy; /* loop thread only */
     struct worker *workers;
     pthread_mutex_t mu;
@@ -51,22 +57,32 @@ struct worker_pool {
     bool async_open;
     pool_done_cb on_done;
     void *data;
+    uint64_t next_seq;
 };
 
 /* Allocates a batch for n jobs (jobs[] uninitialised). NULL when out of memory. */
 struct batch *batch_new(size_t n);
 
-/* Starts n worker threads (signals blocked in them) that call be_run_batch with their index.
- * on_done runs on the loop thread for every finished batch, after the worker is marked idle.
- * Returns 0 or CONVD_ENOMEM / CONVD_EINTERNAL; nothing is left running on failure. */
+/* Starts n worker threads (signals blocked in them) that call be_run_batch with their index,
+ * or, for an asynchronous backend, prepares its max_slots slots (n is then ignored). on_done runs
+ * on the loop thread for every finished batch, after the worker is marked idle. Returns 0 or
+ * CONVD_ENOMEM / CONVD_EINTERNAL; nothing is left running on failure. */
 int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
                pool_done_cb on_done, void *data);
 
 /* Index of an idle worker, or -1 when all are busy. */
 int pool_idle_worker(const struct worker_pool *p);
 
-/* Hands batch b to idle worker w (loop thread). */
+/* Hands batch b to idle worker w, or launches it in slot w (loop thread). */
 void pool_submit(struct worker_pool *p, unsigned w, struct batch *b);
+
+/* Asynchronous backends: hands every batch that finished to on_done. Returns how many. Does
+ * nothing for worker threads, whose batches arrive through the loop. */
+unsigned pool_poll(struct worker_pool *p);
+
+/* Before the loop sleeps: asks the backend to wake it when the oldest batch in flight finishes.
+ * Returns false when nothing is in flight. */
+bool pool_arm(struct worker_pool *p);
 
 /* Stops and joins the threads (they must be idle: the caller waits for running work first) and
  * closes the async handle. Safe on a pool that failed to start or was stopped already. */
