@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -99,12 +100,9 @@ static int cl_poll_ms(uint64_t deadline)
     return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
-/* Records protocol trouble for the next waiting call to report. The first sentence wins until it
- * is reported, since later trouble is usually a consequence of the first. */
-static void cl_trouble(convd_client *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void cl_trouble(convd_client *c, int code, const char *fmt, ...)
+/* The first sentence wins until it is reported, since later trouble is usually a consequence of
+ * the first. */
+void cl_trouble(convd_client *c, int code, const char *fmt, ...)
 {
     if (c->trouble != 0)
         return;
@@ -134,13 +132,14 @@ static void cl_mark_closed(convd_client *c)
  * Dispatch.
  */
 
-static void cl_on_completion(convd_client *c, const Convd__Completion *m)
+void cl_complete(convd_client *c, uint64_t id, int status, const char *error, uint64_t queue_us,
+                 uint64_t exec_us, uint32_t batch_size)
 {
-    int32_t s = cl_slot_find(c, m->id);
+    int32_t s = cl_slot_find(c, id);
     if (s < 0 || c->slots[s].state == CL_SLOT_DONE) {
         cl_trouble(c, CONVD_EPROTO,
                    "the daemon sent a completion for request %llu, which is not in flight",
-                   (unsigned long long)m->id);
+                   (unsigned long long)id);
         return;
     }
     struct cl_slot *slot = &c->slots[s];
@@ -150,15 +149,14 @@ static void cl_on_completion(convd_client *c, const Convd__Completion *m)
         return;
     }
     struct convd_completion *d = &slot->done;
-    memset(d, 0, sizeof(*d));
-    d->id = m->id;
-    d->status = m->status;
-    cl_strlcpy(d->error, sizeof(d->error), m->error);
+    d->id = id;
+    d->status = status;
+    cl_strlcpy(d->error, sizeof(d->error), error);
     if (d->status != 0 && d->error[0] == '\0')
         cl_strlcpy(d->error, sizeof(d->error), convd_strerror(d->status));
-    d->queue_us = m->queue_us;
-    d->exec_us = m->exec_us;
-    d->batch_size = m->batch_size;
+    d->queue_us = queue_us;
+    d->exec_us = exec_us;
+    d->batch_size = batch_size;
     slot->state = CL_SLOT_DONE;
     c->n_waiting--;
     c->n_done++;
@@ -193,9 +191,17 @@ static bool cl_on_reply(convd_client *c, Convd__ServerMessage *m, enum cl_expect
 static bool cl_dispatch(convd_client *c, Convd__ServerMessage *m)
 {
     switch (m->msg_case) {
-    case CONVD__SERVER_MESSAGE__MSG_COMPLETION:
-        cl_on_completion(c, m->completion);
+    case CONVD__SERVER_MESSAGE__MSG_COMPLETION: {
+        const Convd__Completion *done = m->completion;
+        cl_complete(c, done->id, done->status, done->error, done->queue_us, done->exec_us,
+                    done->batch_size);
         return false;
+    }
+    case CONVD__SERVER_MESSAGE__MSG_DOORBELL:
+        /* Completions wait in the ring: whoever called us drains it next. */
+        return false;
+    case CONVD__SERVER_MESSAGE__MSG_RING_REPLY:
+        return cl_on_reply(c, m, CL_EXPECT_RING, 0, "RingReply");
     case CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY:
         return cl_on_reply(c, m, CL_EXPECT_HELLO, 0, "HelloReply");
     case CONVD__SERVER_MESSAGE__MSG_REGION_REPLY:
@@ -228,6 +234,8 @@ static bool cl_dispatch(convd_client *c, Convd__ServerMessage *m)
 
 int cl_drain(convd_client *c)
 {
+    if (c->has_ring)
+        cl_ring_drain(c);
     if (c->closed)
         return CONVD_ECLOSED;
     for (;;) {
@@ -265,33 +273,69 @@ int cl_drain(convd_client *c)
     }
 }
 
+/* With rings, a wait first spins on the completion ring (and on the daemon's count of socket
+ * messages) for spin_ns: a completion that comes within that costs no system call. Then it
+ * sets WAITING and sleeps on the socket, where the daemon's doorbell wakes it. */
+static int cl_pump_once(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline,
+                        uint64_t *spin_end)
+{
+    if (c->has_ring)
+        cl_ring_drain(c);
+    if (done(c, arg))
+        return 0;
+    if (c->trouble != 0 && !c->closed) {
+        int code = c->trouble;
+        c->trouble = 0;
+        return cl_fail(c, code, "%s", c->trouble_msg);
+    }
+    if (c->closed)
+        return cl_closed_fail(c);
+    if (c->has_ring && c->spin_ns > 0) {
+        uint64_t now = convd_now_ns();
+        if (*spin_end == 0) {
+            *spin_end = now + c->spin_ns;
+            cl_ring_set_waiting(c, false);
+        }
+        if (now < *spin_end && now < deadline) {
+            if (cl_ring_socket_news(c))
+                cl_drain(c);
+            else
+                convd_cpu_relax();
+            return CONVD_EAGAIN;
+        }
+    }
+    if (c->has_ring) {
+        cl_ring_set_waiting(c, true);
+        if (cl_ring_drain(c) > 0)
+            return CONVD_EAGAIN;
+    }
+    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+    int ms = cl_poll_ms(deadline);
+    int rc = poll(&pfd, 1, ms);
+    if (rc < 0) {
+        if (errno == EINTR)
+            return CONVD_EAGAIN;
+        return cl_fail(c, CONVD_EIO, "poll on the daemon's socket failed: %s", strerror(errno));
+    }
+    if (rc == 0) {
+        if (ms != 0 || convd_now_ns() >= deadline)
+            return cl_fail(c, CONVD_ETIMEDOUT, "timed out waiting for the daemon");
+        return CONVD_EAGAIN;
+    }
+    cl_drain(c);
+    return CONVD_EAGAIN;
+}
+
 int cl_pump(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline)
 {
-    for (;;) {
-        if (done(c, arg))
-            return 0;
-        if (c->trouble != 0 && !c->closed) {
-            int code = c->trouble;
-            c->trouble = 0;
-            return cl_fail(c, code, "%s", c->trouble_msg);
-        }
-        if (c->closed)
-            return cl_closed_fail(c);
-        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        int ms = cl_poll_ms(deadline);
-        int rc = poll(&pfd, 1, ms);
-        if (rc < 0) {
-            if (errno == EINTR)
-                continue;
-            return cl_fail(c, CONVD_EIO, "poll on the daemon's socket failed: %s", strerror(errno));
-        }
-        if (rc == 0) {
-            if (ms != 0 || convd_now_ns() >= deadline)
-                return cl_fail(c, CONVD_ETIMEDOUT, "timed out waiting for the daemon");
-            continue;
-        }
-        cl_drain(c);
-    }
+    uint64_t spin_end = 0;
+    int rc;
+    while ((rc = cl_pump_once(c, done, arg, deadline, &spin_end)) == CONVD_EAGAIN)
+        ;
+    /* Back to the default for whatever the caller does next: its own poll loop must be woken. */
+    if (c->has_ring && spin_end != 0)
+        cl_ring_set_waiting(c, true);
+    return rc;
 }
 
 int cl_send(convd_client *c, const Convd__ClientMessage *m, int pass_fd, uint64_t deadline)
@@ -343,10 +387,13 @@ int cl_request(convd_client *c, const Convd__ClientMessage *m, int pass_fd,
                enum cl_expect_kind kind, uint64_t key, uint64_t deadline,
                Convd__ServerMessage **ret_reply)
 {
+    int rc = cl_ring_flush(c, deadline);
+    if (rc != 0)
+        return rc;
     c->expect.kind = kind;
     c->expect.key = key;
     c->expect.reply = NULL;
-    int rc = cl_send(c, m, pass_fd, deadline);
+    rc = cl_send(c, m, pass_fd, deadline);
     if (rc == 0)
         rc = cl_pump(c, cl_reply_arrived, NULL, deadline);
     Convd__ServerMessage *reply = c->expect.reply;
@@ -472,6 +519,7 @@ static int cl_handshake(convd_client *c, const char *name, uint64_t deadline)
     c->info.max_regions = h->max_regions;
     c->info.max_mapped_bytes = h->max_mapped_bytes;
     c->info.max_batch = h->max_batch;
+    c->ring_version = h->ring_version;
     if (h->max_message_bytes != 0 && h->max_message_bytes < c->max_send)
         c->max_send = h->max_message_bytes;
     rc = 0;
@@ -480,7 +528,8 @@ finish:
     return rc;
 }
 
-int cl_connect_fd(int fd, const char *name, int timeout_ms, convd_client **ret_client)
+int cl_connect_fd(int fd, const char *name, int timeout_ms, bool use_rings, int spin_us,
+                  convd_client **ret_client)
 {
     int rc;
     if (timeout_ms <= 0)
@@ -515,6 +564,13 @@ int cl_connect_fd(int fd, const char *name, int timeout_ms, convd_client **ret_c
     rc = cl_handshake(c, name, deadline);
     if (rc != 0)
         goto fail;
+    c->spin_ns = (uint64_t)(spin_us < 0 ? CL_DEFAULT_SPIN_US : spin_us) * 1000u;
+    /* Rings are an optimisation: a daemon that refuses them still serves us on the socket. */
+    if (use_rings && c->ring_version >= CONVD_RING_VERSION) {
+        rc = cl_ring_attach(c, deadline);
+        if (rc == CONVD_ECLOSED || rc == CONVD_ETIMEDOUT)
+            goto fail;
+    }
     c->errstr[0] = '\0';
     *ret_client = c;
     return 0;
@@ -530,12 +586,28 @@ int convd_connect(const struct convd_connect_options *opts, convd_client **ret_c
     if (ret_client == NULL)
         return cl_connect_fail(CONVD_EINVAL, "ret_client is NULL");
     if (opts != NULL) {
-        if (opts->struct_size < sizeof(o))
+        /* Callers built against an older header pass a shorter struct: its fields are taken,
+         * the newer ones keep their defaults. */
+        const size_t first = offsetof(struct convd_connect_options, timeout_ms) + sizeof(int);
+        if (opts->struct_size < first || opts->struct_size > 4096)
             return cl_connect_fail(CONVD_EINVAL,
                                    "options struct_size is %zu, expected %zu: initialise the "
                                    "options with CONVD_CONNECT_OPTIONS_INIT",
                                    opts->struct_size, sizeof(o));
-        o = *opts;
+        memcpy(&o, opts, opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o));
+        o.struct_size = sizeof(o);
+    }
+    bool use_rings = o.use_rings != 0;
+    const char *env = getenv("CONVD_RINGS");
+    if (o.use_rings < 0 && env != NULL && strcmp(env, "0") == 0)
+        use_rings = false;
+    int spin_us = o.spin_us;
+    env = getenv("CONVD_SPIN_US");
+    if (spin_us < 0 && env != NULL && env[0] != '\0') {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 1000000)
+            spin_us = (int)v;
     }
     const char *path = o.socket_path;
     if (path == NULL) {
@@ -548,7 +620,7 @@ int convd_connect(const struct convd_connect_options *opts, convd_client **ret_c
     if (fd < 0)
         return fd;
     convd_client *c;
-    int rc = cl_connect_fd(fd, o.client_name, timeout_ms, &c);
+    int rc = cl_connect_fd(fd, o.client_name, timeout_ms, use_rings, spin_us, &c);
     if (rc != 0) {
         /* Name the socket: the sentence alone does not say which daemon refused. */
         char msg[CL_ERRSTR_BYTES];
@@ -567,6 +639,7 @@ void convd_close(convd_client *c)
     /* Closing the socket is the whole goodbye: the daemon cancels or finishes what is in flight
      * and drops our regions. Unmap ours without a round trip each. */
     cl_regions_drop_all(c);
+    cl_ring_drop(c);
     if (c->fd >= 0)
         close(c->fd);
     if (c->expect.reply != NULL)

@@ -13,6 +13,7 @@
 
 #include "convd.pb-c.h"
 #include "convd/convd.h"
+#include "ring_layout.h"
 
 #define CL_ERRSTR_BYTES 512
 /* A control reply (region, status, metrics, pong) is waited for this long at least, whatever the
@@ -20,6 +21,9 @@
  * gigabytes. */
 #define CL_REGION_TIMEOUT_MS  60000
 #define CL_DEFAULT_TIMEOUT_MS 5000
+/* How long a wait spins on the completion ring before it sleeps, unless the options or
+ * $CONVD_SPIN_US say otherwise: a little more than a small request's round trip on a GPU. */
+#define CL_DEFAULT_SPIN_US 50
 /* Tensors inside the staging region of convd_conv() start at multiples of this. */
 #define CL_STAGING_ALIGN 256u
 
@@ -49,6 +53,20 @@ enum cl_expect_kind {
     CL_EXPECT_STATUS,
     CL_EXPECT_METRICS,
     CL_EXPECT_PONG,
+    CL_EXPECT_RING,
+};
+
+/* The client's side of the rings (ring.c). */
+struct cl_ring {
+    void *map;
+    size_t map_len;
+    struct convd_ring_header *hdr;
+    struct convd_ring_sqe *sq;
+    struct convd_ring_cqe *cq;
+    uint32_t sq_entries, cq_entries;
+    uint32_t sq_tail;  /* ours: the next submission */
+    uint32_t cq_head;  /* ours: the next completion to read */
+    uint32_t sock_seq; /* the daemon's sock_seq when we last looked */
 };
 
 struct convd_client {
@@ -91,6 +109,11 @@ struct convd_client {
     size_t n_regions;
     uint64_t mapped_bytes;
     struct convd_region *staging; /* convd_conv()'s region, or NULL */
+
+    uint32_t ring_version; /* what HelloReply offered */
+    bool has_ring;
+    struct cl_ring ring;
+    uint64_t spin_ns; /* how long a wait spins on the completion ring before it sleeps */
 };
 
 struct convd_region {
@@ -107,9 +130,11 @@ int cl_fail(convd_client *c, int code, const char *fmt, ...) __attribute__((form
 
 /* Takes ownership of fd, a connected SOCK_SEQPACKET socket, and performs the handshake. The
  * part of convd_connect() after the socket exists; the unit tests call it with one end of a
- * socketpair. name may be NULL (the program's name). Errors as convd_connect(), sentence in
+ * socketpair. name may be NULL (the program's name). Rings are attached when use_rings is set
+ * and the daemon offers them; spin_us < 0 takes the default. Errors as convd_connect(), sentence in
  * convd_last_connect_error(). */
-int cl_connect_fd(int fd, const char *name, int timeout_ms, convd_client **ret_client);
+int cl_connect_fd(int fd, const char *name, int timeout_ms, bool use_rings, int spin_us,
+                  convd_client **ret_client);
 
 /* Absolute CLOCK_MONOTONIC deadline timeout_ms from now; -1 gives UINT64_MAX (none). */
 uint64_t cl_deadline(int timeout_ms);
@@ -136,6 +161,32 @@ int cl_pump(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline
 int cl_request(convd_client *c, const Convd__ClientMessage *m, int pass_fd,
                enum cl_expect_kind kind, uint64_t key, uint64_t deadline,
                Convd__ServerMessage **ret_reply);
+
+/* Records protocol trouble for the next waiting call to report (the first one wins). */
+void cl_trouble(convd_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Hands the completion of request id to its slot (or drops it for an abandoned one). From the
+ * socket's Completion messages and from the completion ring alike. */
+void cl_complete(convd_client *c, uint64_t id, int status, const char *error, uint64_t queue_us,
+                 uint64_t exec_us, uint32_t batch_size);
+
+/* Rings (ring.c). attach creates and registers them (after the handshake; on failure the
+ * client goes on with the socket alone, and the sentence is in errstr). submit writes one
+ * request, already checked, into the submission ring: 0, or CONVD_EAGAIN when the ring is full
+ * (the caller sends it on the socket instead). drain reads every completion posted and returns
+ * how many. socket_news says whether the daemon sent something on the socket since the last
+ * look. set_waiting tells the daemon whether to ring our socket for completions. */
+int cl_ring_attach(convd_client *c, uint64_t deadline);
+void cl_ring_drop(convd_client *c);
+int cl_ring_submit(convd_client *c, const struct convd_conv_args *a, uint64_t id);
+unsigned cl_ring_drain(convd_client *c);
+bool cl_ring_socket_news(convd_client *c);
+void cl_ring_set_waiting(convd_client *c, bool waiting);
+/* Waits until the daemon has taken every submission in the ring, so that a message sent on the
+ * socket next (unregistering a region, say) comes after them, as it would on the socket alone.
+ * 0, or CONVD_ETIMEDOUT. */
+int cl_ring_flush(convd_client *c, uint64_t deadline);
 
 /* Copies a protobuf string into a fixed buffer, truncated on a UTF-8 character boundary. */
 void cl_strlcpy(char *dst, size_t cap, const char *src);

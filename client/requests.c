@@ -240,6 +240,12 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t
     int32_t s = cl_slot_alloc(c, id);
     if (s < 0)
         return cl_fail(c, CONVD_ENOMEM, "out of memory for the request table");
+    if (c->has_ring && cl_ring_submit(c, a, id) == 0) {
+        c->next_id++;
+        c->n_waiting++;
+        *ret_id = id;
+        return 0;
+    }
 
     Convd__Problem pb = CONVD__PROBLEM__INIT;
     wire_problem_to_pb(&a->problem, &pb);

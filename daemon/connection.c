@@ -716,6 +716,10 @@ static void conn_on_datagram(struct conn *c, const uint8_t *buf, size_t len, con
                             fault);
         return;
     }
+    /* What the client put in its ring before sending this datagram comes first, as it would
+     * on the socket alone (an UnregisterRegion after requests that use the region). */
+    while (c->has_ring && c->state == CONN_READY && conn_poll_ring(c) == CONN_RING_BUDGET)
+        ;
     Convd__ClientMessage__MsgCase kind = msg->msg_case;
     bool fds_expected = kind == CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION ||
                         kind == CONVD__CLIENT_MESSAGE__MSG_ATTACH_RING;

@@ -60,10 +60,19 @@ struct convd_connect_options {
     const char *socket_path; /* NULL: $CONVD_SOCKET, else CONVD_DEFAULT_SOCKET */
     const char *client_name; /* shown in the daemon's logs; NULL: the program's name */
     int timeout_ms;          /* for connecting and the handshake; <= 0: 5000 */
+    /* Requests and completions travel through rings in shared memory when the daemon offers
+     * them, the socket carrying only set-up, failures and wake-ups. 1: use them; 0: never;
+     * -1 (the default): use them unless $CONVD_RINGS is "0". */
+    int use_rings;
+    /* How long convd_wait(), convd_wait_any() and convd_conv() poll the completion ring before
+     * they sleep on the socket, in microseconds: a completion that arrives within it costs no
+     * system call and no wake-up. 0: sleep at once (best when there are more busy processes
+     * than CPUs); -1 (the default): $CONVD_SPIN_US if set, else 50. */
+    int spin_us;
 };
 #define CONVD_CONNECT_OPTIONS_INIT                                                                 \
     {                                                                                              \
-        sizeof(struct convd_connect_options), NULL, NULL, 0                                        \
+        sizeof(struct convd_connect_options), NULL, NULL, 0, -1, -1                                \
     }
 
 /* What the daemon announced in its handshake. */

@@ -76,7 +76,7 @@ long it_proc_kb(pid_t pid, const char *field)
     return kb;
 }
 
-int it_count_memfd_maps(pid_t pid)
+static int it_count_maps(pid_t pid, bool rings)
 {
     char path[64], line[512];
     snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
@@ -85,10 +85,21 @@ int it_count_memfd_maps(pid_t pid)
         return -1;
     int n = 0;
     while (fgets(line, sizeof(line), f) != NULL)
-        if (strstr(line, "/memfd:") != NULL)
+        if (strstr(line, "/memfd:") != NULL &&
+            (strstr(line, "/memfd:" IT_RING_MEMFD_NAME) != NULL) == rings)
             n++;
     fclose(f);
     return n;
+}
+
+int it_count_memfd_maps(pid_t pid)
+{
+    return it_count_maps(pid, false);
+}
+
+int it_count_ring_maps(pid_t pid)
+{
+    return it_count_maps(pid, true);
 }
 
 bool it_metric(convd_client *c, const char *name, double *ret)
@@ -275,6 +286,9 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
     d->base_fds = it_count_fds(d->pid);
     assert_true(d->base_fds > 0);
     assert_int_equal(it_count_memfd_maps(d->pid), 0);
+    /* The monitor's rings, when the library attached them. */
+    d->base_ring_maps = it_count_ring_maps(d->pid);
+    assert_true(d->base_ring_maps == 0 || d->base_ring_maps == 1);
 }
 
 void it_daemon_check_clean(struct it_daemon *d)
@@ -282,7 +296,7 @@ void it_daemon_check_clean(struct it_daemon *d)
     uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
     struct convd_status st = {0};
     double regions = -1, mapped = -1;
-    int fds = -1, maps = -1;
+    int fds = -1, maps = -1, ring_maps = -1;
     bool have_regions = false, have_mapped = false;
     for (;;) {
         int rc = convd_status_get(d->mon, &st);
@@ -293,8 +307,10 @@ void it_daemon_check_clean(struct it_daemon *d)
         have_mapped = it_metric(d->mon, IT_METRIC_MAPPED_BYTES, &mapped);
         fds = it_count_fds(d->pid);
         maps = it_count_memfd_maps(d->pid);
+        ring_maps = it_count_ring_maps(d->pid);
         if (st.clients == d->base_clients && st.inflight == 0 && have_regions && regions == 0 &&
-            have_mapped && mapped == 0 && fds == d->base_fds && maps == 0)
+            have_mapped && mapped == 0 && fds == d->base_fds && maps == 0 &&
+            ring_maps == d->base_ring_maps)
             break;
         if (it_now_ms() > end)
             break;
@@ -310,10 +326,12 @@ void it_daemon_check_clean(struct it_daemon *d)
     assert_true(have_regions);
     assert_true(have_mapped);
     if (st.clients != d->base_clients || st.inflight != 0 || regions != 0 || mapped != 0 ||
-        fds != d->base_fds || maps != 0)
+        fds != d->base_fds || maps != 0 || ring_maps != d->base_ring_maps)
         fail_msg("daemon did not return to its baseline: clients %u (want %u), inflight %u, "
-                 "regions %.0f, mapped bytes %.0f, fds %d (want %d), memfd maps %d",
-                 st.clients, d->base_clients, st.inflight, regions, mapped, fds, d->base_fds, maps);
+                 "regions %.0f, mapped bytes %.0f, fds %d (want %d), memfd maps %d, ring maps "
+                 "%d (want %d)",
+                 st.clients, d->base_clients, st.inflight, regions, mapped, fds, d->base_fds, maps,
+                 ring_maps, d->base_ring_maps);
 
     uint64_t rtt = 0;
     assert_int_equal(convd_ping(d->mon, &rtt), 0);

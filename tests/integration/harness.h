@@ -41,7 +41,8 @@ struct it_daemon {
     char dir[64];   /* temporary directory holding the socket */
     char sock[128]; /* socket path */
     convd_client *mon;
-    int base_fds; /* daemon's open descriptors with only `mon` connected */
+    int base_fds;       /* daemon's open descriptors with only `mon` connected */
+    int base_ring_maps; /* its ring mappings then: mon's, when the library attached rings */
     uint32_t base_clients;
     bool stopped;
 };
@@ -84,8 +85,14 @@ int it_count_fds(pid_t pid);
 /* A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"), or -1. */
 long it_proc_kb(pid_t pid, const char *field);
 
-/* Counts mappings of memfd files ("/memfd:" in /proc/<pid>/maps), or -1. */
+/* The name the client library gives its ring memfds. */
+#define IT_RING_MEMFD_NAME "convd-ring"
+
+/* Counts mappings of memfd files ("/memfd:" in /proc/<pid>/maps) other than rings, or -1. */
 int it_count_memfd_maps(pid_t pid);
+
+/* Counts mappings of ring memfds, or -1. */
+int it_count_ring_maps(pid_t pid);
 
 /* Reads one unlabelled metric from the daemon's Prometheus text. Returns true and sets *ret
  * when it is present. */

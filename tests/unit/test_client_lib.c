@@ -196,7 +196,7 @@ static void fake_connect_opts(struct fake *f, const struct hello_opts *o, int ti
     f->fds_before = count_fds();
     assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
     peer_hello_reply(sv[1], o);
-    assert_int_equal(cl_connect_fd(sv[0], "unit", timeout_ms, &f->c), 0);
+    assert_int_equal(cl_connect_fd(sv[0], "unit", timeout_ms, false, -1, &f->c), 0);
     Convd__ClientMessage *m = peer_recv(sv[1], NULL);
     assert_int_equal(m->msg_case, CONVD__CLIENT_MESSAGE__MSG_HELLO);
     assert_int_equal(m->hello->protocol_version, CONVD_PROTOCOL_VERSION);
@@ -314,7 +314,7 @@ static void test_handshake_names(void **state)
         convd_client *c;
         assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
         peer_hello_reply(sv[1], &o);
-        assert_int_equal(cl_connect_fd(sv[0], names[i], 1000, &c), 0);
+        assert_int_equal(cl_connect_fd(sv[0], names[i], 1000, false, -1, &c), 0);
         Convd__ClientMessage *m = peer_recv(sv[1], NULL);
         if (i == 0) {
             assert_string_equal(m->hello->client_name, program_invocation_short_name);
@@ -374,7 +374,7 @@ static void test_handshake_failures(void **state)
         }
         convd_client *c = (convd_client *)0x1;
         uint64_t t0 = now_ms();
-        int rc = cl_connect_fd(sv[0], "unit", 150, &c);
+        int rc = cl_connect_fd(sv[0], "unit", 150, false, -1, &c);
         const char *why = convd_last_connect_error();
         if (rc != cases[i].want || strstr(why, cases[i].says) == NULL)
             fail_msg("case %zu: rc %d (%s), '%s'; expected %d and '%s'", i, rc,
@@ -1298,7 +1298,7 @@ static void test_blocking_conv(void **state)
     struct hello_opts o = HELLO_DEFAULTS;
     peer_hello_reply(sv[1], &o);
     convd_client *c;
-    assert_int_equal(cl_connect_fd(sv[0], "unit", 2000, &c), 0);
+    assert_int_equal(cl_connect_fd(sv[0], "unit", 2000, false, -1, &c), 0);
     convd__client_message__free_unpacked(peer_recv(sv[1], NULL), NULL);
     struct fake_daemon d;
     memset(&d, 0, sizeof(d));
