@@ -152,7 +152,7 @@ static void cl_take_done(convd_client *c, int32_t s, struct convd_completion *re
 /* One tensor reference, checked as the daemon checks it: its region, then its byte count, then
  * its bounds. */
 static int cl_check_tensor(convd_client *c, const char *name, const struct convd_tensor *t,
-                           uint64_t need)
+                           uint64_t need, size_t esz)
 {
     if (t->region->client != c)
         return cl_fail(c, CONVD_ENOREGION, "the %s tensor's region belongs to another client",
@@ -167,6 +167,10 @@ static int cl_check_tensor(convd_client *c, const char *name, const struct convd
                        "of %zu bytes",
                        name, (unsigned long long)t->offset, (unsigned long long)t->bytes,
                        (unsigned long long)t->region->id, t->region->size);
+    if (t->offset % esz != 0)
+        return cl_fail(c, CONVD_EINVAL,
+                       "the %s tensor at offset %llu is not aligned to its %zu-byte elements", name,
+                       (unsigned long long)t->offset, esz);
     return 0;
 }
 
@@ -204,6 +208,8 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t
     char why[256];
     struct convd_problem_sizes z;
     int rc = convd_problem_sizes(&a->problem, &z, why, sizeof(why));
+    if (rc == 0)
+        rc = wire_request_supported(&a->problem, why, sizeof(why));
     if (rc != 0)
         return cl_fail(c, rc, "%s", why);
     const bool bias = a->problem.has_bias;
@@ -218,10 +224,11 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t
     for (size_t i = 0; i < sizeof(present) / sizeof(present[0]); i++)
         if (present[i].used && present[i].t->region == NULL)
             return cl_fail(c, CONVD_EINVAL, "the %s tensor has no region", present[i].name);
-    if ((rc = cl_check_tensor(c, "input", &a->input, z.input_bytes)) != 0 ||
-        (rc = cl_check_tensor(c, "weight", &a->weight, z.weight_bytes)) != 0 ||
-        (bias && (rc = cl_check_tensor(c, "bias", &a->bias, z.bias_bytes)) != 0) ||
-        (rc = cl_check_tensor(c, "output", &a->output, z.output_bytes)) != 0)
+    const size_t esz = convd_dtype_size(a->problem.dtype);
+    if ((rc = cl_check_tensor(c, "input", &a->input, z.input_bytes, esz)) != 0 ||
+        (rc = cl_check_tensor(c, "weight", &a->weight, z.weight_bytes, esz)) != 0 ||
+        (bias && (rc = cl_check_tensor(c, "bias", &a->bias, z.bias_bytes, esz)) != 0) ||
+        (rc = cl_check_tensor(c, "output", &a->output, z.output_bytes, esz)) != 0)
         return rc;
     if (cl_overlap(&a->output, &a->input) || cl_overlap(&a->output, &a->weight) ||
         (bias && cl_overlap(&a->output, &a->bias)))

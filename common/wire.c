@@ -2,6 +2,18 @@
 
 #include "wire.h"
 
+int wire_request_supported(const struct convd_problem *p, char *why, size_t why_len)
+{
+    if (p->allow_tf32) {
+        if (why != NULL && why_len > 0)
+            snprintf(why, why_len,
+                     "allow_tf32 is set, but no convd kernel implements TF32 yet: the request "
+                     "would run in exact fp32; clear the flag");
+        return CONVD_EUNSUPPORTED;
+    }
+    return 0;
+}
+
 int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, char *why,
                          size_t why_len)
 {

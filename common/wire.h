@@ -25,6 +25,11 @@
 int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, char *why,
                          size_t why_len);
 
+/* What a request may ask for beyond a valid problem, judged the same way by the client library
+ * and the daemon: allow_tf32 is refused (CONVD_EUNSUPPORTED) until a kernel implements TF32, so
+ * that the flag never silently does nothing. Returns 0 or the code with a sentence. */
+int wire_request_supported(const struct convd_problem *p, char *why, size_t why_len);
+
 /* Fills an initialised Problem message from a C struct (no allocation). */
 void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb);
 

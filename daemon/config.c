@@ -114,7 +114,7 @@ void config_defaults(struct convd_config *c)
     c->drain_timeout_ms = 10000;
     c->socket_mode = 0660;
     c->max_protocol_errors = 16;
-    c->max_send_queue_bytes = (uint64_t)16 << 20;
+    c->max_send_queue_bytes = (uint64_t)1 << 20;
     c->hello_timeout_ms = 10000;
     c->spin_us = 50;
     c->ring_stall_timeout_ms = 10000;

@@ -67,6 +67,8 @@ struct conn {
     uint32_t running;
     struct sched_client sched;
     uint64_t served, failed; /* for the closing log line */
+    uint64_t log_window_ns;  /* conn_log_allowed: the current second */
+    uint32_t log_lines, log_suppressed;
 
     /* Rings (AttachRing): submissions and completions in shared memory. */
     bool has_ring;

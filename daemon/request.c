@@ -11,8 +11,8 @@ static const char *const req_names[REQ_TENSORS] = {"input", "weight", "bias", "o
 /* Resolves one tensor reference against the connection's regions and the size the problem
  * needs. */
 static int req_tensor(const struct req_context *ctx, int which, const Convd__TensorRef *ref,
-                      uint64_t need, struct convd_tensor_view *view, struct region **ret_region,
-                      char *why, size_t why_len)
+                      uint64_t need, size_t esz, struct convd_tensor_view *view,
+                      struct region **ret_region, char *why, size_t why_len)
 {
     const char *name = req_names[which];
     struct region *reg = region_find(ctx->regions, ref->region_id);
@@ -34,6 +34,11 @@ static int req_tensor(const struct req_context *ctx, int which, const Convd__Ten
                         "%llu (%llu bytes)",
                         name, (unsigned long long)ref->offset, (unsigned long long)ref->bytes,
                         (unsigned long long)ref->region_id, (unsigned long long)size);
+    /* Element-aligned, or the backend would read across elements (and a GPU would fault). */
+    if (ref->offset % esz != 0)
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "%s tensor at offset %llu is not aligned to its %zu-byte elements", name,
+                        (unsigned long long)ref->offset, esz);
     if (which == REQ_OUTPUT && reg->readonly)
         return why_fail(why, why_len, CONVD_ESEAL,
                         "output tensor is in region %llu, which is sealed against writing",
@@ -59,6 +64,9 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
         return rc;
     struct convd_problem_sizes sz;
     rc = convd_problem_sizes(&p, &sz, why, why_len);
+    if (rc != 0)
+        return rc;
+    rc = wire_request_supported(&p, why, why_len);
     if (rc != 0)
         return rc;
     char be_why[256] = "";
@@ -92,7 +100,8 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
         r->regions[i] = NULL;
         if (refs[i] == NULL)
             continue;
-        rc = req_tensor(ctx, i, refs[i], need[i], views[i], &r->regions[i], why, why_len);
+        rc = req_tensor(ctx, i, refs[i], need[i], convd_dtype_size(p.dtype), views[i],
+                        &r->regions[i], why, why_len);
         if (rc != 0)
             return rc;
     }

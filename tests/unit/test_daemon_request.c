@@ -238,6 +238,10 @@ static void test_problem_rejections(void **state)
     req_init(&r, 1, &p);
     r.prob.r = 20;
     expect_reject(fx, &r, CONVD_EBADSHAPE, "filter height", NULL);
+    /* a flag no kernel honours is refused, not silently ignored */
+    req_init(&r, 1, &p);
+    r.prob.allow_tf32 = true;
+    expect_reject(fx, &r, CONVD_EUNSUPPORTED, "allow_tf32", "no convd kernel implements TF32");
 
     /* a problem the backend does not run */
     struct convd_problem nhwc = p;
@@ -328,9 +332,17 @@ static void test_tensor_rejections(void **state)
     r.out.region_id = 3;
     expect_reject(fx, &r, CONVD_ESEAL, "output tensor is in region 3", "sealed against writing");
 
+    /* offsets that split elements, inside the region: the client library refuses these too */
+    req_init(&r, 1, &p);
+    r.in.offset += 2;
+    expect_reject(fx, &r, CONVD_EINVAL, "input tensor at offset", "not aligned to its 4-byte");
+    req_init(&r, 1, &p);
+    r.out.offset += 1;
+    expect_reject(fx, &r, CONVD_EINVAL, "output tensor", "not aligned");
+
     /* output overlapping an input */
     req_init(&r, 1, &p);
-    r.out.offset = 10;
+    r.out.offset = 12;
     expect_reject(fx, &r, CONVD_EINVAL, "overlaps the input tensor", NULL);
     req_init(&r, 1, &p);
     r.out.offset = r.w.offset + r.sz.weight_bytes - 4;
