@@ -5,7 +5,15 @@
  *
  * Children write their results into shared anonymous memory (latencies as a log-linear histogram,
  * so that a long run costs no more memory than a short one). They start together: each signals
- * readiness on one pipe, then blocks on another that the parent closes.
+ * readiness on one pipe, then blocks on another that the parent closes. They stop together too:
+ * each signals the end of its requests on a third pipe, then blocks on a fourth until the parent
+ * has read the daemon's counters and CPU time, so that the measured window holds neither the
+ * clients' set-up (connection, regions, warm-up) nor their tear-down.
+ *
+ * With --memory gpu each child keeps its tensors in its own GPU memory (one cudaMalloc, filled
+ * from the host, registered by CUDA IPC handle) through the CUDA runtime loaded at run time
+ * (gpumem.h). The parent only loads the runtime, so that the children can initialise CUDA after
+ * the fork.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,22 +28,31 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpumem.h"
 #include "util.h"
 
 static const char bench_usage[] =
     "Usage: convctl bench [--clients N] [--depth D] [--duration S | --requests R]\n"
+    "                     [--memory host|gpu [--device N]] [--json]\n"
     "                     [shape options | --shape NAME --csv FILE | --all --csv FILE]\n"
     "                     [--socket PATH] [--timeout MS]\n"
     "\n"
     "Load benchmark of the daemon: N client processes (each with its own connection and\n"
     "regions) each keep D requests in flight, for S seconds or R requests in total. Reports\n"
-    "requests/s, images/s, TFLOP/s, the p50/p99/p99.9 round-trip latency, and the batch sizes\n"
-    "and queue/execution times the daemon reported in its completions.\n"
+    "requests/s, images/s, TFLOP/s, the p50/p99/p99.9 round-trip latency, the batch sizes\n"
+    "and queue/execution times the daemon reported in its completions, and the daemon's CPU\n"
+    "time per request (its process_cpu_seconds_total metric over the requests it served).\n"
     "\n"
     "  --clients N     client processes (default 4)\n"
     "  --depth D       requests each keeps in flight (default 2)\n"
     "  --duration S    seconds to run (default 5)\n"
     "  --requests R    run R requests in total instead of a duration\n"
+    "  --memory host   tensors in shared host memory (memfd regions; the default)\n"
+    "  --memory gpu    tensors in each client's own GPU memory, registered by CUDA IPC handle\n"
+    "                  (needs the daemon's GPU backend and libcudart, loaded at run time:\n"
+    "                  libcudart.so, .so.13 or .so.12, or the path in $CONVD_CUDART)\n"
+    "  --device N      the GPU the clients allocate on with --memory gpu (default 0)\n"
+    "  --json          one JSON object per shape on stdout instead of the report\n"
     "  --shape NAME --csv FILE   a row of a shapes CSV (bench/shapes.csv)\n"
     "  --all --csv FILE          every row of the CSV in turn, one table line each\n"
     "Shape options (default: n2 c32 h16 w16 k32 r3 s3 groups 4 pad 1; they override a CSV row):\n"
@@ -61,6 +78,8 @@ struct bench_params {
     struct convd_problem p;
     struct convd_problem_sizes z;
     int clients, depth;
+    bool memory_gpu; /* tensors in the clients' GPU memory */
+    int device;      /* the GPU they allocate on */
     double duration_s;
     uint64_t requests; /* 0: run for duration_s */
     int wait_ms;
@@ -113,9 +132,15 @@ static void bench_note(struct bench_result *res, int fatal, const char *fmt, ...
     va_end(ap);
 }
 
+/* The pipes a child uses to start and stop with the others (see the top of this file). */
+struct bench_fds {
+    int ready, go;     /* write 'r' (or 'e') when warm; read until the parent closes go */
+    int done, release; /* write one byte when finished; read until the parent closes release */
+};
+
 /* The body of one client process. Returns its exit code. */
 static int bench_child(const struct ctl_global *g, const struct bench_params *bp, uint64_t quota,
-                       uint64_t seed, struct bench_result *res, int ready_fd, int go_fd)
+                       uint64_t seed, struct bench_result *res, const struct bench_fds *fds)
 {
     const struct convd_problem_sizes *z = &bp->z;
     const int depth = bp->depth;
@@ -127,15 +152,22 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
     const uint64_t total = w_sz + b_sz + (uint64_t)depth * (in_sz + out_sz);
     convd_client *c = NULL;
     convd_region *r = NULL;
+    uint8_t *host = NULL; /* --memory gpu: the data, before it is copied to the GPU */
+    void *dev = NULL;     /* --memory gpu: the allocation */
     uint64_t *ids = calloc((size_t)depth, sizeof(*ids));
     uint64_t *sent = calloc((size_t)depth, sizeof(*sent));
     struct convd_conv_args *args = calloc((size_t)depth, sizeof(*args));
     struct convd_completion done;
-    char ready = 'e';
+    char ready = 'e', why[512];
     int rc;
 
     if (ids == NULL || sent == NULL || args == NULL) {
         bench_note(res, CONVD_ENOMEM, "out of memory");
+        goto signal;
+    }
+    /* Before any other CUDA call: the device this process's context lives on. */
+    if (bp->memory_gpu && gpumem_set_device(bp->device, why, sizeof(why)) != 0) {
+        bench_note(res, CONVD_EDEVICE, "%s", why);
         goto signal;
     }
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
@@ -146,19 +178,47 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
         bench_note(res, rc, "cannot connect: %s", convd_last_connect_error());
         goto signal;
     }
-    if ((rc = convd_region_create(c, total, &r)) != 0) {
-        bench_note(res, rc, "cannot create a region: %s", convd_errstr(c));
-        goto signal;
+    uint8_t *base;
+    if (bp->memory_gpu) {
+        if ((host = malloc((size_t)total)) == NULL) {
+            bench_note(res, CONVD_ENOMEM, "cannot allocate %llu bytes of host memory",
+                       (unsigned long long)total);
+            goto signal;
+        }
+        memset(host, 0, (size_t)total);
+        base = host;
+    } else {
+        if ((rc = convd_region_create(c, total, &r)) != 0) {
+            bench_note(res, rc, "cannot create a region: %s", convd_errstr(c));
+            goto signal;
+        }
+        base = convd_region_data(r);
     }
-    uint8_t *base = convd_region_data(r);
     struct ctl_rng rng;
     ctl_rng_seed(&rng, seed);
     ctl_fill_random(&rng, bp->p.dtype, base, z->weight_elems);
     if (bp->p.has_bias)
         ctl_fill_random(&rng, bp->p.dtype, base + w_sz, z->bias_elems);
+    for (int i = 0; i < depth; i++)
+        ctl_fill_random(&rng, bp->p.dtype, base + w_sz + b_sz + (uint64_t)i * (in_sz + out_sz),
+                        z->input_elems);
+    if (bp->memory_gpu) {
+        unsigned char handle[GPUMEM_IPC_HANDLE_SIZE];
+        if (gpumem_alloc_upload(host, (size_t)total, &dev, why, sizeof(why)) != 0 ||
+            gpumem_ipc_handle(dev, handle, why, sizeof(why)) != 0) {
+            bench_note(res, CONVD_EDEVICE, "%s", why);
+            goto signal;
+        }
+        free(host);
+        host = NULL;
+        /* The handle opens at the allocation's base, where the region starts. */
+        if ((rc = convd_region_import_gpu(c, handle, sizeof(handle), 0, total, &r)) != 0) {
+            bench_note(res, rc, "cannot register the GPU memory: %s", convd_errstr(c));
+            goto signal;
+        }
+    }
     for (int i = 0; i < depth; i++) {
         uint64_t off = w_sz + b_sz + (uint64_t)i * (in_sz + out_sz);
-        ctl_fill_random(&rng, bp->p.dtype, base + off, z->input_elems);
         struct convd_conv_args *a = &args[i];
         *a = (struct convd_conv_args)CONVD_CONV_ARGS_INIT;
         a->problem = bp->p;
@@ -168,8 +228,8 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
         a->input = (struct convd_tensor){r, off, z->input_bytes};
         a->output = (struct convd_tensor){r, off + in_sz, z->output_bytes};
     }
-    /* One request before the start, so that connection set-up and first-touch page faults are
-     * not measured. */
+    /* One request before the start, so that connection set-up and first-touch page faults (or
+     * the daemon's import of the GPU memory) are not measured. */
     uint64_t id;
     if ((rc = convd_conv_submit(c, &args[0], &id)) != 0 ||
         (rc = convd_wait(c, id, bp->wait_ms, &done)) != 0) {
@@ -181,11 +241,14 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
         goto signal;
     }
     ready = 'r';
-signal:
-    if (write(ready_fd, &ready, 1) != 1 || ready != 'r')
+signal:;
+    /* Closed at once, so that the parent sees the end of the pipe even if a child dies. */
+    bool go = write(fds->ready, &ready, 1) == 1 && ready == 'r';
+    close(fds->ready);
+    if (!go)
         goto finish;
     char ch;
-    while (read(go_fd, &ch, 1) < 0 && errno == EINTR)
+    while (read(fds->go, &ch, 1) < 0 && errno == EINTR)
         ;
 
     res->t_begin = ctl_now_ns();
@@ -241,15 +304,31 @@ signal:
         }
     }
 finish:
+    /* Done: wait until the parent has read the daemon's counters before tearing down. */
+    bool wrote = write(fds->done, "d", 1) == 1;
+    close(fds->done);
+    while (wrote && read(fds->release, &ch, 1) < 0 && errno == EINTR)
+        ;
     convd_region_free(r);
     convd_close(c);
+    if (dev != NULL && gpumem_free(dev, why, sizeof(why)) != 0 && res->fatal == 0)
+        bench_note(res, CONVD_EDEVICE, "%s", why);
+    free(host);
     free(ids);
     free(sent);
     free(args);
     return res->fatal != 0 ? CTL_EXIT_FAIL : 0;
 }
 
-/* Totals over the children. */
+/* The daemon's counters and CPU time at one moment. */
+struct bench_snap {
+    bool ok;       /* the status was read */
+    bool have_cpu; /* and process_cpu_seconds_total */
+    double cpu_s;
+    uint64_t served, failed, batches;
+};
+
+/* Totals over the children, and the daemon's counters around the measured window. */
 struct bench_sum {
     uint64_t completed, failed;
     double seconds;
@@ -258,7 +337,78 @@ struct bench_sum {
     uint64_t batch[BENCH_BATCH_MAX + 1];
     int fatal;
     char error[300];
+    struct bench_snap before, after;
 };
+
+/* The value of an unlabelled sample in Prometheus text: the first line that starts with name
+ * followed by a space (or tab), then the value. */
+static bool bench_metric(const char *text, const char *name, double *ret)
+{
+    const size_t len = strlen(name);
+    for (const char *line = text; line != NULL && *line != '\0';) {
+        if (strncmp(line, name, len) == 0 && (line[len] == ' ' || line[len] == '\t')) {
+            char *end;
+            errno = 0;
+            double v = strtod(line + len, &end);
+            if (end == line + len || errno != 0 || !isfinite(v) ||
+                (*end != '\0' && *end != '\n' && *end != ' ' && *end != '\t' && *end != '\r'))
+                return false;
+            *ret = v;
+            return true;
+        }
+        line = strchr(line, '\n');
+        if (line != NULL)
+            line++;
+    }
+    return false;
+}
+
+/* Reads the daemon's status and metrics on c (NULL: nothing read). The reading that comes
+ * second is the one whose own cost lands outside the window: status first before the
+ * measurement, metrics first after it. */
+static void bench_snap_take(convd_client *c, struct bench_snap *s, bool metrics_first)
+{
+    memset(s, 0, sizeof(*s));
+    if (c == NULL)
+        return;
+    for (int step = 0; step < 2; step++) {
+        if ((step == 0) == metrics_first) {
+            char *text = NULL;
+            int rc = convd_metrics_get(c, &text);
+            if (rc == 0)
+                s->have_cpu = bench_metric(text, "process_cpu_seconds_total", &s->cpu_s);
+            else
+                ctl_err("metrics: %s (%s)", convd_errstr(c), convd_status_name(rc));
+            free(text);
+        } else {
+            struct convd_status st;
+            int rc = convd_status_get(c, &st);
+            if (rc == 0) {
+                s->ok = true;
+                s->served = st.requests_served;
+                s->failed = st.requests_failed;
+                s->batches = st.batches;
+            } else {
+                ctl_err("status: %s (%s)", convd_errstr(c), convd_status_name(rc));
+            }
+        }
+    }
+}
+
+/* The daemon's requests (served and failed) between the snapshots, and its CPU time per request
+ * in microseconds; false when either is unknown. */
+static bool bench_cpu_per_req(const struct bench_sum *s, double *ret_us, uint64_t *ret_requests)
+{
+    const struct bench_snap *a = &s->before, *b = &s->after;
+    *ret_requests = 0;
+    if (!a->ok || !b->ok || b->served < a->served || b->failed < a->failed)
+        return false;
+    *ret_requests = (b->served - a->served) + (b->failed - a->failed);
+    if (!a->have_cpu || !b->have_cpu || *ret_requests == 0 || b->cpu_s < a->cpu_s)
+        return false;
+    *ret_us = (b->cpu_s - a->cpu_s) * 1e6 / (double)*ret_requests;
+    return true;
+}
 
 static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
                      struct bench_sum *sum)
@@ -271,10 +421,17 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
         ctl_err("cannot map %zu bytes for the results: %s", shared_len, strerror(errno));
         return -1;
     }
-    int ready[2] = {-1, -1}, go[2] = {-1, -1};
+    int ready[2] = {-1, -1}, go[2] = {-1, -1}, done[2] = {-1, -1}, release[2] = {-1, -1};
     pid_t *pids = calloc((size_t)n, sizeof(*pids));
     int started = 0, rc = -1;
-    if (pids == NULL || pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
+    struct bench_snap before, after;
+    /* The parent's own connection, for the counters around the window: opened before the
+     * children so that it costs the daemon nothing inside it. */
+    convd_client *snap = NULL;
+    if (ctl_connect(g, &snap) != 0)
+        snap = NULL;
+    if (pids == NULL || pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0 ||
+        pipe2(done, O_CLOEXEC) != 0 || pipe2(release, O_CLOEXEC) != 0) {
         ctl_err("cannot set up the clients: %s", strerror(errno));
         goto finish;
     }
@@ -291,15 +448,23 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
             break;
         }
         if (pid == 0) {
+            /* The parent's connection is not the child's to use (its memory is left alone). */
+            if (snap != NULL)
+                close(convd_client_fd(snap));
             close(ready[0]);
             close(go[1]);
+            close(done[0]);
+            close(release[1]);
+            const struct bench_fds fds = {ready[1], go[0], done[1], release[0]};
             _exit(bench_child(g, bp, quota, seed + (uint64_t)i * 0x9e3779b97f4a7c15ull, &res[i],
-                              ready[1], go[0]));
+                              &fds));
         }
         pids[started++] = pid;
     }
     close(ready[1]);
     ready[1] = -1;
+    close(done[1]);
+    done[1] = -1;
     /* Wait until every client is connected and warm (or has given up), then start them all. */
     for (int got = 0; got < started;) {
         char ch;
@@ -310,8 +475,23 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
             break;
         got++;
     }
+    bench_snap_take(snap, &before, false);
     close(go[1]);
     go[1] = -1;
+    /* Wait until every client has its last completion (or has died), read the counters, then
+     * let them tear down. */
+    for (int got = 0; got < started;) {
+        char ch;
+        ssize_t k = read(done[0], &ch, 1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got++;
+    }
+    bench_snap_take(snap, &after, true);
+    close(release[1]);
+    release[1] = -1;
     for (int i = 0; i < started; i++) {
         int st;
         while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR)
@@ -324,6 +504,8 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
     }
 
     memset(sum, 0, sizeof(*sum));
+    sum->before = before;
+    sum->after = after;
     uint64_t t_begin = UINT64_MAX, t_end = 0;
     for (int i = 0; i < started; i++) {
         const struct bench_result *r = &res[i];
@@ -362,13 +544,18 @@ finish:
             close(ready[i]);
         if (go[i] >= 0)
             close(go[i]);
+        if (done[i] >= 0)
+            close(done[i]);
+        if (release[i] >= 0)
+            close(release[i]);
     }
+    convd_close(snap);
     free(pids);
     munmap(res, shared_len);
     return rc;
 }
 
-/* The daemon's counters, for the batches it ran during a measurement. */
+/* The daemon's status and handshake information (checked before the runs). */
 static int bench_status(const struct ctl_global *g, struct convd_status *st,
                         struct convd_server_info *info)
 {
@@ -434,16 +621,31 @@ static void bench_batches(const struct bench_sum *s, char *buf, size_t len, doub
                  100.0 * (double)(total - shown) / (double)total);
 }
 
-static void bench_report(const char *name, const struct bench_params *bp, const struct bench_sum *s,
-                         const struct convd_server_info *info, uint64_t batches)
+/* The daemon's batches between the snapshots (0: unknown). */
+static uint64_t bench_batch_count(const struct bench_sum *s)
 {
+    if (!s->before.ok || !s->after.ok || s->after.batches < s->before.batches)
+        return 0;
+    return s->after.batches - s->before.batches;
+}
+
+static void bench_report(const char *name, const struct bench_params *bp, const struct bench_sum *s,
+                         const struct convd_server_info *info)
+{
+    const uint64_t batches = bench_batch_count(s);
+    double cpu_us;
+    uint64_t cpu_reqs;
+    const bool have_cpu = bench_cpu_per_req(s, &cpu_us, &cpu_reqs);
     char desc[192], b1[32], b2[32], b3[32], hist[256];
     double rps = s->seconds > 0 ? (double)s->completed / s->seconds : 0;
     double mean_batch;
     bench_batches(s, hist, sizeof(hist), &mean_batch);
     printf("bench %s: %s\n", name, convd_problem_str(&bp->p, desc, sizeof(desc)));
-    printf("  clients    %d x depth %d, %s backend (%s)\n", bp->clients, bp->depth, info->backend,
+    printf("  clients    %d x depth %d, %s backend (%s)", bp->clients, bp->depth, info->backend,
            info->device);
+    if (bp->memory_gpu)
+        printf(", tensors in GPU memory of device %d", bp->device);
+    printf("\n");
     printf("  requests   %llu completed, %llu failed, in %.2f s\n",
            (unsigned long long)s->completed, (unsigned long long)s->failed, s->seconds);
     printf("  throughput %.1f requests/s, %.1f images/s, %.3f TFLOP/s\n", rps, rps * bp->p.n,
@@ -457,6 +659,15 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
                ctl_fmt_ns((double)s->queue_ns / (double)s->completed, b1, sizeof(b1)),
                ctl_fmt_ns((double)s->exec_ns / (double)s->completed, b2, sizeof(b2)), hist,
                mean_batch);
+    if (have_cpu)
+        printf("  daemon cpu  %.1f us per request (user+sys, all threads; %llu requests)\n", cpu_us,
+               (unsigned long long)cpu_reqs);
+    else
+        printf("  daemon cpu  n/a (%s)\n",
+               !s->before.ok || !s->after.ok ? "the daemon's counters could not be read"
+               : cpu_reqs == 0               ? "the daemon served no requests meanwhile"
+                                             : "the daemon does not export "
+                                               "process_cpu_seconds_total");
     if (batches > 0)
         printf("  counters   %llu batches run by the daemon meanwhile\n",
                (unsigned long long)batches);
@@ -464,9 +675,104 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
         printf("  error      %s\n", s->error);
 }
 
+/* A JSON string. */
+static void bench_json_str(const char *v)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)v; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+/* A JSON number (finite; null otherwise). */
+static void bench_json_num(const char *key, double v)
+{
+    if (isfinite(v))
+        printf(",\"%s\":%.6g", key, v);
+    else
+        printf(",\"%s\":null", key);
+}
+
+/* One line of JSON for a measured shape. */
+static void bench_json(const char *name, const struct bench_params *bp, const struct bench_sum *s,
+                       const struct convd_server_info *info)
+{
+    const struct convd_problem *p = &bp->p;
+    const double rps = s->seconds > 0 ? (double)s->completed / s->seconds : 0;
+    double mean_batch, cpu_us;
+    uint64_t cpu_reqs;
+    char hist[256];
+    bench_batches(s, hist, sizeof(hist), &mean_batch);
+    const bool have_cpu = bench_cpu_per_req(s, &cpu_us, &cpu_reqs);
+    printf("{\"name\":");
+    bench_json_str(name);
+    printf(",\"n\":%d,\"h\":%d,\"w\":%d,\"c\":%d,\"k\":%d,\"r\":%d,\"s\":%d,\"groups\":%d,"
+           "\"stride_h\":%d,\"stride_w\":%d,\"pad_top\":%d,\"pad_bottom\":%d,\"pad_left\":%d,"
+           "\"pad_right\":%d,\"dil_h\":%d,\"dil_w\":%d,\"dtype\":\"%s\",\"layout\":\"%s\","
+           "\"bias\":%s,\"relu\":%s",
+           p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->groups, p->stride_h, p->stride_w,
+           p->pad_top, p->pad_bottom, p->pad_left, p->pad_right, p->dil_h, p->dil_w,
+           convd_dtype_name(p->dtype), convd_layout_name(p->layout), p->has_bias ? "true" : "false",
+           p->relu ? "true" : "false");
+    printf(",\"input_bytes\":%llu,\"weight_bytes\":%llu,\"bias_bytes\":%llu,\"output_bytes\":%llu,"
+           "\"flops\":%llu",
+           (unsigned long long)bp->z.input_bytes, (unsigned long long)bp->z.weight_bytes,
+           (unsigned long long)bp->z.bias_bytes, (unsigned long long)bp->z.output_bytes,
+           (unsigned long long)bp->z.flops);
+    printf(",\"clients\":%d,\"depth\":%d,\"memory\":\"%s\"", bp->clients, bp->depth,
+           bp->memory_gpu ? "gpu" : "host");
+    if (bp->memory_gpu)
+        printf(",\"gpu_device\":%d", bp->device);
+    printf(",\"backend\":");
+    bench_json_str(info->backend);
+    printf(",\"device\":");
+    bench_json_str(info->device);
+    printf(",\"completed\":%llu,\"failed\":%llu", (unsigned long long)s->completed,
+           (unsigned long long)s->failed);
+    bench_json_num("seconds", s->seconds);
+    bench_json_num("req_per_s", rps);
+    bench_json_num("images_per_s", rps * p->n);
+    bench_json_num("tflops", rps * (double)bp->z.flops / 1e12);
+    bench_json_num("p50_us", bench_percentile(s->lat, s->completed, 0.50) / 1e3);
+    bench_json_num("p99_us", bench_percentile(s->lat, s->completed, 0.99) / 1e3);
+    bench_json_num("p999_us", bench_percentile(s->lat, s->completed, 0.999) / 1e3);
+    bench_json_num("mean_batch", mean_batch);
+    bench_json_num("queue_us",
+                   s->completed > 0 ? (double)s->queue_ns / (double)s->completed / 1e3 : 0);
+    bench_json_num("exec_us",
+                   s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
+    printf(",\"batches\":%llu", (unsigned long long)bench_batch_count(s));
+    bench_json_num("daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
+    printf(",\"daemon_requests\":%llu", (unsigned long long)cpu_reqs);
+    printf(",\"error\":");
+    if (s->error[0] != '\0')
+        bench_json_str(s->error);
+    else
+        printf("null");
+    printf("}\n");
+    fflush(stdout);
+}
+
 int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
 {
-    enum { B_CLIENTS = 1, B_DEPTH, B_DURATION, B_REQUESTS, B_SHAPE, B_CSV, B_ALL };
+    enum {
+        B_CLIENTS = 1,
+        B_DEPTH,
+        B_DURATION,
+        B_REQUESTS,
+        B_SHAPE,
+        B_CSV,
+        B_ALL,
+        B_MEMORY,
+        B_DEVICE,
+        B_JSON
+    };
     static const struct option opts[] = {
         CTL_COMMON_LONG_OPTIONS,
         CTL_PROBLEM_LONG_OPTIONS,
@@ -477,6 +783,9 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         {"shape", required_argument, NULL, B_SHAPE},
         {"csv", required_argument, NULL, B_CSV},
         {"all", no_argument, NULL, B_ALL},
+        {"memory", required_argument, NULL, B_MEMORY},
+        {"device", required_argument, NULL, B_DEVICE},
+        {"json", no_argument, NULL, B_JSON},
         {NULL, 0, NULL, 0},
     };
     struct ctl_global g = *g0;
@@ -486,7 +795,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
     bp.depth = 2;
     bp.duration_s = 5;
     const char *shape_name = NULL, *csv = NULL;
-    bool all = false, duration_given = false;
+    bool all = false, duration_given = false, json = false, device_given = false;
     struct {
         int opt;
         const char *arg;
@@ -548,6 +857,27 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         case B_ALL:
             all = true;
             break;
+        case B_MEMORY:
+            if (strcmp(optarg, "host") == 0) {
+                bp.memory_gpu = false;
+            } else if (strcmp(optarg, "gpu") == 0) {
+                bp.memory_gpu = true;
+            } else {
+                ctl_err("--memory: '%s' is not host or gpu", optarg);
+                return CTL_EXIT_USAGE;
+            }
+            break;
+        case B_DEVICE:
+            if (cli_parse_int(optarg, 0, 1023, &v, why, sizeof(why)) != 0) {
+                ctl_err("--device: %s", why);
+                return CTL_EXIT_USAGE;
+            }
+            bp.device = (int)v;
+            device_given = true;
+            break;
+        case B_JSON:
+            json = true;
+            break;
         default:
             fputs(bench_usage, stderr);
             return CTL_EXIT_USAGE;
@@ -555,6 +885,10 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
     }
     if (optind < argc) {
         ctl_err("unexpected argument '%s'", argv[optind]);
+        return CTL_EXIT_USAGE;
+    }
+    if (device_given && !bp.memory_gpu) {
+        ctl_err("--device needs --memory gpu");
         return CTL_EXIT_USAGE;
     }
     if (duration_given && bp.requests != 0) {
@@ -596,7 +930,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         last = first + 1;
     }
 
-    struct convd_status st0, st1;
+    struct convd_status st0;
     struct convd_server_info info;
     code = CTL_EXIT_FAIL;
     if (bench_status(&g, &st0, &info) != 0)
@@ -607,6 +941,21 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         code = CTL_EXIT_USAGE;
         goto finish;
     }
+    if (bp.memory_gpu) {
+        /* The daemon first: only its GPU backend opens GPU memory. Then the runtime, loaded here
+         * (not initialised: the children do that after the fork). */
+        if (strcmp(info.backend, "gpu") != 0) {
+            ctl_err("--memory gpu: the daemon runs the %s backend (%s), which cannot use GPU "
+                    "memory; start it with --backend gpu on a machine with a GPU",
+                    info.backend, info.device);
+            goto finish;
+        }
+        char gwhy[1024];
+        if (gpumem_open(gwhy, sizeof(gwhy)) != 0) {
+            ctl_err("--memory gpu: %s", gwhy);
+            goto finish;
+        }
+    }
     bp.wait_ms = g.timeout_ms > 60000 ? g.timeout_ms : 60000;
     /* A child that dies must not take the parent with it through a closed pipe. */
     signal(SIGPIPE, SIG_IGN);
@@ -615,9 +964,9 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         ctl_err("out of memory");
         goto finish;
     }
-    if (all)
-        printf("%-22s %10s %11s %8s %10s %10s %10s %6s\n", "shape", "req/s", "images/s", "TFLOP/s",
-               "p50", "p99", "p99.9", "batch");
+    if (all && !json)
+        printf("%-22s %10s %11s %8s %10s %10s %10s %6s %9s\n", "shape", "req/s", "images/s",
+               "TFLOP/s", "p50", "p99", "p99.9", "batch", "cpu/req");
     code = 0;
     for (size_t i = first; i < last; i++) {
         const char *name = "options";
@@ -640,31 +989,33 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
             code = CTL_EXIT_FAIL;
             continue;
         }
-        if (i != first && bench_status(&g, &st0, NULL) != 0) {
-            code = CTL_EXIT_FAIL;
-            goto done;
-        }
         if (bench_run(&g, &bp, sum) != 0) {
             code = CTL_EXIT_FAIL;
             goto done;
         }
-        uint64_t batches = 0;
-        if (bench_status(&g, &st1, NULL) == 0 && st1.batches >= st0.batches)
-            batches = st1.batches - st0.batches;
-        if (all) {
-            char b1[32], b2[32], b3[32];
-            double rps = sum->seconds > 0 ? (double)sum->completed / sum->seconds : 0, mb;
+        if (json) {
+            bench_json(name, &bp, sum, &info);
+            if (sum->error[0] != '\0')
+                ctl_err("bench %s: %s", name, sum->error);
+        } else if (all) {
+            char b1[32], b2[32], b3[32], cpu[32];
+            double rps = sum->seconds > 0 ? (double)sum->completed / sum->seconds : 0, mb, cpu_us;
+            uint64_t cpu_reqs;
             char hist[256];
             bench_batches(sum, hist, sizeof(hist), &mb);
-            printf("%-22s %10.1f %11.1f %8.3f %10s %10s %10s %6.2f%s%s\n", name, rps, rps * bp.p.n,
-                   rps * (double)bp.z.flops / 1e12,
+            if (bench_cpu_per_req(sum, &cpu_us, &cpu_reqs))
+                snprintf(cpu, sizeof(cpu), "%.1f us", cpu_us);
+            else
+                snprintf(cpu, sizeof(cpu), "n/a");
+            printf("%-22s %10.1f %11.1f %8.3f %10s %10s %10s %6.2f %9s%s%s\n", name, rps,
+                   rps * bp.p.n, rps * (double)bp.z.flops / 1e12,
                    ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.50), b1, sizeof(b1)),
                    ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.99), b2, sizeof(b2)),
                    ctl_fmt_ns(bench_percentile(sum->lat, sum->completed, 0.999), b3, sizeof(b3)),
-                   mb, sum->error[0] != '\0' ? "  " : "", sum->error);
+                   mb, cpu, sum->error[0] != '\0' ? "  " : "", sum->error);
             fflush(stdout);
         } else {
-            bench_report(name, &bp, sum, &info, batches);
+            bench_report(name, &bp, sum, &info);
         }
         if (sum->fatal != 0 || sum->failed != 0)
             code = CTL_EXIT_FAIL;

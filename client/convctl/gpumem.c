@@ -9,10 +9,12 @@
 
 /* The few CUDA runtime types used here, declared as the runtime's ABI has them. */
 typedef int cuda_error_t; /* cudaError_t; 0 is cudaSuccess */
+/* cudaIpcMemHandle_t */
 typedef struct {
     char reserved[GPUMEM_IPC_HANDLE_SIZE];
-} cuda_ipc_mem_handle_t; /* cudaIpcMemHandle_t */
-enum { CUDA_MEMCPY_HOST_TO_DEVICE = 1 }; /* cudaMemcpyHostToDevice */
+} cuda_ipc_mem_handle_t;
+/* cudaMemcpyKind's cudaMemcpyHostToDevice */
+enum { CUDA_MEMCPY_HOST_TO_DEVICE = 1 };
 
 typedef cuda_error_t (*cuda_set_device_fn)(int device);
 typedef cuda_error_t (*cuda_malloc_fn)(void **dev, size_t size);
@@ -32,7 +34,8 @@ static struct {
     cuda_get_error_string_fn get_error_string;
 } rt;
 
-static int gm_fail(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int gm_fail(char *why, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static int gm_fail(char *why, size_t len, const char *fmt, ...)
 {
@@ -80,8 +83,7 @@ int gpumem_open(char *why, size_t why_len)
         lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (lib == NULL) {
             const char *e = dlerror();
-            return gm_fail(why, why_len,
-                           "cannot load the CUDA runtime that CONVD_CUDART names: %s",
+            return gm_fail(why, why_len, "cannot load the CUDA runtime that CONVD_CUDART names: %s",
                            e != NULL ? e : env);
         }
     }
@@ -96,17 +98,15 @@ int gpumem_open(char *why, size_t why_len)
     }
     if (lib == NULL)
         return gm_fail(why, why_len,
-                       "cannot load the CUDA runtime (tried libcudart.so, libcudart.so.13 and "
-                       "libcudart.so.12: %s); install it, add its directory to LD_LIBRARY_PATH, "
-                       "or set CONVD_CUDART to its path",
+                       "cannot load the CUDA runtime (%s); install it, add its directory to "
+                       "LD_LIBRARY_PATH, or set CONVD_CUDART to its path",
                        tried);
     rt.lib = lib;
     snprintf(rt.name, sizeof(rt.name), "%s", name);
-    /* Resolved into locals first, so that a failure leaves rt unopened. */
+    /* On a missing symbol the library is closed again and rt left unopened. */
     void *s[6];
-    static const char *const syms[6] = {"cudaGetErrorString", "cudaSetDevice",
-                                        "cudaMalloc",         "cudaMemcpy",
-                                        "cudaIpcGetMemHandle", "cudaFree"};
+    static const char *const syms[6] = {"cudaGetErrorString", "cudaSetDevice",       "cudaMalloc",
+                                        "cudaMemcpy",         "cudaIpcGetMemHandle", "cudaFree"};
     for (int i = 0; i < 6; i++) {
         if ((s[i] = gm_sym(syms[i], why, why_len)) == NULL) {
             dlclose(lib);

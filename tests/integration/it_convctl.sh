@@ -217,6 +217,55 @@ fi
 
 check "bench 200 requests" ctl bench --clients 2 --depth 4 --requests 200 --n 1 --c 16 --k 16 \
     --groups 4 --h 14 --w 14
+# The report names the daemon's CPU time per request (process_cpu_seconds_total over its counters).
+out=$(ctl bench --clients 2 --depth 2 --requests 100 --n 1 --c 16 --k 16 --groups 4 --h 14 \
+    --w 14 2>&1) || true
+if grep -Eq "^  daemon cpu  [0-9.]+ us per request \(user\+sys, all threads; [0-9]+ requests\)" \
+    <<< "$out"; then
+    ok "bench reports the daemon's CPU time per request"
+else
+    bad "bench without a daemon cpu line:"
+    printf '%s\n' "$out" | sed 's/^/       /'
+fi
+# --json: one valid JSON object on stdout, with the fields the serving benchmark reads.
+if command -v python3 > /dev/null; then
+    rc=0
+    out=$(ctl bench --clients 2 --depth 2 --requests 100 --n 1 --c 16 --k 16 --groups 4 --h 14 \
+        --w 14 --json 2> "$tmp/bench.err") || rc=$?
+    if [[ $rc -eq 0 ]] && res=$(python3 -c '
+import json, sys
+lines = sys.argv[1].splitlines()
+assert len(lines) == 1, "%d lines on stdout, want 1" % len(lines)
+d = json.loads(lines[0])
+for key in ("name", "n", "c", "k", "groups", "dtype", "layout", "clients", "depth", "memory",
+            "completed", "failed", "seconds", "req_per_s", "images_per_s", "p50_us", "p99_us",
+            "p999_us", "mean_batch", "queue_us", "exec_us", "daemon_cpu_us_per_req"):
+    assert key in d, "no field " + key
+assert d["completed"] == 100 and d["failed"] == 0, "completed %s failed %s" % (d["completed"], d["failed"])
+assert d["memory"] == "host" and d["clients"] == 2 and d["depth"] == 2, "options not echoed"
+assert d["daemon_cpu_us_per_req"] is not None and d["daemon_cpu_us_per_req"] > 0, "no CPU time"
+print("%d requests, %.0f req/s, daemon cpu %.1f us per request" % (d["completed"], d["req_per_s"],
+      d["daemon_cpu_us_per_req"]))
+' "$out" 2>&1); then
+        ok "bench --json: $res"
+    else
+        bad "bench --json (exit $rc): ${res:-}"
+        printf '%s\n' "$out" "$(cat "$tmp/bench.err")" | sed 's/^/       /'
+    fi
+else
+    echo "skip   bench --json (no python3)"
+fi
+# --memory gpu on the CPU backend: exit status 1 and a sentence naming what is missing.
+rc=0
+out=$(ctl bench --memory gpu --clients 1 --requests 4 2>&1) || rc=$?
+if [[ $rc -eq 1 ]] && grep -Eqi "backend|CUDA runtime" <<< "$out"; then
+    ok "bench --memory gpu on the cpu backend fails: $out"
+else
+    bad "bench --memory gpu on the cpu backend (exit $rc, want 1 and a sentence)"
+    printf '%s\n' "$out" | sed 's/^/       /'
+fi
+check_fails "bench --device needs --memory gpu" "memory gpu" ctl bench --device 1
+check_fails "bench --memory names its choices" "host or gpu" ctl bench --memory disk
 check_fails "no daemon at a path" "connect" "$convctl" --socket "$tmp/none.sock" ping
 check_fails "unknown command" "unknown" "$convctl" --socket "$sock" frobnicate
 
