@@ -338,6 +338,9 @@ struct bench_sum {
     int fatal;
     char error[300];
     struct bench_snap before, after;
+    /* Fairness: the slowest and the fastest client's requests/s over the mean of all (1: equal);
+     * 0 when there is only one client or nothing was measured. */
+    double fair_min, fair_max;
 };
 
 /* The value of an unlabelled sample in Prometheus text: the first line that starts with name
@@ -536,6 +539,22 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
         sum->fatal = CONVD_EINTERNAL;
         snprintf(sum->error, sizeof(sum->error), "only %d of %d clients started", started, n);
     }
+    double rate_sum = 0, rate_min = INFINITY, rate_max = 0;
+    int rated = 0;
+    for (int i = 0; i < started; i++) {
+        const struct bench_result *r = &res[i];
+        if (r->t_end <= r->t_begin)
+            continue;
+        double rate = (double)r->completed / ((double)(r->t_end - r->t_begin) / 1e9);
+        rate_sum += rate;
+        rate_min = fmin(rate_min, rate);
+        rate_max = fmax(rate_max, rate);
+        rated++;
+    }
+    if (rated > 1 && rate_sum > 0) {
+        sum->fair_min = rate_min / (rate_sum / rated);
+        sum->fair_max = rate_max / (rate_sum / rated);
+    }
     sum->seconds = t_end > t_begin ? (double)(t_end - t_begin) / 1e9 : 0;
     rc = 0;
 finish:
@@ -671,6 +690,9 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     if (batches > 0)
         printf("  counters   %llu batches run by the daemon meanwhile\n",
                (unsigned long long)batches);
+    if (s->fair_max > 0)
+        printf("  fairness   per-client requests/s from %+.1f%% to %+.1f%% of the mean\n",
+               (s->fair_min - 1) * 100, (s->fair_max - 1) * 100);
     if (s->error[0] != '\0')
         printf("  error      %s\n", s->error);
 }
@@ -749,6 +771,8 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
                    s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
     printf(",\"batches\":%llu", (unsigned long long)bench_batch_count(s));
     bench_json_num("daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
+    bench_json_num("fair_min", s->fair_max > 0 ? s->fair_min : NAN);
+    bench_json_num("fair_max", s->fair_max > 0 ? s->fair_max : NAN);
     printf(",\"daemon_requests\":%llu", (unsigned long long)cpu_reqs);
     printf(",\"error\":");
     if (s->error[0] != '\0')
