@@ -1,14 +1,19 @@
 /*
  * The GPU backend of the daemon (convd_gpu_backend_ops, name "gpu"): device selection and
- * warm-up, a per-worker device memory pool, pinning of host regions, opening of client IPC
- * handles, and run_batch, which stages host tensors, runs every group of same-geometry jobs in
- * one convd_gpu_conv() call and copies host outputs back.
+ * warm-up, per-slot device memory pools, pinning of host regions, opening of client IPC handles,
+ * and asynchronous execution: launch enqueues a batch on one of GPU_SLOTS slots (staging copies
+ * of host tensors, every group of same-geometry jobs in one convd_gpu_conv() call, copies of
+ * host outputs back) and returns; query and notify report its end. run_batch is launch, a wait
+ * on the slot's event, and the same completion as query.
  *
- * The pool: each worker owns one device block for staged tensors and kernel workspace, grown
- * geometrically when a batch needs more, reused across batches, freed at destroy, and capped by
- * convd_backend_config.pool_bytes (default: a quarter of the device across the workers). A group
- * whose staging exceeds the cap runs in several chunks; a single job that exceeds it fails with
- * CONVD_ENOMEM. Jobs of a chunk that name the same host bytes (shared weights) stage them once.
+ * A slot owns a stream, a completion event recorded after its batch's last operation, one device
+ * block for staged tensors and kernel workspace, and host scratch. The pool grows geometrically
+ * when a batch needs more, is reused across batches, is capped by
+ * convd_backend_config.pool_bytes (default: a quarter of the device across the slots), and trim
+ * frees it above GPU_POOL_KEEP once idle. A group whose staging exceeds the cap runs in several
+ * chunks, which reuse the pool one after another in stream order (no host wait between them); a
+ * single job that exceeds it fails with CONVD_ENOMEM. Jobs of a chunk that name the same host
+ * bytes (shared weights) stage them once.
  *
  * mem_import of host memory that cannot be pinned succeeds anyway (pageable copies) and leaves a
  * sentence in `why` saying so, for the caller to log.
@@ -16,11 +21,13 @@
  * Compiled as CUDA by nvcc (through vendor.h, which maps the HIP names used here to CUDA) and as
  * HIP by hipcc. The daemon never sees this file's types: it talks to it through backend.h.
  *
- * Threading (backend.h): init, destroy, mem_import and mem_release run on the daemon's loop
- * thread; run_batch runs on up to GPU_WORKERS worker threads at once, each with its own worker
- * index, so everything a batch touches (stream, pool, scratch) is per worker and needs no lock.
- * The IPC cache has a lock anyway, because it is cheap and makes the tests' use from several
- * threads safe. A runtime's current device is per thread, so every entry point sets it first.
+ * Threading (backend.h): init, destroy, mem_import, mem_release, launch, query, notify and trim
+ * run on the daemon's loop thread; run_batch runs on up to GPU_WORKERS worker threads at once,
+ * worker w on slot w, so everything a batch touches (stream, event, pool, scratch) is per slot
+ * and needs no lock. A daemon uses either run_batch or launch/query, never both on one slot at a
+ * time. The IPC cache has a lock anyway, because it is cheap and makes the tests' use from
+ * several threads safe. A runtime's current device is per thread, so every entry point that
+ * calls the runtime sets it first.
  *
  * Errors never abort: a failed runtime call becomes CONVD_EDEVICE (CONVD_ENOMEM for allocations)
  * with the runtime's own sentence. A sticky error (the context is lost: an illegal address, a
@@ -52,14 +59,19 @@ extern "C" {
  * references to host functions, into the GPU code object; so that pass sees nothing. */
 #if !defined(__HIP_DEVICE_COMPILE__)
 
-#define GPU_WORKERS      2   /* one stream each: copies of one batch overlap compute of another */
+#define GPU_WORKERS 2 /* run_batch callers at once (max_workers); worker w runs on slot w */
+/* Batches in flight at once (max_slots), one stream each: copies of one batch overlap compute of
+ * another, and the loop always has a free slot while the GPU works on the others. */
+#define GPU_SLOTS        4
 #define GPU_ALIGN        256 /* staging buffers start at this alignment (vector loads, cp.async) */
 #define GPU_POOL_GRAIN   ((size_t)2 << 20)  /* pool sizes are rounded up to this */
 #define GPU_POOL_MIN_CAP ((size_t)64 << 20) /* a pool cap never below this */
+#define GPU_POOL_KEEP    ((size_t)64 << 20) /* trim frees pools larger than this */
 #define GPU_WHY          160                /* sizeof(convd_job.error) */
 
 static_assert(sizeof(hipIpcMemHandle_t) == CONVD_IPC_HANDLE_SIZE,
               "the wire's IPC handle size must match the runtime's");
+static_assert(GPU_WORKERS <= GPU_SLOTS, "run_batch's workers run on slots");
 
 /* One opened IPC allocation, shared by every region whose handle has the same bytes. */
 struct gpu_ipc {
@@ -76,8 +88,8 @@ struct gpu_mem {
     struct gpu_ipc *ipc; /* DEVICE: the cache entry holding one reference for this region */
 };
 
-/* Where one job's tensors live during a chunk: an offset into the worker's pool for a staged
- * host tensor, GPU_IN_PLACE for a tensor in device memory, GPU_ABSENT for no bias. */
+/* Where one job's tensors live during a chunk: an offset into the slot's pool for a staged host
+ * tensor, GPU_IN_PLACE for a tensor in device memory, GPU_ABSENT for no bias. */
 #define GPU_IN_PLACE UINT64_MAX
 #define GPU_ABSENT   (UINT64_MAX - 1)
 struct gpu_plan {
@@ -86,28 +98,47 @@ struct gpu_plan {
 
 /* A host tensor already staged in this chunk, so that jobs sharing weights (or inputs) copy them
  * once. */
-struct gpu_slot {
+struct gpu_stage {
     const struct convd_mem *mem;
     uint64_t offset, bytes, stage;
 };
 
-struct gpu_worker {
+/* One convd_gpu_conv call of a launch: the jobs order[first, first + count) of one geometry,
+ * their distinct staged host tensors stages[stage_first, stage_first + nstage) at pool offsets
+ * below `staged`, and the workspace that follows them. */
+struct gpu_chunk {
+    size_t first, count;
+    size_t stage_first, nstage;
+    uint64_t staged;
+    size_t ws_bytes;
+    uint64_t output_bytes; /* per job: the size of a host output's copy back */
+};
+
+struct gpu_slot {
     hipStream_t stream;
+    hipEvent_t done; /* recorded after the last operation of a launch */
     char *pool;      /* device memory for staging and workspace, grown on demand */
     size_t pool_cap; /* its size */
-    /* Scratch sized for the largest batch seen. */
+    /* Scratch sized for the largest batch seen (trim returns it to the configured batch). */
     size_t scratch_n;
-    struct convd_job **order;
+    struct convd_job **order; /* the batch, grouped by problem */
     unsigned char *taken;
-    struct convd_tensors *tensors;
-    struct gpu_plan *plans;
-    struct gpu_slot *slots;
+    struct convd_tensors *tensors; /* one chunk's, read by convd_gpu_conv before it returns */
+    struct gpu_plan *plans;        /* per order[] entry */
+    struct gpu_stage *stages;      /* at most three per job */
+    struct gpu_chunk *chunks;
+    struct convd_job **pending; /* the jobs whose work is on the stream */
+    /* The batch in flight: set by launch, cleared when query (or run_batch) reports it. */
+    int busy; /* the event is recorded and its batch not reported yet */
+    size_t npending;
+    uint64_t t_launch;
 };
 
 struct gpu_ctx {
     int device;
-    size_t pool_limit; /* per worker */
-    struct gpu_worker workers[GPU_WORKERS];
+    size_t pool_limit;   /* per slot */
+    size_t scratch_keep; /* jobs per batch that trim keeps scratch for */
+    struct gpu_slot slots[GPU_SLOTS];
     pthread_mutex_t ipc_lock;
     struct gpu_ipc *ipcs;
     pthread_mutex_t broken_lock;
@@ -183,18 +214,20 @@ static void gpu_set_broken(struct gpu_ctx *ctx, const char *sentence)
     pthread_mutex_unlock(&ctx->broken_lock);
 }
 
-/* After a failure on a worker's stream: waits for whatever was queued (no copy may land in host
- * memory after run_batch returns), clears a non-sticky error, and probes the stream once more.
- * A sticky error (the context is lost) fails the probe too; then the backend is broken. */
-static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_worker *w, const char *sentence)
+/* After a failure on a slot's stream: waits for whatever was queued (no copy may land in host
+ * memory after its batch is reported done or failed), clears a non-sticky error, and probes the
+ * stream once more. A sticky error (the context is lost) fails the probe too; then the backend is
+ * broken. This is the one place outside run_batch where the loop thread waits for the GPU, and
+ * only after an error. */
+static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_slot *s, const char *sentence)
 {
-    (void)hipStreamSynchronize(w->stream);
+    (void)hipStreamSynchronize(s->stream);
     (void)hipGetLastError();
     hipError_t e = hipSuccess;
-    if (w->pool)
-        e = hipMemsetAsync(w->pool, 0, 1, w->stream);
+    if (s->pool)
+        e = hipMemsetAsync(s->pool, 0, 1, s->stream);
     if (e == hipSuccess)
-        e = hipStreamSynchronize(w->stream);
+        e = hipStreamSynchronize(s->stream);
     if (e == hipSuccess)
         return false;
     (void)hipGetLastError();
@@ -202,27 +235,35 @@ static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_worker *w, co
     return true;
 }
 
-/* ---- the per-worker pool ---- */
+/* ---- the per-slot pool and scratch ---- */
 
-/* Makes the worker's pool hold at least `need` bytes (need <= ctx->pool_limit). The stream is
- * idle here (every chunk ends with a synchronisation), so the old block can go. Grows
- * geometrically to reuse one block across batches of slowly growing size. */
-static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_worker *w, size_t need, char *why,
+static void gpu_pool_free(struct gpu_slot *s)
+{
+    if (s->pool) {
+        (void)hipFree(s->pool);
+        (void)hipGetLastError();
+    }
+    s->pool = NULL;
+    s->pool_cap = 0;
+}
+
+/* Makes the slot's pool hold at least `need` bytes (need <= ctx->pool_limit). Nothing of ours is
+ * queued on the slot's stream here (a launch reserves once, for its largest chunk, before it
+ * enqueues anything, and the slot's previous batch has been reported done; the warm-up waits for
+ * its stream), so the old block can go. Grows geometrically to reuse one block across batches of
+ * slowly growing size. */
+static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_slot *s, size_t need, char *why,
                             size_t why_len)
 {
-    if (need <= w->pool_cap)
+    if (need <= s->pool_cap)
         return 0;
-    size_t want = w->pool_cap * 2;
+    size_t want = s->pool_cap * 2;
     if (want < need)
         want = need;
     want = gpu_round_up(want, GPU_POOL_GRAIN);
     if (want > ctx->pool_limit)
         want = ctx->pool_limit > need ? ctx->pool_limit : need;
-    if (w->pool) {
-        (void)hipFree(w->pool);
-        w->pool = NULL;
-        w->pool_cap = 0;
-    }
+    gpu_pool_free(s);
     void *p = NULL;
     hipError_t e = hipMalloc(&p, want);
     if (e == hipErrorOutOfMemory && want > need) {
@@ -236,34 +277,61 @@ static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_worker *w, size_t ne
         snprintf(what, sizeof what, "allocating %zu bytes of device staging memory", want);
         return gpu_fail(e, why, why_len, what);
     }
-    w->pool = (char *)p;
-    w->pool_cap = want;
+    s->pool = (char *)p;
+    s->pool_cap = want;
     return 0;
 }
 
-static int gpu_scratch_reserve(struct gpu_worker *w, size_t n)
+static void gpu_scratch_free(struct gpu_slot *s)
 {
-    if (n <= w->scratch_n)
+    free(s->order);
+    free(s->taken);
+    free(s->tensors);
+    free(s->plans);
+    free(s->stages);
+    free(s->chunks);
+    free(s->pending);
+    s->order = NULL;
+    s->taken = NULL;
+    s->tensors = NULL;
+    s->plans = NULL;
+    s->stages = NULL;
+    s->chunks = NULL;
+    s->pending = NULL;
+    s->scratch_n = 0;
+}
+
+/* Makes the slot's scratch hold a batch of n jobs. Only while the slot is free: pending[] of a
+ * batch in flight lives here. */
+static int gpu_scratch_reserve(struct gpu_slot *s, size_t n)
+{
+    if (n <= s->scratch_n)
         return 0;
     size_t want = n < 64 ? 64 : n;
-    struct convd_job **order = (struct convd_job **)realloc(w->order, want * sizeof *order);
+    struct convd_job **order = (struct convd_job **)realloc(s->order, want * sizeof *order);
     if (order)
-        w->order = order;
-    unsigned char *taken = (unsigned char *)realloc(w->taken, want);
+        s->order = order;
+    unsigned char *taken = (unsigned char *)realloc(s->taken, want);
     if (taken)
-        w->taken = taken;
-    struct convd_tensors *t = (struct convd_tensors *)realloc(w->tensors, want * sizeof *t);
+        s->taken = taken;
+    struct convd_tensors *t = (struct convd_tensors *)realloc(s->tensors, want * sizeof *t);
     if (t)
-        w->tensors = t;
-    struct gpu_plan *plans = (struct gpu_plan *)realloc(w->plans, want * sizeof *plans);
+        s->tensors = t;
+    struct gpu_plan *plans = (struct gpu_plan *)realloc(s->plans, want * sizeof *plans);
     if (plans)
-        w->plans = plans;
-    struct gpu_slot *slots = (struct gpu_slot *)realloc(w->slots, 3 * want * sizeof *slots);
-    if (slots)
-        w->slots = slots;
-    if (!order || !taken || !t || !plans || !slots)
+        s->plans = plans;
+    struct gpu_stage *stages = (struct gpu_stage *)realloc(s->stages, 3 * want * sizeof *stages);
+    if (stages)
+        s->stages = stages;
+    struct gpu_chunk *chunks = (struct gpu_chunk *)realloc(s->chunks, want * sizeof *chunks);
+    if (chunks)
+        s->chunks = chunks;
+    struct convd_job **pending = (struct convd_job **)realloc(s->pending, want * sizeof *pending);
+    if (pending)
+        s->pending = pending;
+    if (!order || !taken || !t || !plans || !stages || !chunks || !pending)
         return CONVD_ENOMEM;
-    w->scratch_n = want;
+    s->scratch_n = want;
     return 0;
 }
 
@@ -334,14 +402,14 @@ static int gpu_job_check(const struct convd_job *j, const struct convd_problem_s
 /* Plans one read-only tensor: in place for device memory, else a pool offset, shared with an
  * identical view staged earlier in the chunk. Returns the offset; *total grows by new bytes. */
 static uint64_t gpu_plan_read(const struct convd_tensor_view *v, uint64_t bytes,
-                              struct gpu_slot *slots, size_t *nslots, uint64_t *total)
+                              struct gpu_stage *stages, size_t *nstages, uint64_t *total)
 {
     if (v->mem->kind == CONVD_MEM_DEVICE)
         return GPU_IN_PLACE;
-    for (size_t i = 0; i < *nslots; i++)
-        if (slots[i].mem == v->mem && slots[i].offset == v->offset && slots[i].bytes == bytes)
-            return slots[i].stage;
-    struct gpu_slot *s = &slots[(*nslots)++];
+    for (size_t i = 0; i < *nstages; i++)
+        if (stages[i].mem == v->mem && stages[i].offset == v->offset && stages[i].bytes == bytes)
+            return stages[i].stage;
+    struct gpu_stage *s = &stages[(*nstages)++];
     s->mem = v->mem;
     s->offset = v->offset;
     s->bytes = bytes;
@@ -351,12 +419,12 @@ static uint64_t gpu_plan_read(const struct convd_tensor_view *v, uint64_t bytes,
 }
 
 static void gpu_plan_job(const struct convd_job *j, const struct convd_problem_sizes *sz,
-                         struct gpu_plan *pl, struct gpu_slot *slots, size_t *nslots,
+                         struct gpu_plan *pl, struct gpu_stage *stages, size_t *nstages,
                          uint64_t *total)
 {
-    pl->input = gpu_plan_read(&j->input, sz->input_bytes, slots, nslots, total);
-    pl->weight = gpu_plan_read(&j->weight, sz->weight_bytes, slots, nslots, total);
-    pl->bias = j->problem.has_bias ? gpu_plan_read(&j->bias, sz->bias_bytes, slots, nslots, total)
+    pl->input = gpu_plan_read(&j->input, sz->input_bytes, stages, nstages, total);
+    pl->weight = gpu_plan_read(&j->weight, sz->weight_bytes, stages, nstages, total);
+    pl->bias = j->problem.has_bias ? gpu_plan_read(&j->bias, sz->bias_bytes, stages, nstages, total)
                                    : GPU_ABSENT;
     if (j->output.mem->kind == CONVD_MEM_DEVICE) {
         pl->output = GPU_IN_PLACE;
@@ -366,97 +434,23 @@ static void gpu_plan_job(const struct convd_job *j, const struct convd_problem_s
     }
 }
 
-static void *gpu_resolve(struct gpu_worker *w, const struct convd_tensor_view *v, uint64_t plan)
+static void *gpu_resolve(struct gpu_slot *s, const struct convd_tensor_view *v, uint64_t plan)
 {
     if (plan == GPU_ABSENT)
         return NULL;
     if (plan == GPU_IN_PLACE)
         return (char *)v->mem->device_ptr + v->offset;
-    return w->pool + plan;
+    return s->pool + plan;
 }
 
-/* Runs jobs[0..count) (one geometry, checked, planned in w->plans and w->slots[0..nslots) with
- * pool offsets below `staged`) as one convd_gpu_conv call and sets their status. Returns 0, or
- * CONVD_EDEVICE when the backend became unusable. */
-static int gpu_run_chunk(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd_job **jobs,
-                         size_t count, size_t nslots, const struct convd_problem_sizes *sz,
-                         uint64_t staged, size_t ws_bytes)
+/* Plans one group of same-geometry jobs, order[base, base + n): fails the jobs whose problem or
+ * views are wrong, or that alone exceed the pool limit, and cuts the rest into chunks whose
+ * staging plus workspace fits the pool limit, each one convd_gpu_conv call, appended to
+ * s->chunks. *nchunks, *nstages and *max_need (the largest chunk's pool bytes) grow. */
+static void gpu_plan_group(struct gpu_ctx *ctx, struct gpu_slot *s, size_t base, size_t n,
+                           size_t *nchunks, size_t *nstages, uint64_t *max_need)
 {
-    char why_buf[GPU_WHY] = "";
-    char *why = why_buf;
-    size_t why_len = sizeof why_buf;
-    const struct convd_problem *p = &jobs[0]->problem;
-    uint64_t t0 = gpu_now_ns();
-    int rc = gpu_pool_reserve(ctx, w, (size_t)staged + ws_bytes, why, why_len);
-    bool queued = false;
-    if (rc != 0)
-        goto finish;
-    queued = true;
-    /* Host-to-device copies, one per distinct staged view. */
-    for (size_t i = 0; i < nslots; i++) {
-        const struct gpu_slot *s = &w->slots[i];
-        GPU_TRY(hipMemcpyAsync(w->pool + s->stage, (const char *)s->mem->host + s->offset, s->bytes,
-                               hipMemcpyHostToDevice, w->stream),
-                "copying a tensor to the device");
-    }
-    for (size_t i = 0; i < count; i++) {
-        const struct convd_job *j = jobs[i];
-        const struct gpu_plan *pl = &w->plans[i];
-        w->tensors[i].input = gpu_resolve(w, &j->input, pl->input);
-        w->tensors[i].weight = gpu_resolve(w, &j->weight, pl->weight);
-        w->tensors[i].bias = gpu_resolve(w, &j->bias, pl->bias);
-        w->tensors[i].output = gpu_resolve(w, &j->output, pl->output);
-    }
-    {
-        void *ws = ws_bytes ? w->pool + staged : NULL;
-        rc = convd_gpu_conv(p, w->tensors, count, ws, ws_bytes, (void *)w->stream);
-        if (rc != 0) {
-            hipError_t e = hipGetLastError();
-            if (rc == CONVD_EDEVICE && e != hipSuccess)
-                rc = gpu_fail(e, why, why_len, "launching the convolution kernel");
-            else if (rc == CONVD_EDEVICE)
-                gpu_say(why, why_len, "launching the convolution kernel failed");
-            else if (convd_gpu_check(p, why, why_len) == 0)
-                gpu_say(why, why_len, "the GPU kernels refused the problem: %s",
-                        convd_strerror(rc));
-            goto finish;
-        }
-    }
-    for (size_t i = 0; i < count; i++) {
-        struct convd_job *j = jobs[i];
-        if (w->plans[i].output == GPU_IN_PLACE)
-            continue;
-        GPU_TRY(hipMemcpyAsync((char *)j->output.mem->host + j->output.offset,
-                               w->pool + w->plans[i].output, sz->output_bytes,
-                               hipMemcpyDeviceToHost, w->stream),
-                "copying an output to the host");
-    }
-    GPU_TRY(hipStreamSynchronize(w->stream), "running the convolution");
-finish:;
-    bool broken = false;
-    if (rc == CONVD_EDEVICE || rc == CONVD_ENOMEM)
-        broken = gpu_settle_after_error(ctx, w, why);
-    else if (rc != 0 && queued)
-        (void)hipStreamSynchronize(w->stream);
-    uint64_t dt = gpu_now_ns() - t0;
-    for (size_t i = 0; i < count; i++) {
-        jobs[i]->exec_ns = dt;
-        if (rc == 0) {
-            jobs[i]->status = 0;
-            jobs[i]->error[0] = '\0';
-        } else {
-            gpu_job_fail(jobs[i], rc, why);
-        }
-    }
-    return broken ? CONVD_EDEVICE : 0;
-}
-
-/* Runs one group of same-geometry jobs: checks each, then packs them into chunks whose staging
- * plus workspace fits the pool limit, each chunk one convd_gpu_conv call. Returns 0, or
- * CONVD_EDEVICE when the backend became unusable (the group's jobs all have a status). */
-static int gpu_run_group(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd_job **group,
-                         size_t n)
-{
+    struct convd_job **group = s->order + base;
     char why[GPU_WHY];
     const struct convd_problem *p = &group[0]->problem;
     struct convd_problem_sizes sz;
@@ -466,7 +460,7 @@ static int gpu_run_group(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd
     if (rc != 0) {
         for (size_t i = 0; i < n; i++)
             gpu_job_fail(group[i], rc, why);
-        return 0;
+        return;
     }
     /* Drop the jobs whose views are wrong, keeping the order of the rest. */
     size_t kept = 0;
@@ -479,18 +473,21 @@ static int gpu_run_group(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd
     }
     size_t start = 0;
     while (start < kept) {
-        /* Grow the chunk while staging plus workspace stays under the pool limit. */
+        /* Grow the chunk while staging plus workspace stays under the pool limit. A job tried
+         * and left out writes at most three stages past the chunk's, all its own. */
+        struct gpu_stage *stages = s->stages + *nstages;
         uint64_t total = 0;
-        size_t nslots = 0, count = 0, ws_bytes = 0;
+        size_t nstage = 0, count = 0, ws_bytes = 0;
         while (start + count < kept) {
             uint64_t t = total;
-            size_t ns = nslots, ws = 0;
-            gpu_plan_job(group[start + count], &sz, &w->plans[count], w->slots, &ns, &t);
+            size_t ns = nstage, ws = 0;
+            gpu_plan_job(group[start + count], &sz, &s->plans[base + start + count], stages, &ns,
+                         &t);
             rc = convd_gpu_workspace(p, count + 1, &ws);
             if (rc != 0 || t + ws > ctx->pool_limit)
                 break;
             total = t;
-            nslots = ns;
+            nstage = ns;
             ws_bytes = ws;
             count++;
         }
@@ -505,22 +502,87 @@ static int gpu_run_group(struct gpu_ctx *ctx, struct gpu_worker *w, struct convd
                          "limit",
                          ctx->pool_limit);
             gpu_job_fail(j, rc != 0 ? rc : CONVD_ENOMEM, why);
-            j->exec_ns = 0;
             start++;
             continue;
         }
-        if (gpu_run_chunk(ctx, w, group + start, count, nslots, &sz, total, ws_bytes) != 0) {
-            gpu_is_broken(ctx, why, sizeof why);
-            for (size_t i = start + count; i < kept; i++)
-                gpu_job_fail(group[i], CONVD_EDEVICE, why);
-            return CONVD_EDEVICE;
-        }
+        struct gpu_chunk *c = &s->chunks[(*nchunks)++];
+        c->first = base + start;
+        c->count = count;
+        c->stage_first = *nstages;
+        c->nstage = nstage;
+        c->staged = total;
+        c->ws_bytes = ws_bytes;
+        c->output_bytes = sz.output_bytes;
+        *nstages += nstage;
+        if (total + ws_bytes > *max_need)
+            *max_need = total + ws_bytes;
         start += count;
     }
-    return 0;
 }
 
-static int gpu_run_batch(void *vctx, unsigned worker, struct convd_job *const *jobs, size_t n)
+/* Enqueues one chunk on the slot's stream: copies of its staged host tensors to the pool, one
+ * convd_gpu_conv call, copies of its host outputs back. Waits for nothing: the chunk before it
+ * in the stream is done with the pool before these copies start. Returns 0, or a CONVD_E* code
+ * with the sentence in why (part of the chunk may be on the stream then). */
+static int gpu_enqueue_chunk(struct gpu_slot *s, const struct gpu_chunk *c, char *why,
+                             size_t why_len)
+{
+    int rc = 0;
+    struct convd_job **jobs = s->order + c->first;
+    const struct gpu_plan *plans = s->plans + c->first;
+    const struct convd_problem *p = &jobs[0]->problem;
+    /* Host-to-device copies, one per distinct staged view. */
+    for (size_t i = 0; i < c->nstage; i++) {
+        const struct gpu_stage *g = &s->stages[c->stage_first + i];
+        GPU_TRY(hipMemcpyAsync(s->pool + g->stage, (const char *)g->mem->host + g->offset, g->bytes,
+                               hipMemcpyHostToDevice, s->stream),
+                "copying a tensor to the device");
+    }
+    for (size_t i = 0; i < c->count; i++) {
+        const struct convd_job *j = jobs[i];
+        s->tensors[i].input = gpu_resolve(s, &j->input, plans[i].input);
+        s->tensors[i].weight = gpu_resolve(s, &j->weight, plans[i].weight);
+        s->tensors[i].bias = gpu_resolve(s, &j->bias, plans[i].bias);
+        s->tensors[i].output = gpu_resolve(s, &j->output, plans[i].output);
+    }
+    {
+        void *ws = c->ws_bytes ? s->pool + c->staged : NULL;
+        rc = convd_gpu_conv(p, s->tensors, c->count, ws, c->ws_bytes, (void *)s->stream);
+        if (rc != 0) {
+            hipError_t e = hipGetLastError();
+            if (rc == CONVD_EDEVICE && e != hipSuccess)
+                rc = gpu_fail(e, why, why_len, "launching the convolution kernel");
+            else if (rc == CONVD_EDEVICE)
+                gpu_say(why, why_len, "launching the convolution kernel failed");
+            else if (convd_gpu_check(p, why, why_len) == 0)
+                gpu_say(why, why_len, "the GPU kernels refused the problem: %s",
+                        convd_strerror(rc));
+            goto finish;
+        }
+    }
+    for (size_t i = 0; i < c->count; i++) {
+        if (plans[i].output == GPU_IN_PLACE)
+            continue;
+        const struct convd_job *j = jobs[i];
+        GPU_TRY(hipMemcpyAsync((char *)j->output.mem->host + j->output.offset,
+                               s->pool + plans[i].output, c->output_bytes, hipMemcpyDeviceToHost,
+                               s->stream),
+                "copying an output to the host");
+    }
+finish:
+    return rc;
+}
+
+/* Fails every job of the batch that has no status of its own yet (launch starts them all at
+ * CONVD_EINTERNAL without a sentence). */
+static void gpu_fail_rest(struct convd_job *const *jobs, size_t n, int status, const char *why)
+{
+    for (size_t i = 0; i < n; i++)
+        if (jobs[i]->status == CONVD_EINTERNAL && jobs[i]->error[0] == '\0')
+            gpu_job_fail(jobs[i], status, why);
+}
+
+static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, size_t n)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
     char why[GPU_WHY];
@@ -529,16 +591,21 @@ static int gpu_run_batch(void *vctx, unsigned worker, struct convd_job *const *j
         return 0;
     if (!ctx || !jobs)
         return CONVD_EINVAL;
+    struct gpu_slot *s = slot < GPU_SLOTS ? &ctx->slots[slot] : NULL;
     for (size_t i = 0; i < n; i++) {
         jobs[i]->status = CONVD_EINTERNAL;
         jobs[i]->error[0] = '\0';
         jobs[i]->exec_ns = 0;
     }
-    struct gpu_worker *w = worker < GPU_WORKERS ? &ctx->workers[worker] : NULL;
-    if (!w) {
-        snprintf(why, sizeof why, "worker %u out of range (the GPU backend has %d)", worker,
-                 GPU_WORKERS);
+    if (!s) {
+        snprintf(why, sizeof why, "slot %u out of range (the GPU backend has %d)", slot, GPU_SLOTS);
         rc = CONVD_EINVAL;
+        goto fail_all;
+    }
+    if (s->busy) {
+        /* The caller's mistake; the batch in flight stays as it is. */
+        snprintf(why, sizeof why, "slot %u still has a batch in flight", slot);
+        rc = CONVD_EBUSY;
         goto fail_all;
     }
     if (gpu_is_broken(ctx, why, sizeof why)) {
@@ -556,37 +623,223 @@ static int gpu_run_batch(void *vctx, unsigned worker, struct convd_job *const *j
             goto fail_all;
         }
     }
-    if (gpu_scratch_reserve(w, n) != 0) {
+    if (gpu_scratch_reserve(s, n) != 0) {
         snprintf(why, sizeof why, "out of host memory for a batch of %zu jobs", n);
         rc = CONVD_ENOMEM;
         goto fail_all;
     }
-    memset(w->taken, 0, n);
-    for (size_t i = 0; i < n; i++) {
-        if (w->taken[i])
-            continue;
-        size_t g = 0;
-        for (size_t k = i; k < n; k++) {
-            if (!w->taken[k] && convd_problem_same(&jobs[i]->problem, &jobs[k]->problem)) {
-                w->taken[k] = 1;
-                w->order[g++] = jobs[k];
+    s->t_launch = gpu_now_ns();
+    s->npending = 0;
+    {
+        /* Plan everything first: the pool is sized once, for the largest chunk, while nothing
+         * of this slot is on the stream; after that the chunks only reuse it. */
+        size_t placed = 0, nchunks = 0, nstages = 0;
+        uint64_t max_need = 0;
+        memset(s->taken, 0, n);
+        for (size_t i = 0; i < n; i++) {
+            if (s->taken[i])
+                continue;
+            size_t g = 0;
+            for (size_t k = i; k < n; k++) {
+                if (!s->taken[k] && convd_problem_same(&jobs[i]->problem, &jobs[k]->problem)) {
+                    s->taken[k] = 1;
+                    s->order[placed + g++] = jobs[k];
+                }
             }
+            gpu_plan_group(ctx, s, placed, g, &nchunks, &nstages, &max_need);
+            placed += g;
         }
-        if (gpu_run_group(ctx, w, w->order, g) != 0) {
-            gpu_is_broken(ctx, why, sizeof why);
-            for (size_t k = i + 1; k < n; k++)
-                if (!w->taken[k])
-                    gpu_job_fail(jobs[k], CONVD_EDEVICE, why);
-            return CONVD_EDEVICE;
+        if (nchunks == 0)
+            return 0; /* every job failed before reaching the device */
+        rc = gpu_pool_reserve(ctx, s, (size_t)max_need, why, sizeof why);
+        if (rc != 0) {
+            if (gpu_settle_after_error(ctx, s, why))
+                goto broken;
+            gpu_fail_rest(jobs, n, rc, why);
+            return 0;
+        }
+        bool queued = false;
+        for (size_t ci = 0; ci < nchunks; ci++) {
+            const struct gpu_chunk *c = &s->chunks[ci];
+            queued = true; /* a failing chunk may have left part of itself on the stream */
+            rc = gpu_enqueue_chunk(s, c, why, sizeof why);
+            if (rc == 0) {
+                for (size_t i = 0; i < c->count; i++)
+                    s->pending[s->npending++] = s->order[c->first + i];
+                continue;
+            }
+            /* A runtime failure may be the context's: settle (which waits for the stream) and
+             * probe. A refused problem fails its chunk alone. */
+            if ((rc == CONVD_EDEVICE || rc == CONVD_ENOMEM) && gpu_settle_after_error(ctx, s, why))
+                goto broken;
+            for (size_t i = 0; i < c->count; i++)
+                gpu_job_fail(s->order[c->first + i], rc, why);
+        }
+        if (queued) {
+            hipError_t e = hipEventRecord(s->done, s->stream);
+            if (e != hipSuccess) {
+                gpu_fail(e, why, sizeof why, "recording the batch's completion event");
+                if (gpu_settle_after_error(ctx, s, why))
+                    goto broken;
+                /* The stream is idle now, but nothing says whether its work succeeded. */
+                gpu_fail_rest(jobs, n, CONVD_EDEVICE, why);
+                s->npending = 0;
+                return 0;
+            }
+            s->busy = 1;
         }
     }
     return 0;
+broken:
+    /* gpu_settle_after_error has waited for the stream: nothing is in flight. */
+    gpu_is_broken(ctx, why, sizeof why);
+    gpu_fail_rest(jobs, n, CONVD_EDEVICE, why);
+    s->npending = 0;
+    return CONVD_EDEVICE;
 fail_all:
     for (size_t i = 0; i < n; i++)
         gpu_job_fail(jobs[i], rc, why);
-    /* Out of host memory fails this batch only; a bad worker index or a lost device is the
-     * backend's (or its caller's) problem, reported as the return value too. */
+    /* Out of host memory fails this batch only; a bad slot or a lost device is the backend's (or
+     * its caller's) problem, reported as the return value too. */
     return rc == CONVD_ENOMEM ? 0 : rc;
+}
+
+/* Reports the slot's batch, whose event answered e: on success every enqueued job succeeded;
+ * otherwise they fail with the runtime's sentence, after a probe that breaks the backend on a
+ * sticky error. The slot is free afterwards. Returns true when the backend is broken. */
+static bool gpu_slot_finish(struct gpu_ctx *ctx, struct gpu_slot *s, hipError_t e)
+{
+    char why[GPU_WHY] = "";
+    bool broken = false;
+    uint64_t dt = gpu_now_ns() - s->t_launch;
+    if (e != hipSuccess) {
+        gpu_fail(e, why, sizeof why, "running the convolution");
+        (void)hipGetLastError();
+        (void)hipSetDevice(ctx->device);
+        broken = gpu_settle_after_error(ctx, s, why);
+    }
+    for (size_t i = 0; i < s->npending; i++) {
+        struct convd_job *j = s->pending[i];
+        j->exec_ns = dt;
+        if (e == hipSuccess) {
+            j->status = 0;
+            j->error[0] = '\0';
+        } else {
+            gpu_job_fail(j, CONVD_EDEVICE, why);
+        }
+    }
+    s->npending = 0;
+    s->busy = 0;
+    return broken;
+}
+
+static int gpu_query(void *vctx, unsigned slot)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (!ctx || slot >= GPU_SLOTS || !ctx->slots[slot].busy)
+        return 1;
+    struct gpu_slot *s = &ctx->slots[slot];
+    hipError_t e = hipEventQuery(s->done);
+    if (e == hipErrorNotReady) {
+        /* Not an error, but the runtime may keep it as the thread's last one, which the kernels'
+         * launch checks would then read as theirs. */
+        (void)hipGetLastError();
+        return 0;
+    }
+    (void)gpu_slot_finish(ctx, s, e);
+    return 1;
+}
+
+/* What notify hands to the runtime: one per call, owned and freed by the callback, so that a
+ * callback still pending after its batch was reported (the event comes before it in the stream)
+ * never sees the next batch's fn. */
+struct gpu_notice {
+    void (*fn)(void *arg);
+    void *arg;
+};
+
+/* Runs on a runtime thread once the stream reaches it. It must not call the runtime (that may
+ * deadlock), so it only hands over to the daemon's fn. */
+static void gpu_notice_run(void *p)
+{
+    struct gpu_notice nt = *(struct gpu_notice *)p;
+    free(p);
+    nt.fn(nt.arg);
+}
+
+static int gpu_notify(void *vctx, unsigned slot, void (*fn)(void *), void *arg)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (!ctx || slot >= GPU_SLOTS || !fn)
+        return CONVD_EINVAL;
+    struct gpu_slot *s = &ctx->slots[slot];
+    if (!s->busy) {
+        fn(arg);
+        return 0;
+    }
+    struct gpu_notice *nt = (struct gpu_notice *)malloc(sizeof *nt);
+    if (!nt)
+        return CONVD_ENOMEM;
+    nt->fn = fn;
+    nt->arg = arg;
+    /* After the event in stream order: when fn runs, query reports the batch done. The runtime
+     * does not call it once the context has failed; the daemon's fallback poll covers that. */
+    hipError_t e = hipLaunchHostFunc(s->stream, gpu_notice_run, nt);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        free(nt);
+        return CONVD_EDEVICE;
+    }
+    return 0;
+}
+
+/* Gives back what one big batch grew: pools above GPU_POOL_KEEP, scratch above the configured
+ * batch size; launch grows them again on demand. A slot with a batch in flight is left alone
+ * (the daemon calls this only when none is). */
+static void gpu_trim(void *vctx)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (!ctx)
+        return;
+    (void)hipSetDevice(ctx->device);
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        struct gpu_slot *s = &ctx->slots[i];
+        if (s->busy)
+            continue;
+        if (s->pool_cap > GPU_POOL_KEEP)
+            gpu_pool_free(s);
+        if (s->scratch_n > ctx->scratch_keep) {
+            gpu_scratch_free(s);
+            (void)gpu_scratch_reserve(s, ctx->scratch_keep); /* else regrown by launch */
+        }
+    }
+    (void)hipGetLastError();
+}
+
+/* The blocking form for worker threads: launch on slot `worker`, wait for the slot's event, and
+ * report as query does. */
+static int gpu_run_batch(void *vctx, unsigned worker, struct convd_job *const *jobs, size_t n)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (n == 0)
+        return 0;
+    if (!ctx || !jobs)
+        return CONVD_EINVAL;
+    if (worker >= GPU_WORKERS) {
+        for (size_t i = 0; i < n; i++) {
+            jobs[i]->exec_ns = 0;
+            jobs[i]->status = CONVD_EINVAL;
+            snprintf(jobs[i]->error, sizeof jobs[i]->error,
+                     "worker %u out of range (the GPU backend has %d)", worker, GPU_WORKERS);
+        }
+        return CONVD_EINVAL;
+    }
+    int rc = gpu_launch(ctx, worker, jobs, n);
+    struct gpu_slot *s = &ctx->slots[worker];
+    if (rc != 0 || !s->busy)
+        return rc;
+    hipError_t e = hipEventSynchronize(s->done);
+    return gpu_slot_finish(ctx, s, e) ? CONVD_EDEVICE : 0;
 }
 
 /* ---- memory import ---- */
@@ -796,12 +1049,13 @@ static int gpu_supports(void *vctx, const struct convd_problem *p, char *why, si
     return convd_gpu_check(p, why, why_len);
 }
 
-/* Runs p `count` times in one call on zeroed pool memory; `misalign` shifts the output by one
- * element, which the kernels route to their generic path. */
+/* Runs p `count` times in one call on zeroed pool memory of slot 0 and waits for it (init runs
+ * before any batch); `misalign` shifts the output by one element, which the kernels route to
+ * their generic path. */
 static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size_t count,
                         int misalign, char *why, size_t why_len)
 {
-    struct gpu_worker *w = &ctx->workers[0];
+    struct gpu_slot *s = &ctx->slots[0];
     struct convd_problem_sizes sz;
     struct convd_tensors t[2];
     size_t ws = 0;
@@ -816,12 +1070,12 @@ static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size
                  gpu_round_up(sz.weight_bytes, GPU_ALIGN) + gpu_round_up(sz.bias_bytes, GPU_ALIGN) +
                  gpu_round_up(sz.output_bytes + GPU_ALIGN, GPU_ALIGN);
     size_t need = count * one + ws;
-    rc = gpu_pool_reserve(ctx, w, need, why, why_len);
+    rc = gpu_pool_reserve(ctx, s, need, why, why_len);
     if (rc != 0)
         return rc;
-    GPU_TRY(hipMemsetAsync(w->pool, 0, need, w->stream), "warm-up: clearing memory");
+    GPU_TRY(hipMemsetAsync(s->pool, 0, need, s->stream), "warm-up: clearing memory");
     for (size_t i = 0; i < count; i++) {
-        char *b = w->pool + i * one;
+        char *b = s->pool + i * one;
         t[i].input = b;
         b += gpu_round_up(sz.input_bytes, GPU_ALIGN);
         t[i].weight = b;
@@ -830,7 +1084,7 @@ static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size
         b += gpu_round_up(sz.bias_bytes, GPU_ALIGN);
         t[i].output = b + (misalign ? convd_dtype_size(p->dtype) : 0);
     }
-    rc = convd_gpu_conv(p, t, count, ws ? w->pool + count * one : NULL, ws, (void *)w->stream);
+    rc = convd_gpu_conv(p, t, count, ws ? s->pool + count * one : NULL, ws, (void *)s->stream);
     if (rc != 0) {
         char ps[160];
         hipError_t e = hipGetLastError();
@@ -840,7 +1094,7 @@ static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size
                 e != hipSuccess ? ": " : "", e != hipSuccess ? hipGetErrorString(e) : "");
         return CONVD_EDEVICE;
     }
-    GPU_TRY(hipStreamSynchronize(w->stream), "warm-up: running the kernels");
+    GPU_TRY(hipStreamSynchronize(s->stream), "warm-up: running the kernels");
 finish:
     return rc;
 }
@@ -886,20 +1140,19 @@ static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
 static void gpu_close(struct gpu_ctx *ctx)
 {
     (void)hipSetDevice(ctx->device);
-    for (int i = 0; i < GPU_WORKERS; i++) {
-        struct gpu_worker *w = &ctx->workers[i];
-        if (w->stream) {
-            (void)hipStreamSynchronize(w->stream);
-            (void)hipStreamDestroy(w->stream);
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        struct gpu_slot *s = &ctx->slots[i];
+        /* Waits for a batch still in flight and for pending notify callbacks (stream work too):
+         * the memory of both belongs to the caller. */
+        if (s->stream) {
+            (void)hipStreamSynchronize(s->stream);
+            (void)hipStreamDestroy(s->stream);
         }
-        if (w->pool)
-            (void)hipFree(w->pool);
-        free(w->order);
-        free(w->taken);
-        free(w->tensors);
-        free(w->plans);
-        free(w->slots);
-        memset(w, 0, sizeof *w);
+        if (s->done)
+            (void)hipEventDestroy(s->done);
+        gpu_pool_free(s);
+        gpu_scratch_free(s);
+        memset(s, 0, sizeof *s);
     }
     /* Regions the daemon forgot to release: close their handles, or the allocation's owner
      * cannot free it for real while we live. */
@@ -932,16 +1185,20 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
     /* The first call that needs a context creates it; this is where an exclusive-process device
      * held by another process answers no. */
     GPU_TRY(hipMemGetInfo(&mem_free, &mem_total), "creating a context");
-    for (int i = 0; i < GPU_WORKERS; i++)
-        GPU_TRY(hipStreamCreateWithFlags(&ctx->workers[i].stream, hipStreamNonBlocking),
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        GPU_TRY(hipStreamCreateWithFlags(&ctx->slots[i].stream, hipStreamNonBlocking),
                 "creating a stream");
+        /* No timing: exec_ns is host time, and a timing event costs more to record. */
+        GPU_TRY(hipEventCreateWithFlags(&ctx->slots[i].done, hipEventDisableTiming),
+                "creating an event");
+    }
     /* By default the pools together may take a quarter of the device: clients of the daemon
      * allocate on the same GPU (IPC regions), and staging beyond that buys nothing. A batch
-     * whose staging exceeds the limit runs in several chunks. */
+     * whose staging exceeds the limit runs in several chunks. pool_bytes applies per slot. */
     if (pool_bytes) {
         ctx->pool_limit = gpu_round_up((size_t)pool_bytes, GPU_ALIGN);
     } else {
-        ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_WORKERS, GPU_POOL_GRAIN);
+        ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_SLOTS, GPU_POOL_GRAIN);
         if (ctx->pool_limit < GPU_POOL_MIN_CAP)
             ctx->pool_limit = GPU_POOL_MIN_CAP;
     }
@@ -975,6 +1232,7 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
         snprintf(info->device, sizeof info->device, "%.80s (%.16s, %d SMs, %llu GiB)", prop.name,
                  arch, prop.multiProcessorCount, (unsigned long long)(mem_total >> 30));
         info->max_workers = GPU_WORKERS;
+        info->max_slots = GPU_SLOTS;
     }
 finish:
     return rc;
@@ -1045,8 +1303,10 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
         gpu_destroy(ctx);
         return rc;
     }
-    for (int i = 0; i < GPU_WORKERS; i++) {
-        if (cfg->max_batch && gpu_scratch_reserve(&ctx->workers[i], cfg->max_batch) != 0) {
+    /* gpu_scratch_reserve's own minimum, so that trim does not free what it would regrow. */
+    ctx->scratch_keep = cfg->max_batch > 64 ? cfg->max_batch : 64;
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        if (cfg->max_batch && gpu_scratch_reserve(&ctx->slots[i], cfg->max_batch) != 0) {
             gpu_say(why, why_len, "out of host memory");
             gpu_destroy(ctx);
             return CONVD_ENOMEM;
@@ -1058,6 +1318,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
 }
 
 extern "C" const struct convd_backend_ops convd_gpu_backend_ops = {
-    "gpu", gpu_init, gpu_destroy, gpu_supports, gpu_mem_import, gpu_mem_release, gpu_run_batch,
+    "gpu",         gpu_init,   gpu_destroy, gpu_supports, gpu_mem_import, gpu_mem_release,
+    gpu_run_batch, gpu_launch, gpu_query,   gpu_notify,   gpu_trim,
 };
 #endif

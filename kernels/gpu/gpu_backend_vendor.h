@@ -1,7 +1,8 @@
 /*
- * The runtime names that only the daemon's GPU backend uses (device selection, streams, pinning,
- * IPC), on top of vendor.h: under nvcc they map to CUDA like vendor.h's own; under hipcc HIP
- * defines them already. Each is guarded, so vendor.h may take any of them over later.
+ * The runtime names that only the daemon's GPU backend uses (device selection, streams, events,
+ * host callbacks, pinning, IPC), on top of vendor.h: under nvcc they map to CUDA like vendor.h's
+ * own; under hipcc HIP defines them already. Each is guarded, so vendor.h may take any of them
+ * over later.
  */
 #ifndef CONVD_GPU_BACKEND_VENDOR_H
 #define CONVD_GPU_BACKEND_VENDOR_H
@@ -65,6 +66,30 @@
 #endif
 #ifndef hipIpcMemLazyEnablePeerAccess
 #define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
+#endif
+#ifndef hipErrorNotReady
+#define hipErrorNotReady cudaErrorNotReady
+#endif
+#ifndef hipEventCreateWithFlags
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#endif
+#ifndef hipEventDisableTiming
+#define hipEventDisableTiming cudaEventDisableTiming
+#endif
+#ifndef hipEventDestroy
+#define hipEventDestroy cudaEventDestroy
+#endif
+#ifndef hipEventRecord
+#define hipEventRecord cudaEventRecord
+#endif
+#ifndef hipEventQuery
+#define hipEventQuery cudaEventQuery
+#endif
+#ifndef hipEventSynchronize
+#define hipEventSynchronize cudaEventSynchronize
+#endif
+#ifndef hipLaunchHostFunc
+#define hipLaunchHostFunc cudaLaunchHostFunc
 #endif
 #endif /* CONVD_GPU_NVIDIA */
 

@@ -1,7 +1,8 @@
 /*
  * The GPU backend (convd_gpu_backend_ops) against the double-precision reference, through the
  * same calls the daemon makes: init, mem_import of memfd host regions and of device memory by a
- * real IPC handle from another process, run_batch, mem_release, destroy.
+ * real IPC handle from another process, run_batch, the asynchronous launch / query / notify on
+ * slots, trim, mem_release, destroy.
  *
  * Needs a GPU: without one (no device, no driver) it prints why and exits 77, which ctest counts
  * as skipped. Every failure prints the problem, the kernel family, the job's status and sentence
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -50,6 +52,7 @@ typedef hipIpcMemHandle_t rt_ipc_handle;
 #define rt_memcpy_htod(d, s, n) hipMemcpy((d), (s), (n), hipMemcpyHostToDevice)
 #define rt_memcpy_dtoh(d, s, n) hipMemcpy((d), (s), (n), hipMemcpyDeviceToHost)
 #define rt_device_synchronize   hipDeviceSynchronize
+#define rt_mem_get_info         hipMemGetInfo
 #else
 #include <cuda_runtime_api.h>
 typedef cudaError_t rt_error;
@@ -64,6 +67,7 @@ typedef cudaIpcMemHandle_t rt_ipc_handle;
 #define rt_memcpy_htod(d, s, n) cudaMemcpy((d), (s), (n), cudaMemcpyHostToDevice)
 #define rt_memcpy_dtoh(d, s, n) cudaMemcpy((d), (s), (n), cudaMemcpyDeviceToHost)
 #define rt_device_synchronize   cudaDeviceSynchronize
+#define rt_mem_get_info         cudaMemGetInfo
 #endif
 
 static const struct convd_backend_ops *const ops = &convd_gpu_backend_ops;
@@ -306,8 +310,8 @@ static int group_setup(void **state)
         fprintf(stderr, "GPU backend init failed: %s: %s\n", convd_status_name(rc), why);
         return -1;
     }
-    fprintf(stderr, "GPU backend: %s, %s, %u workers\n", g_info.name, g_info.device,
-            g_info.max_workers);
+    fprintf(stderr, "GPU backend: %s, %s, %u workers, %u slots\n", g_info.name, g_info.device,
+            g_info.max_workers, g_info.max_slots);
     return 0;
 }
 
@@ -333,6 +337,11 @@ static void test_init_destroy(void **state)
     assert_non_null(ctx);
     assert_string_equal(info.name, "gpu");
     assert_int_equal(info.max_workers, 2);
+    assert_int_equal(info.max_slots, 4);
+    assert_non_null(ops->launch);
+    assert_non_null(ops->query);
+    assert_non_null(ops->notify);
+    assert_non_null(ops->trim);
     if (!strstr(info.device, "GiB)") || !strstr(info.device, " ("))
         fail_msg("device description '%s' lacks the '(arch, SMs, GiB)' part", info.device);
     ops->destroy(ctx);
@@ -965,28 +974,27 @@ static void device_job_misaligned(struct convd_mem *m, const char *what)
     fprintf(stderr, "%s: %s\n", what, j.error);
 }
 
-/* A job entirely in device memory of region m (at allocation offset region_at), with data
- * generated here and written by the peer; the peer then checks the output in its own memory. */
-static void device_job_roundtrip(struct convd_mem *m, uint64_t region_at, uint64_t *cursor,
-                                 unsigned worker, const char *what)
-{
-    struct convd_problem p;
-    for (int tries = 0;; tries++) {
-        assert_true(tries < 100);
-        make_problem(&g_rng, (enum family)tu_rng_range(&g_rng, 0, FAM_COUNT - 1), 0, 0, &p);
-        if (ops->supports(g_ctx, &p, NULL, 0) == 0)
-            break;
-    }
+/* A job whose tensors live in device region m (at allocation offset region_at) from a cursor
+ * on, with data generated here and written into place by the peer; the peer checks the output
+ * in its own memory. */
+struct djob {
     struct tjob t;
-    tjob_init(&t, &p);
-    /* Host copies of the tensors, for the reference and for the peer. */
-    struct host_region h;
-    region_open(&h, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    struct host_region h; /* host copies of the tensors: the reference's and the peer's source */
+    struct convd_job dj;  /* the job as the backend sees it */
+    uint64_t region_at;
+};
+
+static void djob_prepare(struct djob *d, const struct convd_problem *p, struct convd_mem *m,
+                         uint64_t region_at, uint64_t *cursor, const char *what)
+{
+    tjob_init(&d->t, p);
+    region_open(&d->h, region_bytes_for(&d->t.sz), PROT_READ | PROT_WRITE);
     uint64_t hc = 0;
-    tjob_place_host(&t, &h, &hc);
-    tjob_reference(&t);
-    struct convd_job dj = t.job;
-    struct convd_tensor_view *views[4] = {&dj.input, &dj.weight, &dj.bias, &dj.output};
+    tjob_place_host(&d->t, &d->h, &hc);
+    tjob_reference(&d->t);
+    d->dj = d->t.job;
+    d->region_at = region_at;
+    struct convd_tensor_view *views[4] = {&d->dj.input, &d->dj.weight, &d->dj.bias, &d->dj.output};
     uint64_t at = *cursor;
     for (int i = 0; i < 4; i++) {
         if (!views[i]->mem)
@@ -1004,20 +1012,58 @@ static void device_job_roundtrip(struct convd_mem *m, uint64_t region_at, uint64
         peer_write_view(views[i], data, region_at); /* the output: poison */
     }
     *cursor = at;
-    struct convd_job *jp = &dj;
-    int rc = ops->run_batch(g_ctx, worker, &jp, 1);
-    char d[256];
-    if (rc != 0 || dj.status != 0)
-        fail_msg("%s: %s: run_batch %s, job %s: %s", what, tjob_str(&t, d, sizeof d),
-                 convd_status_name(rc), convd_status_name(dj.status), dj.error);
-    struct peer_reply rep = peer_call(PEER_CHECK, (uint32_t)p.dtype, region_at + dj.output.offset,
-                                      t.sz.output_elems, t.ref, t.sz.output_elems * sizeof(float));
+}
+
+/* Expects the job done and its output, in the peer's memory, equal to the reference. */
+static void djob_check(struct djob *d, const char *what)
+{
+    char s[256];
+    if (d->dj.status != 0)
+        fail_msg("%s: %s: job %s: %s", what, tjob_str(&d->t, s, sizeof s),
+                 convd_status_name(d->dj.status), d->dj.error);
+    struct peer_reply rep =
+        peer_call(PEER_CHECK, (uint32_t)d->t.p.dtype, d->region_at + d->dj.output.offset,
+                  d->t.sz.output_elems, d->t.ref, d->t.sz.output_elems * sizeof(float));
     peer_must(&rep, "checking the output in the peer");
-    if (!(rep.err <= tu_tolerance(p.dtype)))
+    if (!(rep.err <= tu_tolerance(d->t.p.dtype)))
         fail_msg("%s: %s: relative error %.3g in the peer's memory; %s", what,
-                 tjob_str(&t, d, sizeof d), rep.err, rep.msg);
-    tjob_free(&t);
-    region_close(&h);
+                 tjob_str(&d->t, s, sizeof s), rep.err, rep.msg);
+}
+
+static void djob_free(struct djob *d)
+{
+    tjob_free(&d->t);
+    region_close(&d->h);
+}
+
+/* A supported random problem of a family, dtype and layout (0: random). */
+static void pick_problem(enum family fam, enum convd_dtype dt, enum convd_layout lay,
+                         struct convd_problem *p)
+{
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        make_problem(&g_rng, fam, dt, lay, p);
+        if (ops->supports(g_ctx, p, NULL, 0) == 0)
+            return;
+    }
+}
+
+/* One random device job through run_batch, checked in the peer. */
+static void device_job_roundtrip(struct convd_mem *m, uint64_t region_at, uint64_t *cursor,
+                                 unsigned worker, const char *what)
+{
+    struct convd_problem p;
+    pick_problem((enum family)tu_rng_range(&g_rng, 0, FAM_COUNT - 1), 0, 0, &p);
+    struct djob d;
+    djob_prepare(&d, &p, m, region_at, cursor, what);
+    struct convd_job *jp = &d.dj;
+    int rc = ops->run_batch(g_ctx, worker, &jp, 1);
+    char s[256];
+    if (rc != 0)
+        fail_msg("%s: %s: run_batch %s, job %s: %s", what, tjob_str(&d.t, s, sizeof s),
+                 convd_status_name(rc), convd_status_name(d.dj.status), d.dj.error);
+    djob_check(&d, what);
+    djob_free(&d);
 }
 
 static void test_device_ipc(void **state)
@@ -1176,6 +1222,467 @@ static void test_device_bad_handle(void **state)
 }
 
 /* ------------------------------------------------------------------------------------------- */
+/* Asynchronous execution: launch, query, notify and trim, called as the daemon's loop does. */
+
+#define ASYNC_DEADLINE_NS ((uint64_t)120 * 1000000000u)
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* query's answer, which must be 0 (running) or 1 (done). */
+static int query_slot(unsigned slot, const char *what)
+{
+    int q = ops->query(g_ctx, slot);
+    if (q != 0 && q != 1)
+        fail_msg("%s: query(slot %u) returned %d, expected 0 or 1", what, slot, q);
+    return q;
+}
+
+/* Polls until query reports the slot's batch done; returns how many polls said "running". */
+static unsigned long wait_slot(unsigned slot, const char *what)
+{
+    unsigned long running = 0;
+    uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
+    while (query_slot(slot, what) == 0) {
+        running++;
+        if (now_ns() > deadline)
+            fail_msg("%s: slot %u still running after 120 s", what, slot);
+        sleep_us(20);
+    }
+    return running;
+}
+
+static void launch_jobs(unsigned slot, struct convd_job **jobs, size_t n, int expect_rc,
+                        const char *what)
+{
+    int rc = ops->launch(g_ctx, slot, jobs, n);
+    if (rc != expect_rc)
+        fail_msg("%s: launch(slot %u, %zu jobs) returned %d (%s), expected %s; first job: %s", what,
+                 slot, n, rc, convd_status_name(rc), convd_status_name(expect_rc),
+                 n ? jobs[0]->error : "");
+}
+
+/* The peer's allocation as one device region (allocated here if test_device_ipc did not). */
+static void async_device_region(struct convd_mem *m)
+{
+    struct peer_reply rep = peer_call(PEER_HANDLE, 0, 0, 0, NULL, 0);
+    if (rep.status != 0) {
+        rep = peer_call(PEER_ALLOC, 0, IPC_ALLOC, 0, NULL, 0);
+        peer_must(&rep, "peer allocation");
+        rep = peer_call(PEER_HANDLE, 0, 0, 0, NULL, 0);
+    }
+    peer_must(&rep, "peer handle export");
+    *m = device_mem(rep.handle, 0, IPC_ALLOC);
+    import_ok(m, "async: the peer's allocation");
+}
+
+/* Expects every byte of a tensor still poisoned: nothing wrote it. */
+static void expect_untouched(const struct tjob *t, const char *what)
+{
+    const unsigned char *o = view_host(&t->job.output);
+    for (uint64_t i = 0; i < t->sz.output_bytes; i++)
+        if (o[i] != 0xff)
+            fail_msg("%s: output byte %llu was written (0x%02x)", what, (unsigned long long)i,
+                     o[i]);
+}
+
+/* Four batches in flight at once, one per slot: two in host memory (several problems each, one
+ * with two jobs of one problem), two in device memory by IPC handle, launched back to back and
+ * then polled round the slots until each reports done. Every output against the reference. */
+static void test_async_four_slots(void **state)
+{
+    (void)state;
+    assert_true(g_info.max_slots >= 4);
+    struct convd_mem dm;
+    async_device_region(&dm);
+
+    struct convd_problem pa, pb, pc, pd;
+    pick_problem(FAM_SMALL_CPG, CONVD_DTYPE_FP32, 0, &pa);
+    pick_problem(FAM_DEPTHWISE, 0, 0, &pb);
+    pick_problem(FAM_DENSE, CONVD_DTYPE_BF16, 0, &pc);
+    pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_FP16, 0, &pd);
+    enum { NH = 5, ND = 3 };
+    struct tjob h[NH];
+    tjob_init(&h[0], &pa);
+    tjob_init(&h[1], &pa);
+    tjob_init(&h[2], &pb);
+    tjob_init(&h[3], &pc);
+    tjob_init(&h[4], &pd);
+    uint64_t bytes = 0;
+    for (int i = 0; i < NH; i++)
+        bytes += region_bytes_for(&h[i].sz);
+    struct host_region r;
+    region_open(&r, bytes, PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    for (int i = 0; i < NH; i++) {
+        tjob_place_host(&h[i], &r, &c);
+        tjob_reference(&h[i]);
+    }
+    region_import(&r);
+    struct djob d[ND];
+    uint64_t dc = 0;
+    for (int i = 0; i < ND; i++) {
+        struct convd_problem p;
+        pick_problem((enum family)(i + 1), i == 0 ? CONVD_DTYPE_FP16 : 0, 0, &p);
+        djob_prepare(&d[i], &p, &dm, 0, &dc, "async device job");
+    }
+
+    struct convd_job *b0[3] = {&h[0].job, &h[2].job, &h[1].job};
+    struct convd_job *b1[1] = {&d[0].dj};
+    struct convd_job *b2[2] = {&h[3].job, &h[4].job};
+    struct convd_job *b3[2] = {&d[1].dj, &d[2].dj};
+    launch_jobs(0, b0, 3, 0, "four slots, slot 0 (host)");
+    launch_jobs(1, b1, 1, 0, "four slots, slot 1 (device)");
+    launch_jobs(2, b2, 2, 0, "four slots, slot 2 (host)");
+    launch_jobs(3, b3, 2, 0, "four slots, slot 3 (device)");
+    int done[4] = {0, 0, 0, 0};
+    unsigned left = 4;
+    unsigned long rounds = 0;
+    uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
+    while (left > 0) {
+        for (unsigned slot = 0; slot < 4; slot++) {
+            if (!done[slot] && query_slot(slot, "four slots") == 1) {
+                done[slot] = 1;
+                left--;
+            }
+        }
+        rounds++;
+        if (left > 0) {
+            if (now_ns() > deadline)
+                fail_msg("four slots: %u of them still running after 120 s", left);
+            sleep_us(10);
+        }
+    }
+    fprintf(stderr, "four slots: all done after %lu polling rounds\n", rounds);
+    for (int i = 0; i < NH; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "four slots, host job %d", i);
+        tjob_expect_ok(&h[i], what);
+        assert_true(h[i].job.exec_ns > 0);
+    }
+    for (int i = 0; i < ND; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "four slots, device job %d", i);
+        djob_check(&d[i], what);
+        assert_true(d[i].dj.exec_ns > 0);
+    }
+    /* Reported once: the slots are free now, and a free slot answers "done". */
+    for (unsigned slot = 0; slot < 4; slot++)
+        assert_int_equal(query_slot(slot, "four slots, again"), 1);
+
+    for (int i = 0; i < NH; i++)
+        tjob_free(&h[i]);
+    for (int i = 0; i < ND; i++)
+        djob_free(&d[i]);
+    region_close(&r);
+    ops->mem_release(g_ctx, &dm);
+}
+
+/* A deliberately heavy batch, 128 MiB of host tensors through the staging pool: query says
+ * "running" right after launch (copies of pinned memory cannot be finished by then) and reports
+ * done only with the output complete. Then trim gives the grown pool back to the device, and the
+ * same batch, a small one and a run_batch on the trimmed slots still run. */
+static void test_async_heavy_query_and_trim(void **state)
+{
+    (void)state;
+    const unsigned slot = 2;
+    struct convd_problem p;
+    convd_problem_init(&p, 2, 512, 512, 32, 32, 3, 3, 32); /* 64 MiB in, 64 MiB out */
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
+    p.dtype = CONVD_DTYPE_FP32;
+    p.layout = CONVD_LAYOUT_NHWC;
+    char why[256] = "", ps[160];
+    int rc = ops->supports(g_ctx, &p, why, sizeof why);
+    if (rc != 0)
+        fail_msg("heavy batch: %s unsupported: %s: %s", convd_problem_str(&p, ps, sizeof ps),
+                 convd_status_name(rc), why);
+    struct tjob t;
+    tjob_init(&t, &p);
+    struct host_region r;
+    region_open(&r, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    tjob_place_host(&t, &r, &c);
+    tjob_reference(&t);
+    rc = ops->mem_import(g_ctx, &r.mem, why, sizeof why);
+    if (rc != 0)
+        fail_msg("heavy batch: mem_import: %s: %s", convd_status_name(rc), why);
+    r.imported = 1;
+    /* Pageable memory would make the copy back synchronous inside launch. */
+    int pinned = why[0] == '\0';
+    if (!pinned)
+        fprintf(stderr, "note: heavy batch region not pinned (%s); query may not see it run\n",
+                why);
+
+    struct convd_job *jp = &t.job;
+    uint64_t t0 = now_ns();
+    launch_jobs(slot, &jp, 1, 0, "heavy batch");
+    uint64_t t1 = now_ns();
+    unsigned long running = wait_slot(slot, "heavy batch");
+    uint64_t t2 = now_ns();
+    fprintf(stderr, "heavy batch: launch %.1f us, then query said running %lu times in %.2f ms\n",
+            (double)(t1 - t0) / 1e3, running, (double)(t2 - t1) / 1e6);
+    tjob_expect_ok(&t, "heavy batch");
+    if (pinned && running == 0)
+        fail_msg("heavy batch: query reported 128 MiB of copies done at its first call");
+
+    /* The slot's pool grew past 128 MiB for that batch; trim hands it back. */
+    size_t free0 = 0, free1 = 0, total = 0;
+    rt_error e = rt_mem_get_info(&free0, &total);
+    if (e != RT_OK)
+        fail_msg("cudaMemGetInfo: %s", rt_error_string(e));
+    ops->trim(g_ctx);
+    e = rt_mem_get_info(&free1, &total);
+    if (e != RT_OK)
+        fail_msg("cudaMemGetInfo: %s", rt_error_string(e));
+    fprintf(stderr, "trim: device memory free %.1f -> %.1f MiB\n", (double)free0 / 1048576.0,
+            (double)free1 / 1048576.0);
+    if (free1 < free0 + ((size_t)96 << 20))
+        fail_msg("trim after a 128 MiB batch freed %.1f MiB of device memory, expected the "
+                 "slot's pool (at least 96 MiB)",
+                 ((double)free1 - (double)free0) / 1048576.0);
+
+    /* The pool grows back on demand: the same batch again, on the same slot. */
+    tu_poison((char *)r.mem.host + t.job.output.offset, t.sz.output_bytes);
+    launch_jobs(slot, &jp, 1, 0, "heavy batch after trim");
+    wait_slot(slot, "heavy batch after trim");
+    tjob_expect_ok(&t, "heavy batch after trim");
+
+    /* A small batch on the trimmed slot, and one through run_batch (slot 0, trimmed too). */
+    struct convd_problem q;
+    pick_problem(FAM_SMALL_CPG, 0, 0, &q);
+    struct tjob s;
+    tjob_init(&s, &q);
+    struct host_region rs;
+    region_open(&rs, region_bytes_for(&s.sz), PROT_READ | PROT_WRITE);
+    c = 0;
+    tjob_place_host(&s, &rs, &c);
+    tjob_reference(&s);
+    region_import(&rs);
+    struct convd_job *sp = &s.job;
+    launch_jobs(slot, &sp, 1, 0, "small batch after trim");
+    wait_slot(slot, "small batch after trim");
+    tjob_expect_ok(&s, "small batch after trim");
+    tu_poison((char *)rs.mem.host + s.job.output.offset, s.sz.output_bytes);
+    struct tjob *stp = &s;
+    run_jobs(0, &stp, 1, 0);
+    tjob_expect_ok(&s, "run_batch after trim");
+
+    ops->trim(g_ctx);
+    tjob_free(&s);
+    region_close(&rs);
+    tjob_free(&t);
+    region_close(&r);
+}
+
+/* What a notify callback saw. */
+struct notice {
+    int calls;            /* atomic */
+    const struct tjob *t; /* whose output the first call checks, or NULL */
+    double err;           /* the output's relative error at the first call */
+};
+
+/* Runs on a runtime thread: no cmocka here, only a record of the call. */
+static void notice_fn(void *arg)
+{
+    struct notice *nt = arg;
+    if (nt->t && __atomic_load_n(&nt->calls, __ATOMIC_ACQUIRE) == 0)
+        nt->err = tu_rel_error(nt->t->p.dtype, view_host(&nt->t->job.output), nt->t->ref,
+                               nt->t->sz.output_elems, NULL);
+    __atomic_fetch_add(&nt->calls, 1, __ATOMIC_ACQ_REL);
+}
+
+static int notice_calls(struct notice *nt)
+{
+    return __atomic_load_n(&nt->calls, __ATOMIC_ACQUIRE);
+}
+
+static void notice_init(struct notice *nt, const struct tjob *t)
+{
+    memset(nt, 0, sizeof *nt);
+    nt->t = t;
+    nt->err = -1.0;
+}
+
+/* Waits, without query, until the callback has been called; then checks that the output was
+ * complete when it ran, and that a while later it has still been called only once. */
+static void notice_expect_once(struct notice *nt, const char *what)
+{
+    uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
+    while (notice_calls(nt) == 0) {
+        if (now_ns() > deadline)
+            fail_msg("%s: no callback after 120 s", what);
+        sleep_us(20);
+    }
+    if (nt->t && !(nt->err >= 0.0 && nt->err <= tu_tolerance(nt->t->p.dtype)))
+        fail_msg("%s: the callback ran before the output was complete (relative error %.3g "
+                 "then)",
+                 what, nt->err);
+    sleep_us(100000);
+    if (notice_calls(nt) != 1)
+        fail_msg("%s: the callback was called %d times, expected once", what, notice_calls(nt));
+}
+
+/* notify: each call's fn runs exactly once, after the batch (its output complete, query then
+ * reporting done at once), with no polling in between; at once on an idle slot; soon for a
+ * batch that has finished but was not reported yet. */
+static void test_async_notify(void **state)
+{
+    (void)state;
+    const unsigned slot = 1;
+    struct convd_problem p;
+    convd_problem_init(&p, 2, 256, 256, 32, 32, 3, 3, 32); /* 16 MiB each way */
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
+    p.dtype = CONVD_DTYPE_FP32;
+    p.layout = CONVD_LAYOUT_NHWC;
+    assert_int_equal(ops->supports(g_ctx, &p, NULL, 0), 0);
+    struct tjob t;
+    tjob_init(&t, &p);
+    struct host_region r;
+    region_open(&r, region_bytes_for(&t.sz), PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    tjob_place_host(&t, &r, &c);
+    tjob_reference(&t);
+    region_import(&r);
+    struct convd_job *jp = &t.job;
+
+    /* Two calls on one batch in flight: two callbacks, each once. */
+    struct notice a, b;
+    notice_init(&a, &t);
+    notice_init(&b, &t);
+    launch_jobs(slot, &jp, 1, 0, "notify");
+    assert_int_equal(ops->notify(g_ctx, slot, notice_fn, &a), 0);
+    assert_int_equal(ops->notify(g_ctx, slot, notice_fn, &b), 0);
+    notice_expect_once(&a, "notify, first call");
+    notice_expect_once(&b, "notify, second call");
+    if (query_slot(slot, "after notify's callback") != 1)
+        fail_msg("notify's callback ran, but query still says the batch is running");
+    tjob_expect_ok(&t, "the batch notify waited for");
+
+    /* An idle slot: called at once. */
+    struct notice idle;
+    notice_init(&idle, NULL);
+    assert_int_equal(ops->notify(g_ctx, slot, notice_fn, &idle), 0);
+    if (notice_calls(&idle) != 1)
+        fail_msg("notify on an idle slot: %d calls when it returned, expected 1",
+                 notice_calls(&idle));
+    notice_expect_once(&idle, "notify on an idle slot");
+
+    /* A batch that has finished but is not reported yet (no query since its launch). */
+    struct notice late;
+    notice_init(&late, &t);
+    tu_poison((char *)r.mem.host + t.job.output.offset, t.sz.output_bytes);
+    launch_jobs(slot, &jp, 1, 0, "notify after the end");
+    sleep_us(300000);
+    assert_int_equal(ops->notify(g_ctx, slot, notice_fn, &late), 0);
+    notice_expect_once(&late, "notify after the batch ended");
+    if (query_slot(slot, "after the late callback") != 1)
+        fail_msg("notify's late callback ran, but query still says the batch is running");
+    tjob_expect_ok(&t, "the batch finished before notify");
+
+    /* A slot that does not exist: refused, never called. */
+    struct notice none;
+    notice_init(&none, NULL);
+    assert_int_equal(ops->notify(g_ctx, g_info.max_slots, notice_fn, &none), CONVD_EINVAL);
+    assert_int_equal(notice_calls(&none), 0);
+
+    tjob_free(&t);
+    region_close(&r);
+}
+
+/* Bad jobs in a launched batch fail alone with their own status while the rest succeed; a
+ * launch on a slot still in flight or out of range is refused without disturbing anything; a
+ * batch of only bad jobs puts nothing in flight. */
+static void test_async_bad_jobs(void **state)
+{
+    (void)state;
+    const unsigned slot = 3;
+    struct convd_problem pa, pb;
+    pick_problem(FAM_SMALL_CPG, CONVD_DTYPE_FP32, 0, &pa);
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        pick_problem(FAM_DEPTHWISE, 0, 0, &pb);
+        if (!convd_problem_same(&pa, &pb))
+            break;
+    }
+    enum { NT = 5 };
+    struct tjob t[NT];
+    tjob_init(&t[0], &pa);
+    tjob_init(&t[1], &pa);
+    tjob_init(&t[2], &pb);
+    tjob_init(&t[3], &pb);
+    tjob_init(&t[4], &pa);
+    uint64_t bytes = 0;
+    for (int i = 0; i < NT; i++)
+        bytes += region_bytes_for(&t[i].sz);
+    struct host_region r;
+    region_open(&r, bytes, PROT_READ | PROT_WRITE);
+    uint64_t c = 0;
+    for (int i = 0; i < NT; i++) {
+        tjob_place_host(&t[i], &r, &c);
+        tjob_reference(&t[i]);
+    }
+    region_import(&r);
+    /* t[1]'s output runs past the end of its region; t[3]'s weight view is too short. */
+    t[1].job.output.offset = r.mem.size - t[1].sz.output_bytes / 2;
+    t[3].job.weight.bytes = t[3].sz.weight_bytes - 1;
+
+    struct convd_job *batch[4] = {&t[0].job, &t[1].job, &t[2].job, &t[3].job};
+    launch_jobs(slot, batch, 4, 0, "batch with bad jobs");
+    /* The slot is taken until query reports it. */
+    struct convd_job *extra = &t[4].job;
+    launch_jobs(slot, &extra, 1, CONVD_EBUSY, "launch on a slot in flight");
+    if (t[4].job.status != CONVD_EBUSY || !t[4].job.error[0])
+        fail_msg("launch on a slot in flight: job status %s (%s), expected EBUSY with a sentence",
+                 convd_status_name(t[4].job.status), t[4].job.error);
+    wait_slot(slot, "batch with bad jobs");
+    tjob_expect_ok(&t[0], "good job 0 beside bad ones");
+    tjob_expect_ok(&t[2], "good job 2 beside bad ones");
+    if (t[1].job.status != CONVD_EBOUNDS || !t[1].job.error[0])
+        fail_msg("output past the region: status %s (%s), expected EBOUNDS",
+                 convd_status_name(t[1].job.status), t[1].job.error);
+    if (t[3].job.status != CONVD_ESIZE || !t[3].job.error[0])
+        fail_msg("short weight view: status %s (%s), expected ESIZE",
+                 convd_status_name(t[3].job.status), t[3].job.error);
+    expect_untouched(&t[4], "the job refused on a slot in flight");
+    fprintf(stderr, "async bad job sentences: '%s' / '%s' / '%s'\n", t[1].job.error, t[3].job.error,
+            t[4].job.error);
+
+    /* Only bad jobs: nothing in flight, the first query reports them. */
+    struct convd_job *bad[2] = {&t[1].job, &t[3].job};
+    launch_jobs(slot, bad, 2, 0, "batch of bad jobs only");
+    assert_int_equal(query_slot(slot, "batch of bad jobs only"), 1);
+    assert_int_equal(t[1].job.status, CONVD_EBOUNDS);
+    assert_int_equal(t[3].job.status, CONVD_ESIZE);
+
+    /* A slot out of range. */
+    launch_jobs(g_info.max_slots, &extra, 1, CONVD_EINVAL, "launch on a slot out of range");
+    assert_int_equal(t[4].job.status, CONVD_EINVAL);
+    assert_true(t[4].job.error[0] != '\0');
+    assert_int_equal(query_slot(g_info.max_slots, "query on a slot out of range"), 1);
+    expect_untouched(&t[4], "the job refused on a slot out of range");
+
+    /* The slot still works. */
+    launch_jobs(slot, &extra, 1, 0, "the refused job, launched properly");
+    wait_slot(slot, "the refused job, launched properly");
+    tjob_expect_ok(&t[4], "the refused job, launched properly");
+
+    for (int i = 0; i < NT; i++)
+        tjob_free(&t[i]);
+    region_close(&r);
+}
+
+/* ------------------------------------------------------------------------------------------- */
 
 int main(void)
 {
@@ -1222,6 +1729,10 @@ int main(void)
         cmocka_unit_test(test_device_ipc),
         cmocka_unit_test(test_device_mixed_with_host),
         cmocka_unit_test(test_device_bad_handle),
+        cmocka_unit_test(test_async_four_slots),
+        cmocka_unit_test(test_async_heavy_query_and_trim),
+        cmocka_unit_test(test_async_notify),
+        cmocka_unit_test(test_async_bad_jobs),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
     peer_stop();
