@@ -264,6 +264,8 @@ static void dmn_close_handles(struct convd_daemon *d)
     uv_close((uv_handle_t *)&d->status_timer, NULL);
     uv_close((uv_handle_t *)&d->drain_timer, NULL);
     uv_close((uv_handle_t *)&d->deadline_timer, NULL);
+    uv_close((uv_handle_t *)&d->inflight_timer, NULL);
+    uv_close((uv_handle_t *)&d->trim_timer, NULL);
     uv_close((uv_handle_t *)&d->stop_async, NULL);
     if (d->delay_poll_open) {
         uv_close((uv_handle_t *)&d->delay_poll, NULL);
@@ -445,6 +447,18 @@ int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap)
                           convd_now_ns(), buf, cap);
 }
 
+#define DMN_TRIM_MS 5000
+
+/* Memory a big request made the backend grow is given back once a tick passes with no batch
+ * run and nothing in flight. */
+static void dmn_on_trim_timer(uv_timer_t *t)
+{
+    struct convd_daemon *d = t->data;
+    if (d->pool_started && d->pool.busy == 0 && d->metrics.batches == d->batches_at_trim)
+        be_trim(&d->backend);
+    d->batches_at_trim = d->metrics.batches;
+}
+
 /* --- life cycle --------------------------------------------------------------------------- */
 
 static void dmn_on_accept(struct listener *l, int fd)
@@ -462,12 +476,15 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
     uv_timer_init(loop, &d->status_timer);
     uv_timer_init(loop, &d->drain_timer);
     uv_timer_init(loop, &d->deadline_timer);
+    uv_timer_init(loop, &d->inflight_timer);
+    uv_timer_init(loop, &d->trim_timer);
     if (uv_async_init(loop, &d->stop_async, dmn_on_stop) != 0) {
         /* nothing above can fail, but it must still be closed */
         uv_handle_t *h[] = {(uv_handle_t *)&d->sig_term,      (uv_handle_t *)&d->sig_int,
                             (uv_handle_t *)&d->sig_hup,       (uv_handle_t *)&d->watchdog_timer,
                             (uv_handle_t *)&d->status_timer,  (uv_handle_t *)&d->drain_timer,
-                            (uv_handle_t *)&d->deadline_timer};
+                            (uv_handle_t *)&d->deadline_timer, (uv_handle_t *)&d->inflight_timer,
+                            (uv_handle_t *)&d->trim_timer};
         for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)
             uv_close(h[i], NULL);
         return why_fail(why, why_len, CONVD_EINTERNAL, "cannot set up the event loop");
@@ -476,7 +493,8 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
     uv_handle_t *all[] = {(uv_handle_t *)&d->stop_async,     (uv_handle_t *)&d->sig_term,
                           (uv_handle_t *)&d->sig_int,        (uv_handle_t *)&d->sig_hup,
                           (uv_handle_t *)&d->watchdog_timer, (uv_handle_t *)&d->status_timer,
-                          (uv_handle_t *)&d->drain_timer,    (uv_handle_t *)&d->deadline_timer};
+                          (uv_handle_t *)&d->drain_timer,    (uv_handle_t *)&d->deadline_timer,
+                          (uv_handle_t *)&d->inflight_timer, (uv_handle_t *)&d->trim_timer};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         all[i]->data = d;
     d->delay_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -487,6 +505,7 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
     d->delay_poll_open = true;
     d->delay_poll.data = d;
     uv_poll_start(&d->delay_poll, UV_READABLE, dmn_on_delay);
+    uv_timer_start(&d->trim_timer, dmn_on_trim_timer, DMN_TRIM_MS, DMN_TRIM_MS);
     uv_signal_start(&d->sig_term, dmn_on_signal, SIGTERM);
     uv_signal_start(&d->sig_int, dmn_on_signal, SIGINT);
     uv_signal_start(&d->sig_hup, dmn_on_signal, SIGHUP);
@@ -613,6 +632,15 @@ static bool dmn_rings_sleep(struct convd_daemon *d, bool sleeping)
     return false;
 }
 
+#define DMN_INFLIGHT_POLL_MS 5
+
+static void dmn_on_inflight_timer(uv_timer_t *t)
+{
+    struct convd_daemon *d = t->data;
+    if (d->pool_started)
+        pool_poll(&d->pool);
+}
+
 /*
  * The loop: poll the rings and the device, run libuv without blocking, and keep doing so for
  * spin_us after the last thing that happened; only then sleep in libuv, with the rings' flags
@@ -646,9 +674,14 @@ int daemon_run(struct convd_daemon *d)
             last_work = now;
             continue;
         }
-        if (d->pool_started)
-            pool_arm(&d->pool);
+        /* The backend's notify wakes us when the oldest batch is done; the timer covers a
+         * device that has failed, whose runtime calls nothing back any more. */
+        bool inflight = d->pool_started && pool_arm(&d->pool);
+        if (inflight)
+            uv_timer_start(&d->inflight_timer, dmn_on_inflight_timer, DMN_INFLIGHT_POLL_MS, 0);
         int alive = uv_run(&d->loop, UV_RUN_ONCE);
+        if (inflight)
+            uv_timer_stop(&d->inflight_timer);
         dmn_rings_sleep(d, false);
         if (alive == 0)
             break;

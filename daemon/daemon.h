@@ -53,6 +53,9 @@ struct convd_daemon {
     uv_timer_t status_timer;   /* STATUS= for systemctl status */
     uv_timer_t drain_timer;    /* drain_timeout_ms after SIGTERM */
     uv_timer_t deadline_timer; /* the earliest queued deadline */
+    uv_timer_t inflight_timer; /* a sleeping loop's fallback look at batches in flight */
+    uv_timer_t trim_timer;     /* gives idle staging memory back (be_trim) */
+    uint64_t batches_at_trim;  /* metrics.batches at the last trim tick */
     int delay_fd;              /* timerfd for max_queue_delay_us: uv timers have 1 ms steps */
     uv_poll_t delay_poll;
     bool delay_poll_open;

@@ -34,8 +34,8 @@ struct convd_backend_config {
     int threads;        /* CPU threads to use; 0: one per online CPU */
     int device;         /* GPU ordinal; -1: the first usable */
     unsigned max_batch; /* most jobs the daemon passes to one run_batch call */
-    /* GPU: device staging memory per worker (a batch that needs more runs in several
-     * launches); 0: a quarter of the device's memory, shared by the workers. */
+    /* GPU: device staging memory per slot (a batch that needs more runs in several
+     * launches); 0: a quarter of the device's memory, shared by the slots. */
     uint64_t pool_bytes;
 };
 
