@@ -67,7 +67,19 @@ void raw_send(int fd, const Convd__ClientMessage *m, const int *fds, size_t nfds
         fail_msg("send message: %s", strerror(-rc));
 }
 
+static Convd__ServerMessage *raw_recv_opt(int fd, bool past_reset);
+
 Convd__ServerMessage *raw_recv(int fd)
+{
+    return raw_recv_opt(fd, false);
+}
+
+Convd__ServerMessage *raw_recv_past_reset(int fd)
+{
+    return raw_recv_opt(fd, true);
+}
+
+static Convd__ServerMessage *raw_recv_opt(int fd, bool past_reset)
 {
     static uint8_t buf[CONVD_MAX_MESSAGE_BYTES + 1];
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -81,6 +93,12 @@ Convd__ServerMessage *raw_recv(int fd)
     int fds[SOCK_MAX_FDS];
     size_t nfds = 0;
     ssize_t len = sock_recv(fd, buf, sizeof(buf), fds, &nfds);
+    if (len == -ECONNRESET && past_reset) {
+        /* The reset is reported once, ahead of what was queued before it. */
+        len = sock_recv(fd, buf, sizeof(buf), fds, &nfds);
+        if (len == -EAGAIN)
+            len = 0;
+    }
     if (len == 0 || len == -ECONNRESET)
         return NULL;
     if (len < 0)
@@ -112,6 +130,10 @@ static const char *raw_case_name(Convd__ServerMessage__MsgCase c)
         return "Pong";
     case CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR:
         return "ProtocolError";
+    case CONVD__SERVER_MESSAGE__MSG_RING_REPLY:
+        return "RingReply";
+    case CONVD__SERVER_MESSAGE__MSG_DOORBELL:
+        return "Doorbell";
     default:
         return "(empty)";
     }
@@ -308,5 +330,244 @@ int raw_expect_completion(int fd, uint64_t id, char *why, size_t why_len)
     if (why != NULL)
         snprintf(why, why_len, "%s", r->completion->error != NULL ? r->completion->error : "");
     raw_free(r);
+    return st;
+}
+
+/*
+ * Rings.
+ */
+
+void raw_ring_create(struct raw_ring *r, uint32_t sq_entries, uint32_t cq_entries)
+{
+    memset(r, 0, sizeof(*r));
+    r->len = (size_t)convd_ring_bytes(sq_entries, cq_entries);
+    r->memfd = memfd_create(IT_RING_MEMFD_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(r->memfd >= 0);
+    assert_int_equal(ftruncate(r->memfd, (off_t)r->len), 0);
+    void *map = mmap(NULL, r->len, PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
+    assert_true(map != MAP_FAILED);
+    assert_int_equal(fcntl(r->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    r->map = map;
+    r->sq_entries = sq_entries;
+    r->cq_entries = cq_entries;
+    r->hdr = map;
+    r->sq = (struct convd_ring_sqe *)(r->map + CONVD_RING_SQ_OFFSET);
+    r->cq = (struct convd_ring_cqe *)(r->map + convd_ring_cq_offset(sq_entries));
+    r->hdr->magic = CONVD_RING_MAGIC;
+    r->hdr->version = CONVD_RING_VERSION;
+    r->hdr->sq_entries = sq_entries;
+    r->hdr->cq_entries = cq_entries;
+}
+
+void raw_ring_destroy(struct raw_ring *r)
+{
+    if (r->map != NULL)
+        munmap(r->map, r->len);
+    if (r->memfd >= 0)
+        close(r->memfd);
+    memset(r, 0, sizeof(*r));
+    r->memfd = -1;
+}
+
+int raw_attach_ring(int fd, uint32_t version, uint32_t sq_entries, uint32_t cq_entries,
+                    uint64_t size, const int *fds, size_t nfds, char *why, size_t why_len)
+{
+    Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
+    Convd__AttachRing ar = CONVD__ATTACH_RING__INIT;
+    ar.version = version;
+    ar.sq_entries = sq_entries;
+    ar.cq_entries = cq_entries;
+    ar.size = size;
+    m.msg_case = CONVD__CLIENT_MESSAGE__MSG_ATTACH_RING;
+    m.attach_ring = &ar;
+    raw_send(fd, &m, fds, nfds);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_RING_REPLY);
+    int st = r->ring_reply->status;
+    if (why != NULL)
+        snprintf(why, why_len, "%s", r->ring_reply->error != NULL ? r->ring_reply->error : "");
+    raw_free(r);
+    return st;
+}
+
+void raw_ring_attach(int fd, struct raw_ring *r)
+{
+    char why[256];
+    int st = raw_attach_ring(fd, CONVD_RING_VERSION, r->sq_entries, r->cq_entries, r->len,
+                             &r->memfd, 1, why, sizeof(why));
+    if (st != 0)
+        fail_msg("AttachRing (%u/%u entries): %s: %s", r->sq_entries, r->cq_entries,
+                 convd_status_name(st), why);
+}
+
+static void raw_ring_tensor(const Convd__TensorRef *t, struct convd_ring_tensor *out)
+{
+    out->region_id = t->region_id;
+    out->offset = t->offset;
+    out->bytes = t->bytes;
+}
+
+void raw_ring_sqe_from_conv(const struct raw_conv *rc, struct convd_ring_sqe *e)
+{
+    const Convd__Problem *p = &rc->prob;
+    memset(e, 0, sizeof(*e));
+    e->id = rc->req.id;
+    e->opcode = CONVD_RING_OP_CONV;
+    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (p->relu ? CONVD_RING_F_RELU : 0) |
+               (p->allow_tf32 ? CONVD_RING_F_ALLOW_TF32 : 0);
+    e->n = p->n;
+    e->h = p->h;
+    e->w = p->w;
+    e->c = p->c;
+    e->k = p->k;
+    e->r = p->r;
+    e->s = p->s;
+    e->groups = p->groups;
+    e->stride_h = p->stride_h;
+    e->stride_w = p->stride_w;
+    e->pad_top = p->pad_top;
+    e->pad_bottom = p->pad_bottom;
+    e->pad_left = p->pad_left;
+    e->pad_right = p->pad_right;
+    e->dil_h = p->dil_h;
+    e->dil_w = p->dil_w;
+    e->dtype = (uint32_t)p->dtype;
+    e->layout = (uint32_t)p->layout;
+    e->priority = rc->req.priority;
+    e->timeout_us = rc->req.timeout_us;
+    raw_ring_tensor(&rc->in, &e->input);
+    raw_ring_tensor(&rc->w, &e->weight);
+    if (rc->req.bias != NULL)
+        raw_ring_tensor(rc->req.bias, &e->bias);
+    raw_ring_tensor(&rc->out, &e->output);
+}
+
+void raw_ring_put(struct raw_ring *r, const struct convd_ring_sqe *e)
+{
+    memcpy(&r->sq[r->sq_tail & (r->sq_entries - 1)], e, sizeof(*e));
+    r->sq_tail++;
+}
+
+int raw_send_doorbell(int fd)
+{
+    Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
+    Convd__Doorbell db = CONVD__DOORBELL__INIT;
+    m.msg_case = CONVD__CLIENT_MESSAGE__MSG_DOORBELL;
+    m.doorbell = &db;
+    uint8_t buf[16];
+    int len = wire_pack_client(&m, buf, sizeof(buf));
+    assert_true(len >= 0);
+    return raw_send_bytes_fds(fd, buf, (size_t)len, NULL, 0);
+}
+
+bool raw_ring_publish(int fd, struct raw_ring *r)
+{
+    atomic_store_explicit(&r->hdr->sq_tail, r->sq_tail, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!(atomic_load_explicit(&r->hdr->daemon_flags, memory_order_relaxed) &
+          CONVD_RING_NEED_WAKEUP))
+        return false;
+    (void)raw_send_doorbell(fd);
+    return true;
+}
+
+void raw_ring_submit(int fd, struct raw_ring *r, const struct raw_conv *rc)
+{
+    struct convd_ring_sqe e;
+    raw_ring_sqe_from_conv(rc, &e);
+    raw_ring_put(r, &e);
+    raw_ring_publish(fd, r);
+}
+
+uint32_t raw_ring_cq_ready(const struct raw_ring *r)
+{
+    return atomic_load_explicit(&r->hdr->cq_tail, memory_order_acquire) - r->cq_head;
+}
+
+/* Consumes the next completion, which must be there. */
+static void raw_ring_consume(struct raw_ring *r, struct convd_ring_cqe *ret)
+{
+    uint32_t ready = raw_ring_cq_ready(r);
+    if (ready > r->cq_entries)
+        fail_msg("the daemon's cq_tail says %u completions are ready; the ring holds %u", ready,
+                 r->cq_entries);
+    memcpy(ret, &r->cq[r->cq_head & (r->cq_entries - 1)], sizeof(*ret));
+    r->cq_head++;
+    atomic_store_explicit(&r->hdr->cq_head, r->cq_head, memory_order_release);
+}
+
+bool raw_ring_wait_cqe(struct raw_ring *r, struct convd_ring_cqe *ret, int timeout_ms)
+{
+    uint64_t end = it_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    for (;;) {
+        if (raw_ring_cq_ready(r) > 0) {
+            raw_ring_consume(r, ret);
+            return true;
+        }
+        if (it_now_ms() >= end)
+            return false;
+        it_sleep_ms(1);
+    }
+}
+
+bool raw_ring_next(int fd, struct raw_ring *r, struct convd_ring_cqe *ret_cqe,
+                   Convd__ServerMessage **ret_msg)
+{
+    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    *ret_msg = NULL;
+    for (;;) {
+        if (raw_ring_cq_ready(r) > 0) {
+            raw_ring_consume(r, ret_cqe);
+            return true;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, 1);
+        if (n > 0) {
+            *ret_msg = raw_recv_past_reset(fd);
+            return false;
+        }
+        if (n < 0 && errno != EINTR)
+            fail_msg("poll: %s", strerror(errno));
+        if (it_now_ms() > end)
+            fail_msg("no completion in the ring and no message on the socket within %d ms",
+                     IT_TIMEOUT_MS);
+    }
+}
+
+int raw_ring_expect_completion(int fd, struct raw_ring *r, uint64_t id,
+                               struct convd_ring_cqe *ret_cqe, char *why, size_t why_len)
+{
+    struct convd_ring_cqe cqe;
+    Convd__ServerMessage *m = NULL;
+    if (why != NULL && why_len > 0)
+        why[0] = '\0';
+    if (raw_ring_next(fd, r, &cqe, &m)) {
+        if (cqe.id != id)
+            fail_msg("ring completion for id %llu, want %llu", (unsigned long long)cqe.id,
+                     (unsigned long long)id);
+        if (ret_cqe != NULL)
+            *ret_cqe = cqe;
+        return cqe.status;
+    }
+    if (m == NULL)
+        fail_msg("the daemon closed the connection; expected the completion of %llu",
+                 (unsigned long long)id);
+    if (m->msg_case != CONVD__SERVER_MESSAGE__MSG_COMPLETION) {
+        char extra[300] = "";
+        if (m->msg_case == CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR)
+            snprintf(extra, sizeof(extra), " (%s: %s)",
+                     convd_status_name(m->protocol_error->status), m->protocol_error->error);
+        fail_msg("expected the completion of %llu, got %s%s", (unsigned long long)id,
+                 raw_case_name(m->msg_case), extra);
+    }
+    if (m->completion->id != id)
+        fail_msg("completion for id %llu, want %llu (%s: %s)",
+                 (unsigned long long)m->completion->id, (unsigned long long)id,
+                 convd_status_name(m->completion->status), m->completion->error);
+    int st = m->completion->status;
+    if (why != NULL)
+        snprintf(why, why_len, "%s", m->completion->error != NULL ? m->completion->error : "");
+    if (ret_cqe != NULL)
+        memset(ret_cqe, 0, sizeof(*ret_cqe));
+    raw_free(m);
     return st;
 }

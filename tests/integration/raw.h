@@ -6,11 +6,13 @@
 #ifndef CONVD_IT_RAW_H
 #define CONVD_IT_RAW_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "convd.pb-c.h"
 #include "convd/conv.h"
+#include "ring_layout.h"
 
 /* Connects to the socket (asserts success). */
 int raw_connect(const char *path);
@@ -29,6 +31,12 @@ void raw_send(int fd, const Convd__ClientMessage *m, const int *fds, size_t nfds
  * closed the connection; asserts on timeout or on an undecodable reply. Free the result with
  * raw_free(). */
 Convd__ServerMessage *raw_recv(int fd);
+
+/* Like raw_recv, but when the daemon closed the connection with datagrams of ours unread, the
+ * kernel reports the reset (ECONNRESET) ahead of the messages the daemon queued before closing:
+ * this reads on past it, so that those messages are not lost. For tests whose connection the
+ * daemon closes (a ProtocolError, then EOF). */
+Convd__ServerMessage *raw_recv_past_reset(int fd);
 
 /* Like raw_recv, but asserts that a message came and that it has the given case. */
 Convd__ServerMessage *raw_expect(int fd, Convd__ServerMessage__MsgCase what);
@@ -82,5 +90,78 @@ int raw_expect_completion(int fd, uint64_t id, char *why, size_t why_len);
 
 /* Case-insensitive substring test. */
 int raw_contains(const char *hay, const char *needle);
+
+/*
+ * Rings (common/ring_layout.h) from the client's side, written by hand: the test decides every
+ * counter and every byte of every entry, so it can also write what a correct client never would.
+ */
+
+/* A ring the test created: its memfd, the test's own shared mapping of it, and the client's
+ * counters as the test last published them. */
+struct raw_ring {
+    int memfd; /* -1 once closed */
+    uint8_t *map;
+    size_t len;
+    uint32_t sq_entries, cq_entries;
+    struct convd_ring_header *hdr;
+    struct convd_ring_sqe *sq;
+    struct convd_ring_cqe *cq;
+    uint32_t sq_tail; /* entries written (published or not) */
+    uint32_t cq_head; /* completions consumed */
+};
+
+/* Creates a ring memfd for sq_entries / cq_entries (named like the library's, so that
+ * it_count_ring_maps counts the daemon's mapping of it): memfd_create with MFD_ALLOW_SEALING,
+ * ftruncate to convd_ring_bytes, mmap shared, the header's informational fields filled, then
+ * F_SEAL_SHRINK | F_SEAL_GROW. Asserts success. */
+void raw_ring_create(struct raw_ring *r, uint32_t sq_entries, uint32_t cq_entries);
+
+/* Unmaps the ring and closes its memfd (if still open). */
+void raw_ring_destroy(struct raw_ring *r);
+
+/* Sends AttachRing with exactly these fields and descriptors, and returns RingReply's status;
+ * the sentence is copied to why (when not NULL). Asserts that the answer is a RingReply. */
+int raw_attach_ring(int fd, uint32_t version, uint32_t sq_entries, uint32_t cq_entries,
+                    uint64_t size, const int *fds, size_t nfds, char *why, size_t why_len);
+
+/* Attaches r to the connection with its own memfd and a correct AttachRing; asserts success. */
+void raw_ring_attach(int fd, struct raw_ring *r);
+
+/* The submission entry for a request built with raw_conv_init (and perhaps changed since): its
+ * id, problem, tensor references, priority and timeout, opcode CONV. */
+void raw_ring_sqe_from_conv(const struct raw_conv *rc, struct convd_ring_sqe *e);
+
+/* Writes e at the next submission slot without publishing it. */
+void raw_ring_put(struct raw_ring *r, const struct convd_ring_sqe *e);
+
+/* Publishes every entry written so far as the protocol says: sq_tail with release ordering, a
+ * full fence, then a Doorbell on fd when the daemon's NEED_WAKEUP is set. Returns whether a
+ * Doorbell was sent. A failed send (the daemon closed the connection) is not an error here. */
+bool raw_ring_publish(int fd, struct raw_ring *r);
+
+/* raw_ring_put of the request's entry, then raw_ring_publish. */
+void raw_ring_submit(int fd, struct raw_ring *r, const struct raw_conv *rc);
+
+/* Sends a Doorbell datagram; returns 0 or -errno. */
+int raw_send_doorbell(int fd);
+
+/* Completions posted and not yet consumed. */
+uint32_t raw_ring_cq_ready(const struct raw_ring *r);
+
+/* Waits up to timeout_ms for a completion in the ring; when one is there, copies it to *ret,
+ * consumes it (publishing cq_head) and returns true. */
+bool raw_ring_wait_cqe(struct raw_ring *r, struct convd_ring_cqe *ret, int timeout_ms);
+
+/* Waits (up to IT_TIMEOUT_MS, asserting) for whichever comes first: a completion in the ring
+ * (copied to *ret_cqe and consumed; returns true) or a message on the socket (*ret_msg, NULL
+ * when the daemon closed the connection; returns false). */
+bool raw_ring_next(int fd, struct raw_ring *r, struct convd_ring_cqe *ret_cqe,
+                   Convd__ServerMessage **ret_msg);
+
+/* Waits for the completion of id, in the ring or as a Completion on the socket, asserting that
+ * whatever comes next is for id. Returns its status; the sentence goes to why (empty for a ring
+ * completion) and the ring entry to *ret_cqe (when not NULL; zeroed for a socket one). */
+int raw_ring_expect_completion(int fd, struct raw_ring *r, uint64_t id,
+                               struct convd_ring_cqe *ret_cqe, char *why, size_t why_len);
 
 #endif
