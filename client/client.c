@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,8 +243,13 @@ int cl_drain(convd_client *c)
         int fds[SOCK_MAX_FDS];
         size_t nfds = 0;
         ssize_t n = sock_recv(c->fd, c->rxbuf, CONVD_MAX_MESSAGE_BYTES, fds, &nfds);
-        if (n == -EAGAIN || n == -EWOULDBLOCK)
+        if (n == -EAGAIN || n == -EWOULDBLOCK) {
+            /* A Doorbell read above may stand for completions posted after the first look at
+             * the ring: look again, or a caller's poll() would sleep on them. */
+            if (c->has_ring)
+                cl_ring_drain(c);
             return 0;
+        }
         if (n == -EMSGSIZE) {
             cl_trouble(c, CONVD_EPROTO, "the daemon sent a datagram larger than %u bytes",
                        CONVD_MAX_MESSAGE_BYTES);
@@ -299,6 +305,10 @@ static int cl_pump_once(convd_client *c, cl_done_fn done, const void *arg, uint6
         if (now < *spin_end && now < deadline) {
             if (cl_ring_socket_news(c))
                 cl_drain(c);
+            else if (*spin_end - now < c->spin_ns - CL_SPIN_PURE_NS)
+                /* Past the first microseconds, let whatever else wants this CPU run (the
+                 * daemon's loop, when there are more busy threads than CPUs). */
+                sched_yield();
             else
                 convd_cpu_relax();
             return CONVD_EAGAIN;

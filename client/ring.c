@@ -104,6 +104,20 @@ void cl_ring_drop(convd_client *c)
     cl_ring_unmap(c);
 }
 
+/* Wakes a daemon that sleeps with NEED_WAKEUP set. */
+static void cl_ring_doorbell(convd_client *c)
+{
+    Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
+    Convd__Doorbell db = CONVD__DOORBELL__INIT;
+    m.msg_case = CONVD__CLIENT_MESSAGE__MSG_DOORBELL;
+    m.doorbell = &db;
+    uint8_t buf[16];
+    int len = wire_pack_client(&m, buf, sizeof(buf));
+    /* A full socket means the daemon has reading to do anyway. */
+    if (len > 0)
+        (void)sock_send(c->fd, buf, (size_t)len, -1);
+}
+
 static void cl_ring_tensor(const struct convd_tensor *t, struct convd_ring_tensor *out)
 {
     out->region_id = t->region->id;
@@ -157,17 +171,8 @@ int cl_ring_submit(convd_client *c, const struct convd_conv_args *a, uint64_t id
      * see its NEED_WAKEUP and wake it. */
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&r->hdr->daemon_flags, memory_order_relaxed) &
-        CONVD_RING_NEED_WAKEUP) {
-        Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
-        Convd__Doorbell db = CONVD__DOORBELL__INIT;
-        m.msg_case = CONVD__CLIENT_MESSAGE__MSG_DOORBELL;
-        m.doorbell = &db;
-        uint8_t buf[16];
-        int len = wire_pack_client(&m, buf, sizeof(buf));
-        /* A full socket means the daemon has reading to do anyway. */
-        if (len > 0)
-            (void)sock_send(c->fd, buf, (size_t)len, -1);
-    }
+        CONVD_RING_NEED_WAKEUP)
+        cl_ring_doorbell(c);
     return 0;
 }
 
@@ -190,6 +195,14 @@ unsigned cl_ring_drain(convd_client *c)
     }
     r->cq_head = tail;
     atomic_store_explicit(&r->hdr->cq_head, r->cq_head, memory_order_release);
+    /* A daemon that went to sleep on a full completion ring waits for this room: the same fence
+     * and flag as after a submission. */
+    if (atomic_load_explicit(&r->hdr->sq_head, memory_order_relaxed) != r->sq_tail) {
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load_explicit(&r->hdr->daemon_flags, memory_order_relaxed) &
+            CONVD_RING_NEED_WAKEUP)
+            cl_ring_doorbell(c);
+    }
     return avail;
 }
 

@@ -13,8 +13,11 @@
  *     sentence;
  *   - the daemon only takes a submission when the completion ring has room for it, so a
  *     completion never waits for space;
- *   - the daemon bumps sock_seq after each message it sends on the socket, so that a client
- *     spinning on cq_tail knows when to read the socket too;
+ *   - the daemon bumps sock_seq after each message it sends on the socket (Doorbells aside: they
+ *     go only to a client that sleeps on the socket), so that a client spinning on cq_tail knows
+ *     when to read the socket too;
+ *   - a client that reads completions while submissions of its own wait checks NEED_WAKEUP too
+ *     (after the same fence), since a daemon may have gone to sleep on a full completion ring;
  *   - doorbells: a side that is about to sleep sets its flag (the daemon NEED_WAKEUP, the client
  *     WAITING), then issues a full fence and looks at the ring once more; the other side, after
  *     publishing, issues a full fence and, when it sees the flag, sends a Doorbell datagram on

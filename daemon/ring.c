@@ -155,7 +155,11 @@ int ring_post(struct ring *r, const struct convd_ring_cqe *cqe, char *why, size_
 
 bool ring_has_submissions(const struct ring *r)
 {
-    return atomic_load_explicit(&r->hdr->sq_tail, memory_order_relaxed) != r->sq_head;
+    if (atomic_load_explicit(&r->hdr->sq_tail, memory_order_relaxed) == r->sq_head)
+        return false;
+    uint32_t unread = r->cq_tail - atomic_load_explicit(&r->hdr->cq_head, memory_order_relaxed);
+    /* A corrupt value is for ring_take to report: look. */
+    return unread > r->cq_entries || unread + r->reserved < r->cq_entries;
 }
 
 uint32_t ring_cq_head(const struct ring *r)

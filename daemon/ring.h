@@ -59,7 +59,9 @@ void ring_release(struct ring *r);
  * cq_head so that the reserved room is gone (a corrupt ring; the sentence says so). */
 int ring_post(struct ring *r, const struct convd_ring_cqe *cqe, char *why, size_t why_len);
 
-/* True when the client has published submissions not yet taken (a hint: ring_take decides). */
+/* True when the client has published submissions not yet taken and the completion ring has room
+ * to take one (a hint: ring_take decides). A ring that is full waits for its client, who rings
+ * the doorbell after reading completions while submissions wait. */
 bool ring_has_submissions(const struct ring *r);
 
 /* cq_head as the client last published it, and completions posted but not yet consumed. */
