@@ -35,6 +35,7 @@ void metrics_init(struct metrics *m, uint64_t now_ns)
     memset(m, 0, sizeof(*m));
     met_hist_init(&m->queue_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->exec_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
+    met_hist_init(&m->launch_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->batch_size, met_batch_bounds, ARRAY_LEN(met_batch_bounds));
     m->start_ns = now_ns;
 }
@@ -211,12 +212,18 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_scalar(&o, "convd_workers", "gauge", "Worker threads.", g->workers);
     met_scalar(&o, "convd_workers_busy", "gauge", "Worker threads running a batch.",
                g->workers_busy);
+    met_scalar(&o, "convd_doorbells_total", "counter",
+               "Doorbells sent to ring clients that slept while their requests completed.",
+               g->doorbells);
     met_scalar(&o, "convd_draining", "gauge", "1 while the daemon drains for shutdown.",
                (uint64_t)(g->draining != 0));
 
     met_hist(&o, "convd_queue_seconds", "Time from receipt to start of execution.",
              &m->queue_seconds);
     met_hist(&o, "convd_exec_seconds", "Wall time of each batch.", &m->exec_seconds);
+    met_hist(&o, "convd_launch_seconds",
+             "Host time the loop spent launching each batch (asynchronous backends).",
+             &m->launch_seconds);
     met_hist(&o, "convd_batch_size", "Requests per batch.", &m->batch_size);
     if (o.overflow)
         return -1;

@@ -32,6 +32,7 @@ struct metrics {
     uint64_t region_failures;
     struct met_hist queue_seconds; /* receipt to start of execution */
     struct met_hist exec_seconds;  /* wall time of the batch */
+    struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
     struct met_hist batch_size;    /* requests per backend call */
     uint64_t start_ns;
 };
@@ -46,6 +47,7 @@ struct met_gauges {
     uint64_t mapped_bytes;
     uint64_t workers;
     uint64_t workers_busy;
+    uint64_t doorbells; /* Doorbells sent to sleeping ring clients (a counter) */
     int draining;
 };
 

@@ -184,6 +184,7 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
     if (p->slots) {
         b->start_ns = convd_now_ns();
         b->rc = be_launch(p->backend, w, b->jobs, b->n);
+        b->launch_ns = convd_now_ns() - b->start_ns;
         p->workers[w].running = b;
         if (b->rc != 0) {
             /* Nothing is in flight; the next poll hands it back with its statuses set. */

@@ -25,6 +25,7 @@ struct batch {
     size_t n;
     int rc; /* what run_batch returned */
     uint64_t start_ns, end_ns;
+    uint64_t launch_ns; /* asynchronous backends: how long launch itself took */
     uint64_t seq;             /* launch order, for pool_arm */
     struct convd_job *jobs[]; /* n entries */
 };

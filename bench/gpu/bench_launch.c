@@ -1,0 +1,172 @@
+/*
+ * convd-bench-launch: what one batched call costs the host and how long it takes to come back,
+ * the two numbers the daemon's serving path is made of. For a shape (default latency_b1_resnext,
+ * fp16 NHWC) and batches of 1 to 32 problems with their own buffers, it reports:
+ *   host      the time convd_gpu_conv() takes to return (planning, tensor maps, the launch);
+ *   record    the same plus cudaEventRecord;
+ *   trip      launch, record and a cudaEventQuery spin until the event completes (the p50 and
+ *             p99 of many, one at a time): what the daemon's loop sees as the batch's exec time.
+ * Inputs are random and never checked here: the kernels' tests do that.
+ *
+ *   convd-bench-launch [--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,GROUPS] [--dtype fp16] [--layout nhwc]
+ *                      [--iters 2000]
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "convd/conv.h"
+
+#define BL_MAX 32
+
+static double bl_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int bl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bl_check(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    fprintf(stderr, "convd-bench-launch: %s: %s\n", what, cudaGetErrorString(e));
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct convd_problem p;
+    convd_problem_init(&p, 1, 56, 56, 128, 128, 3, 3, 32);
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
+    p.dtype = CONVD_DTYPE_FP16;
+    p.layout = CONVD_LAYOUT_NHWC;
+    int iters = 2000;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--shape") == 0 && v) {
+            int f[11];
+            if (sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &f[0], &f[1], &f[2], &f[3], &f[4],
+                       &f[5], &f[6], &f[7], &f[8], &f[9], &f[10]) != 11) {
+                fprintf(stderr, "--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,GROUPS\n");
+                return 2;
+            }
+            enum convd_dtype dt = p.dtype;
+            enum convd_layout lay = p.layout;
+            convd_problem_init(&p, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[10]);
+            p.stride_h = p.stride_w = f[7];
+            p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = f[8];
+            p.dil_h = p.dil_w = f[9];
+            p.dtype = dt;
+            p.layout = lay;
+            i++;
+        } else if (strcmp(argv[i], "--dtype") == 0 && v) {
+            if (convd_dtype_parse(v, &p.dtype) != 0)
+                return 2;
+            i++;
+        } else if (strcmp(argv[i], "--layout") == 0 && v) {
+            if (convd_layout_parse(v, &p.layout) != 0)
+                return 2;
+            i++;
+        } else if (strcmp(argv[i], "--iters") == 0 && v) {
+            iters = atoi(v);
+            i++;
+        } else {
+            fprintf(stderr, "usage: convd-bench-launch [--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,"
+                            "GROUPS] [--dtype D] [--layout L] [--iters N]\n");
+            return 2;
+        }
+    }
+    if (iters < 10)
+        iters = 10;
+    struct convd_problem_sizes z;
+    char why[256];
+    if (convd_problem_sizes(&p, &z, why, sizeof(why)) != 0) {
+        fprintf(stderr, "convd-bench-launch: %s\n", why);
+        return 2;
+    }
+    /* Every problem of a batch has its own input and output, as clients' requests do. */
+    const size_t per = z.input_bytes + z.output_bytes;
+    char *mem = NULL;
+    size_t ws_bytes = 0;
+    if (bl_check(cudaMalloc((void **)&mem, per * BL_MAX + z.weight_bytes), "cudaMalloc") ||
+        convd_gpu_workspace(&p, BL_MAX, &ws_bytes) != 0)
+        return 1;
+    void *ws = NULL;
+    if (ws_bytes > 0 && bl_check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace"))
+        return 1;
+    if (bl_check(cudaMemset(mem, 0x3c, per * BL_MAX + z.weight_bytes), "cudaMemset"))
+        return 1;
+    struct convd_tensors t[BL_MAX];
+    for (int i = 0; i < BL_MAX; i++) {
+        t[i].input = mem + (size_t)i * per;
+        t[i].output = mem + (size_t)i * per + z.input_bytes;
+        t[i].weight = mem + per * BL_MAX;
+        t[i].bias = NULL;
+    }
+    cudaStream_t s;
+    cudaEvent_t ev;
+    if (bl_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream") ||
+        bl_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "event"))
+        return 1;
+    double *trip = malloc(sizeof(double) * (size_t)iters);
+    if (trip == NULL)
+        return 1;
+    char desc[160];
+    printf("convd-bench-launch: %s, kernel family %s, %d iterations\n\n",
+           convd_problem_str(&p, desc, sizeof(desc)), convd_gpu_kernel_name(&p), iters);
+    printf("| batch | host us/call | +record us | trip p50 us | trip p99 us | host us/problem |\n");
+    printf("|---:|---:|---:|---:|---:|---:|\n");
+    for (int count = 1; count <= BL_MAX; count *= 2) {
+        /* Warm-up: plans, tensor-map entry points, the first launches. */
+        for (int i = 0; i < 20; i++)
+            if (convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, s) != 0) {
+                fprintf(stderr, "convd-bench-launch: convd_gpu_conv failed\n");
+                return 1;
+            }
+        cudaStreamSynchronize(s);
+        /* Host time of the call alone, 16 calls between synchronisations. */
+        double host = 0, rec = 0;
+        for (int i = 0; i < iters; i++) {
+            double t0 = bl_now_us();
+            convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, s);
+            double t1 = bl_now_us();
+            cudaEventRecord(ev, s);
+            double t2 = bl_now_us();
+            host += t1 - t0;
+            rec += t2 - t0;
+            if (i % 16 == 15)
+                cudaStreamSynchronize(s);
+        }
+        cudaStreamSynchronize(s);
+        /* One at a time: launch, record, spin on the event. */
+        for (int i = 0; i < iters; i++) {
+            double t0 = bl_now_us();
+            convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, s);
+            cudaEventRecord(ev, s);
+            while (cudaEventQuery(ev) == cudaErrorNotReady)
+                ;
+            trip[i] = bl_now_us() - t0;
+        }
+        qsort(trip, (size_t)iters, sizeof(double), bl_cmp);
+        printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", count, host / iters, rec / iters,
+               trip[iters / 2], trip[(size_t)iters * 99 / 100], host / iters / count);
+        fflush(stdout);
+    }
+    if (bl_check(cudaGetLastError(), "after the runs"))
+        return 1;
+    free(trip);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(s);
+    cudaFree(ws);
+    cudaFree(mem);
+    return 0;
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# A short look at the serving path on the GPU machine, for tuning between full runs of
+# serving-h200.sh: the launch floor (convd-bench-launch), then a few convd rows with GPU memory
+# for each client spin budget in SPINS (CONVD_SPIN_US of the clients), and the daemon's
+# launch-time and doorbell counters.
+#   bench/serving/probe.sh OUTDIR    (BUILD, DURATION, ROWS="P:D ...", SPINS="50 200", LAUNCH=0)
+set -uo pipefail
+OUT=${1:?usage: bench/serving/probe.sh OUTDIR}
+BUILD=${BUILD:-build-gpu}
+DURATION=${DURATION:-2}
+ROWS=${ROWS:-"1:1 4:1 16:1 64:1 16:4 64:4"}
+SPINS=${SPINS:-"50 200"}
+mkdir -p "$OUT"
+. bench/serving/gpu-env.sh
+[ "${LAUNCH:-1}" = 1 ] && [ -x "$BUILD/bin/convd-bench-launch" ] && timeout 60 "$BUILD/bin/convd-bench-launch" --iters 1000 | tee "$OUT/launch.md"
+tmp=$(mktemp -d)
+for spin in $SPINS; do
+    sock=$tmp/convd-$spin.sock
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu >"$OUT/daemon-spin$spin.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 1 200); do "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    for row in $ROWS; do
+        p=${row%:*}; d=${row#*:}
+        line=$(CONVD_SPIN_US=$spin timeout 60 "$BUILD/bin/convctl" --socket "$sock" bench --shape latency_b1_resnext \
+            --csv bench/shapes.csv --dtype fp16 --layout nhwc --memory gpu --clients "$p" --depth "$d" \
+            --duration "$DURATION" --json 2>>"$OUT/errors.log")
+        echo "$line" >>"$OUT/probe.jsonl"
+        python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("spin %s P=%s D=%s: %.0f img/s p50 %.1f p99 %.1f batch %.2f exec %.1f queue %.1f cpu %.2f fair %.2f-%.2f" % (sys.argv[2], d["clients"], d["depth"], d["images_per_s"], d["p50_us"], d["p99_us"], d["mean_batch"], d["exec_us"], d["queue_us"], d["daemon_cpu_us_per_req"] or -1, d["fair_min"] or 0, d["fair_max"] or 0))' "$line" "$spin" 2>/dev/null || echo "spin $spin P=$p D=$d: failed"
+    done
+    "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/metrics-spin$spin.txt" 2>&1
+    grep -E "^convd_(launch|exec)_seconds_(sum|count)|^convd_doorbells_total" "$OUT/metrics-spin$spin.txt"
+    kill -TERM $dpid; wait $dpid
+done
+rm -rf "$tmp"
