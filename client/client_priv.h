@@ -24,6 +24,8 @@
 /* How long a wait spins on the completion ring before it sleeps, unless the options or
  * $CONVD_SPIN_US say otherwise: a little more than a small request's round trip on a GPU. */
 #define CL_DEFAULT_SPIN_US 50
+/* The part of the spin that does not yield the CPU. */
+#define CL_SPIN_PURE_NS 5000u
 /* Tensors inside the staging region of convd_conv() start at multiples of this. */
 #define CL_STAGING_ALIGN 256u
 

@@ -57,6 +57,7 @@ struct convd_config {
     uint64_t max_send_queue_bytes; /* per connection: replies the peer has not read yet */
     uint64_t hello_timeout_ms;     /* a connection must send Hello within this time */
     uint64_t spin_us;              /* the loop polls rings and sockets this long before sleeping */
+    uint32_t doorbell_threads;     /* threads that wake sleeping ring clients (0: the loop) */
     uint64_t ring_stall_timeout_ms; /* a full completion ring nobody reads closes the connection */
 };
 

@@ -567,14 +567,7 @@ void conn_ring_doorbell(struct conn *c)
     /* A full socket already has the client's attention; a doorbell is never queued. */
     if (!list_empty(&c->outq))
         return;
-    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
-    Convd__Doorbell db = CONVD__DOORBELL__INIT;
-    m.msg_case = CONVD__SERVER_MESSAGE__MSG_DOORBELL;
-    m.doorbell = &db;
-    uint8_t buf[16];
-    int len = wire_pack_server(&m, buf, sizeof(buf));
-    if (len > 0)
-        (void)sock_send(c->fd, buf, (size_t)len, -1);
+    doorbell_ring(&c->d->doorbells, c->fd);
 }
 
 /* --- regions ------------------------------------------------------------------------------ */
@@ -920,6 +913,7 @@ static void conn_on_handle_closed(uv_handle_t *h)
     if (--c->handles_open > 0)
         return;
     if (c->fd >= 0) {
+        doorbell_forget(&c->d->doorbells, c->fd);
         close(c->fd);
         c->fd = -1;
     }

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "doorbell.h"
 #include "list.h"
 #include "listener.h"
 #include "metrics.h"
@@ -34,6 +35,7 @@ struct convd_daemon {
     struct sched sched;
     struct worker_pool pool;
     bool pool_started;
+    struct doorbells doorbells;
     struct metrics metrics;
     struct region_stats region_stats;
     struct region_limits region_limits;

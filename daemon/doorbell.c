@@ -1,0 +1,158 @@
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convd.pb-c.h"
+#include "convd/status.h"
+#include "doorbell.h"
+#include "sock.h"
+#include "wire.h"
+
+static void db_send(const struct doorbells *db, int fd)
+{
+    /* Non-blocking socket: a full one already has its reader's attention. */
+    (void)sock_send(fd, db->msg, db->msg_len, -1);
+}
+
+static void *db_thread(void *arg)
+{
+    struct doorbells *db = arg;
+    pthread_mutex_lock(&db->mu);
+    unsigned me = 0;
+    while (me < db->nthreads && !pthread_equal(db->threads[me], pthread_self()))
+        me++;
+    for (;;) {
+        while (db->n == 0 && !db->stop)
+            pthread_cond_wait(&db->work, &db->mu);
+        if (db->stop)
+            break;
+        int fd = db->queue[0];
+        memmove(db->queue, db->queue + 1, (db->n - 1) * sizeof(db->queue[0]));
+        db->n--;
+        db->busy[me] = fd;
+        pthread_mutex_unlock(&db->mu);
+        db_send(db, fd);
+        pthread_mutex_lock(&db->mu);
+        db->busy[me] = -1;
+        db->rung++;
+        pthread_cond_broadcast(&db->idle);
+    }
+    pthread_mutex_unlock(&db->mu);
+    return NULL;
+}
+
+int doorbell_start(struct doorbells *db, unsigned nthreads)
+{
+    memset(db, 0, sizeof(*db));
+    Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
+    Convd__Doorbell bell = CONVD__DOORBELL__INIT;
+    m.msg_case = CONVD__SERVER_MESSAGE__MSG_DOORBELL;
+    m.doorbell = &bell;
+    int len = wire_pack_server(&m, db->msg, sizeof(db->msg));
+    db->msg_len = len > 0 ? (size_t)len : 0;
+    pthread_mutex_init(&db->mu, NULL);
+    pthread_cond_init(&db->work, NULL);
+    pthread_cond_init(&db->idle, NULL);
+    for (unsigned i = 0; i < DOORBELL_MAX_THREADS; i++)
+        db->busy[i] = -1;
+    if (nthreads > DOORBELL_MAX_THREADS)
+        nthreads = DOORBELL_MAX_THREADS;
+    /* Ringers take no signals: SIGTERM and friends belong to the loop. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /* Under the lock, so that a ringer finds its own index only once threads[] is complete. */
+    pthread_mutex_lock(&db->mu);
+    for (unsigned i = 0; i < nthreads; i++) {
+        if (pthread_create(&db->threads[i], NULL, db_thread, db) != 0)
+            break;
+        db->nthreads++;
+    }
+    pthread_mutex_unlock(&db->mu);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return db->nthreads == nthreads ? 0 : CONVD_EINTERNAL;
+}
+
+void doorbell_ring(struct doorbells *db, int fd)
+{
+    if (db->msg_len == 0)
+        return;
+    if (db->nthreads == 0) {
+        db_send(db, fd);
+        pthread_mutex_lock(&db->mu);
+        db->rung++;
+        pthread_mutex_unlock(&db->mu);
+        return;
+    }
+    pthread_mutex_lock(&db->mu);
+    bool queued = false;
+    for (size_t i = 0; i < db->n && !queued; i++)
+        queued = db->queue[i] == fd;
+    if (!queued) {
+        if (db->n == db->cap) {
+            size_t cap = db->cap ? db->cap * 2 : 64;
+            int *q = realloc(db->queue, cap * sizeof(*q));
+            if (q == NULL) {
+                /* No room to queue: ring it here rather than lose it. */
+                pthread_mutex_unlock(&db->mu);
+                db_send(db, fd);
+                return;
+            }
+            db->queue = q;
+            db->cap = cap;
+        }
+        db->queue[db->n++] = fd;
+        pthread_cond_signal(&db->work);
+    }
+    pthread_mutex_unlock(&db->mu);
+}
+
+void doorbell_forget(struct doorbells *db, int fd)
+{
+    if (db->nthreads == 0)
+        return;
+    pthread_mutex_lock(&db->mu);
+    for (size_t i = 0; i < db->n; i++)
+        if (db->queue[i] == fd) {
+            memmove(db->queue + i, db->queue + i + 1, (db->n - i - 1) * sizeof(db->queue[0]));
+            db->n--;
+            break;
+        }
+    for (;;) {
+        bool busy = false;
+        for (unsigned i = 0; i < db->nthreads; i++)
+            busy = busy || db->busy[i] == fd;
+        if (!busy)
+            break;
+        pthread_cond_wait(&db->idle, &db->mu);
+    }
+    pthread_mutex_unlock(&db->mu);
+}
+
+uint64_t doorbell_count(struct doorbells *db)
+{
+    pthread_mutex_lock(&db->mu);
+    uint64_t n = db->rung;
+    pthread_mutex_unlock(&db->mu);
+    return n;
+}
+
+void doorbell_stop(struct doorbells *db)
+{
+    if (db->msg_len == 0 && db->nthreads == 0 && db->queue == NULL)
+        return;
+    pthread_mutex_lock(&db->mu);
+    db->stop = true;
+    pthread_cond_broadcast(&db->work);
+    pthread_mutex_unlock(&db->mu);
+    for (unsigned i = 0; i < db->nthreads; i++)
+        pthread_join(db->threads[i], NULL);
+    db->nthreads = 0;
+    free(db->queue);
+    db->queue = NULL;
+    db->n = db->cap = 0;
+    pthread_cond_destroy(&db->idle);
+    pthread_cond_destroy(&db->work);
+    pthread_mutex_destroy(&db->mu);
+    db->msg_len = 0;
+}
