@@ -46,7 +46,8 @@ int cl_ring_attach(convd_client *c, uint64_t deadline)
     void *map = MAP_FAILED;
     if (ftruncate(fd, (off_t)size) == 0)
         map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    if (map == MAP_FAILED ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         int err = errno;
         if (map != MAP_FAILED)
             munmap(map, (size_t)size);
@@ -170,8 +171,7 @@ int cl_ring_submit(convd_client *c, const struct convd_conv_args *a, uint64_t id
     /* The doorbell protocol's fence: either the daemon, about to sleep, sees this entry, or we
      * see its NEED_WAKEUP and wake it. */
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&r->hdr->daemon_flags, memory_order_relaxed) &
-        CONVD_RING_NEED_WAKEUP)
+    if (atomic_load_explicit(&r->hdr->daemon_flags, memory_order_relaxed) & CONVD_RING_NEED_WAKEUP)
         cl_ring_doorbell(c);
     return 0;
 }

@@ -123,8 +123,8 @@ static inline uint64_t convd_ring_cq_offset(uint32_t sq_entries)
 
 static inline uint64_t convd_ring_bytes(uint32_t sq_entries, uint32_t cq_entries)
 {
-    uint64_t end = convd_ring_cq_offset(sq_entries) +
-                   (uint64_t)cq_entries * sizeof(struct convd_ring_cqe);
+    uint64_t end =
+        convd_ring_cq_offset(sq_entries) + (uint64_t)cq_entries * sizeof(struct convd_ring_cqe);
     return (end + 4095u) & ~(uint64_t)4095u;
 }
 

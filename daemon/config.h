@@ -53,11 +53,11 @@ struct convd_config {
     size_t n_allow_uids, n_allow_gids;
     uid_t allow_uids[CONFIG_MAX_IDS]; /* both lists empty: every peer the socket admits */
     gid_t allow_gids[CONFIG_MAX_IDS];
-    uint32_t max_protocol_errors;  /* per connection, before the daemon closes it */
-    uint64_t max_send_queue_bytes; /* per connection: replies the peer has not read yet */
-    uint64_t hello_timeout_ms;     /* a connection must send Hello within this time */
-    uint64_t spin_us;              /* the loop polls rings and sockets this long before sleeping */
-    uint32_t doorbell_threads;     /* threads that wake sleeping ring clients (0: the loop) */
+    uint32_t max_protocol_errors;   /* per connection, before the daemon closes it */
+    uint64_t max_send_queue_bytes;  /* per connection: replies the peer has not read yet */
+    uint64_t hello_timeout_ms;      /* a connection must send Hello within this time */
+    uint64_t spin_us;               /* the loop polls rings and sockets this long before sleeping */
+    uint32_t doorbell_threads;      /* threads that wake sleeping ring clients (0: the loop) */
     uint64_t ring_stall_timeout_ms; /* a full completion ring nobody reads closes the connection */
 };
 

@@ -309,7 +309,8 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
     struct convd_daemon *d = c->d;
     char why[320];
     if (d->draining) {
-        conn_reject(c, via_ring, pb->id, CONVD_ESHUTDOWN, "the daemon is shutting down; no new requests");
+        conn_reject(c, via_ring, pb->id, CONVD_ESHUTDOWN,
+                    "the daemon is shutting down; no new requests");
         return;
     }
     struct dreq *r = calloc(1, sizeof(*r));
@@ -452,8 +453,8 @@ static void conn_on_ring_stall(uv_timer_t *t)
              "the completion ring stayed full for %llu ms with submissions waiting: the client "
              "does not read its completions (ring_stall_timeout_ms)",
              (unsigned long long)c->d->cfg.ring_stall_timeout_ms);
-    log_warn("client %llu (%s): %s; disconnecting it", (unsigned long long)c->serial,
-             conn_label(c), why);
+    log_warn("client %llu (%s): %s; disconnecting it", (unsigned long long)c->serial, conn_label(c),
+             why);
     conn_send_protocol_error(c, CONVD_ETIMEDOUT, why);
     conn_shutdown(c, true, why);
 }
@@ -610,7 +611,7 @@ static void conn_on_register(struct conn *c, const Convd__RegisterRegion *rr, co
         d->metrics.region_failures++;
         if (conn_log_allowed(c))
             log_info("client %llu (%s): region %llu refused: %s: %s", (unsigned long long)c->serial,
-                 conn_label(c), (unsigned long long)rr->region_id, convd_status_name(rc), why);
+                     conn_label(c), (unsigned long long)rr->region_id, convd_status_name(rc), why);
     }
     conn_send_region_reply(c, rr->region_id, rc, why);
 }

@@ -76,8 +76,8 @@ struct conn {
     struct list_node ring_link;   /* in daemon->ring_conns while READY with a ring */
     struct list_node notify_link; /* in daemon->ring_notify while completions await a doorbell */
     bool notify_queued;
-    bool ring_stalled;        /* the completion ring is full with submissions waiting */
-    uint32_t stall_cq_head;   /* cq_head when the stall timer started */
+    bool ring_stalled;      /* the completion ring is full with submissions waiting */
+    uint32_t stall_cq_head; /* cq_head when the stall timer started */
 };
 
 /* Takes over a freshly accepted descriptor: reads the peer's credentials, applies the allow-list

@@ -506,9 +506,9 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
     uv_timer_init(loop, &d->trim_timer);
     if (uv_async_init(loop, &d->stop_async, dmn_on_stop) != 0) {
         /* nothing above can fail, but it must still be closed */
-        uv_handle_t *h[] = {(uv_handle_t *)&d->sig_term,      (uv_handle_t *)&d->sig_int,
-                            (uv_handle_t *)&d->sig_hup,       (uv_handle_t *)&d->watchdog_timer,
-                            (uv_handle_t *)&d->status_timer,  (uv_handle_t *)&d->drain_timer,
+        uv_handle_t *h[] = {(uv_handle_t *)&d->sig_term,       (uv_handle_t *)&d->sig_int,
+                            (uv_handle_t *)&d->sig_hup,        (uv_handle_t *)&d->watchdog_timer,
+                            (uv_handle_t *)&d->status_timer,   (uv_handle_t *)&d->drain_timer,
                             (uv_handle_t *)&d->deadline_timer, (uv_handle_t *)&d->inflight_timer,
                             (uv_handle_t *)&d->trim_timer};
         for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)

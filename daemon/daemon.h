@@ -45,8 +45,8 @@ struct convd_daemon {
     struct list_node ring_notify; /* connections owed a doorbell check */
     bool defer_dispatch;          /* set while a ring pass queues; it dispatches after */
     uint64_t activity;            /* bumped by every datagram and batch: the loop spins on */
-    uint32_t n_clients;     /* connections counted against max_clients */
-    uint32_t n_refused;     /* refused connections waiting to be told why */
+    uint32_t n_clients;           /* connections counted against max_clients */
+    uint32_t n_refused;           /* refused connections waiting to be told why */
     uint64_t next_conn_serial;
     uint32_t running; /* requests handed to workers */
 

@@ -20,9 +20,9 @@
 
 struct doorbells {
     pthread_mutex_t mu;
-    pthread_cond_t work;   /* descriptors queued, or stop */
-    pthread_cond_t idle;   /* a ringer finished a send */
-    int *queue;            /* descriptors to ring, oldest first; each at most once */
+    pthread_cond_t work; /* descriptors queued, or stop */
+    pthread_cond_t idle; /* a ringer finished a send */
+    int *queue;          /* descriptors to ring, oldest first; each at most once */
     size_t n, cap;
     int busy[DOORBELL_MAX_THREADS]; /* what each ringer is sending to, -1 */
     pthread_t threads[DOORBELL_MAX_THREADS];
@@ -30,7 +30,7 @@ struct doorbells {
     bool stop;
     uint8_t msg[16]; /* the packed Doorbell */
     size_t msg_len;
-    uint64_t rung;   /* doorbells sent (under mu) */
+    uint64_t rung; /* doorbells sent (under mu) */
 };
 
 /* Packs the message and starts nthreads ringers (0: none; sends happen inline). Returns 0, or

@@ -30,10 +30,10 @@ struct metrics {
     uint64_t connections_refused; /* over max_clients or not on the allow-list */
     uint64_t regions_registered;
     uint64_t region_failures;
-    struct met_hist queue_seconds; /* receipt to start of execution */
-    struct met_hist exec_seconds;  /* wall time of the batch */
+    struct met_hist queue_seconds;  /* receipt to start of execution */
+    struct met_hist exec_seconds;   /* wall time of the batch */
     struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
-    struct met_hist batch_size;    /* requests per backend call */
+    struct met_hist batch_size;     /* requests per backend call */
     uint64_t start_ns;
 };
 

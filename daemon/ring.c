@@ -26,8 +26,7 @@ static void ring_setup(struct ring *r, void *mem, size_t len, uint32_t sq_entrie
     atomic_store_explicit(&r->hdr->sock_seq, 0, memory_order_release);
 }
 
-void ring_init_mem(struct ring *r, void *mem, size_t len, uint32_t sq_entries,
-                   uint32_t cq_entries)
+void ring_init_mem(struct ring *r, void *mem, size_t len, uint32_t sq_entries, uint32_t cq_entries)
 {
     ring_setup(r, mem, len, sq_entries, cq_entries);
     r->map = NULL; /* not ours to unmap */

@@ -1,6 +1,6 @@
 /*
- * The daemon's side of one connection's rings (common/ring_layout.h): mapping the client's memfd, and
- * taking submissions and posting completions with every index the client wrote checked. No
+ * The daemon's side of one connection's rings (common/ring_layout.h): mapping the client's memfd,
+ * and taking submissions and posting completions with every index the client wrote checked. No
  * sockets and no connection state here, so that a hostile ring is tested on plain memory.
  */
 #ifndef CONVD_DAEMON_RING_H
@@ -42,8 +42,7 @@ int ring_map(struct ring *r, uint32_t version, uint32_t sq_entries, uint32_t cq_
              uint64_t size, const int *fds, size_t nfds, char *why, size_t why_len);
 
 /* Sets the daemon's fields of a ring on plain memory (tests): as ring_map after mapping. */
-void ring_init_mem(struct ring *r, void *mem, size_t len, uint32_t sq_entries,
-                   uint32_t cq_entries);
+void ring_init_mem(struct ring *r, void *mem, size_t len, uint32_t sq_entries, uint32_t cq_entries);
 
 /* Unmaps the ring. Accepts a ring that was never mapped. */
 void ring_unmap(struct ring *r);

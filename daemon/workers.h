@@ -25,7 +25,7 @@ struct batch {
     size_t n;
     int rc; /* what run_batch returned */
     uint64_t start_ns, end_ns;
-    uint64_t launch_ns; /* asynchronous backends: how long launch itself took */
+    uint64_t launch_ns;       /* asynchronous backends: how long launch itself took */
     uint64_t seq;             /* launch order, for pool_arm */
     struct convd_job *jobs[]; /* n entries */
 };
@@ -47,8 +47,8 @@ typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
 
 struct worker_pool {
     struct convd_backend *backend;
-    bool slots; /* slots of an asynchronous backend, no threads */
-    unsigned n; /* workers or slots */
+    bool slots;    /* slots of an asynchronous backend, no threads */
+    unsigned n;    /* workers or slots */
     unsigned busy; /* loop thread only */
     struct worker *workers;
     pthread_mutex_t mu;

@@ -103,8 +103,8 @@ static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs
     if (slot >= NULLB_SLOTS) {
         for (size_t i = 0; i < n; i++) {
             jobs[i]->status = CONVD_EINVAL;
-            snprintf(jobs[i]->error, sizeof(jobs[i]->error),
-                     "null backend: slot %u out of range", slot);
+            snprintf(jobs[i]->error, sizeof(jobs[i]->error), "null backend: slot %u out of range",
+                     slot);
         }
         return CONVD_EINVAL;
     }

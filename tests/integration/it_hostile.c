@@ -303,8 +303,8 @@ static void test_huge_padding_memory(void **state)
     it_case_check(&t);
     long after = it_proc_kb(daemon_.pid, "VmHWM");
     if (after - before > 128 * 1024)
-        fail_msg("the daemon's peak memory grew from %ld kB to %ld kB for 32 KB of tensors",
-                 before, after);
+        fail_msg("the daemon's peak memory grew from %ld kB to %ld kB for 32 KB of tensors", before,
+                 after);
     it_case_fini(&t);
     convd_region_free(r);
     convd_close(c);

@@ -577,20 +577,13 @@ static void test_pool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_random_problems),
-        cmocka_unit_test(test_every_isa),
-        cmocka_unit_test(test_depthwise),
-        cmocka_unit_test(test_channels_per_group),
-        cmocka_unit_test(test_kpg_not_cpg),
-        cmocka_unit_test(test_pointwise_and_dense),
-        cmocka_unit_test(test_geometry),
-        cmocka_unit_test(test_large_images),
-        cmocka_unit_test(test_huge_dilation),
-        cmocka_unit_test(test_threads_identical),
-        cmocka_unit_test(test_group_identity),
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_concurrent_callers),
-        cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_random_problems),    cmocka_unit_test(test_every_isa),
+        cmocka_unit_test(test_depthwise),          cmocka_unit_test(test_channels_per_group),
+        cmocka_unit_test(test_kpg_not_cpg),        cmocka_unit_test(test_pointwise_and_dense),
+        cmocka_unit_test(test_geometry),           cmocka_unit_test(test_large_images),
+        cmocka_unit_test(test_huge_dilation),      cmocka_unit_test(test_threads_identical),
+        cmocka_unit_test(test_group_identity),     cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_pool),
         cmocka_unit_test(test_channel_vectorised),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
