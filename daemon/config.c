@@ -57,6 +57,13 @@ static const struct cfg_option cfg_options[] = {
     {"threads", CFG_INT, OFF(threads), 0, 4096, "N", "CPU backend threads (0: one per CPU)"},
     {"device", CFG_INT, OFF(device), -1, 1023, "N", "GPU ordinal (-1: the first usable)"},
     {"max_clients", CFG_U32, OFF(max_clients), 1, 65536, "N", "connections at once"},
+    {"max_clients_per_user", CFG_U32, OFF(max_clients_per_user), 1, 65536, "N",
+     "connections one user (uid) may hold at once"},
+    {"max_inflight_per_user", CFG_U32, OFF(max_inflight_per_user), 1, 1048576, "N",
+     "requests one user may have queued or running over all its connections"},
+    {"idle_timeout_ms", CFG_U64, OFF(idle_timeout_ms), 0, 86400000, "MS",
+     "when the daemon is full, a client with nothing in flight for this long is closed to admit "
+     "a new one (0: never)"},
     {"max_inflight", CFG_U32, OFF(max_inflight), 1, 65536, "N",
      "requests one client may have queued or running"},
     {"max_regions", CFG_U32, OFF(max_regions), 1, 65536, "N", "regions one client may register"},
@@ -108,6 +115,12 @@ void config_defaults(struct convd_config *c)
     c->threads = 0;
     c->device = -1;
     c->max_clients = 128;
+    /* Three quarters of the connections and half of the queue per user: whatever one user
+     * holds, another still gets in and gets queued, and a service with dozens of worker
+     * processes under one uid still fits. */
+    c->max_clients_per_user = 96;
+    c->max_inflight_per_user = 2048;
+    c->idle_timeout_ms = 30000;
     c->max_inflight = 256;
     c->max_regions = 256;
     c->max_mapped_bytes = (uint64_t)16 << 30;
@@ -633,6 +646,9 @@ void config_print(const struct convd_config *c, FILE *out)
     fprintf(out, "threads = %d\n", c->threads);
     fprintf(out, "device = %d\n", c->device);
     fprintf(out, "max_clients = %u\n", (unsigned)c->max_clients);
+    fprintf(out, "max_clients_per_user = %u\n", (unsigned)c->max_clients_per_user);
+    fprintf(out, "max_inflight_per_user = %u\n", (unsigned)c->max_inflight_per_user);
+    fprintf(out, "idle_timeout_ms = %llu\n", (unsigned long long)c->idle_timeout_ms);
     fprintf(out, "max_inflight = %u\n", (unsigned)c->max_inflight);
     fprintf(out, "max_regions = %u\n", (unsigned)c->max_regions);
     fprintf(out, "max_mapped_bytes = %llu\n", (unsigned long long)c->max_mapped_bytes);

@@ -36,10 +36,13 @@ enum config_backend {
 struct convd_config {
     char socket_path[CONFIG_PATH_BYTES];
     enum config_backend backend;
-    int log_level;               /* LOG_LVL_* */
-    int threads;                 /* CPU backend threads; 0: one per online CPU */
-    int device;                  /* GPU ordinal; -1: the first usable */
-    uint32_t max_clients;        /* connections that completed or await their handshake */
+    int log_level;                  /* LOG_LVL_* */
+    int threads;                    /* CPU backend threads; 0: one per online CPU */
+    int device;                     /* GPU ordinal; -1: the first usable */
+    uint32_t max_clients;           /* connections that completed or await their handshake */
+    uint32_t max_clients_per_user;  /* of those, held by one uid */
+    uint32_t max_inflight_per_user; /* requests queued or running, one uid's connections together */
+    uint64_t idle_timeout_ms;    /* a full daemon closes a client idle this long for a newcomer */
     uint32_t max_inflight;       /* per client: requests queued or running */
     uint32_t max_regions;        /* per client */
     uint64_t max_mapped_bytes;   /* per client: bytes of registered regions */

@@ -214,6 +214,7 @@ static void conn_send_region_reply(struct conn *c, uint64_t id, int status, cons
 
 static void conn_free_request(struct conn *c, struct dreq *r)
 {
+    c->user->inflight--;
     idmap_del(&c->inflight, r->id);
     req_unref_regions(r);
     free(r);
@@ -347,6 +348,16 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         conn_reject(c, via_ring, pb->id, rc, "out of memory");
         return;
     }
+    if (c->user->inflight >= d->cfg.max_inflight_per_user) {
+        idmap_del(&c->inflight, r->id);
+        free(r);
+        snprintf(why, sizeof(why),
+                 "uid %u already has %u requests queued or running over its connections, its "
+                 "share (max_inflight_per_user)",
+                 (unsigned)c->uid, (unsigned)c->user->inflight);
+        conn_reject(c, via_ring, pb->id, CONVD_ELIMIT, why);
+        return;
+    }
     rc = sched_push(&d->sched, &c->sched, &r->sched);
     if (rc != 0) {
         idmap_del(&c->inflight, r->id);
@@ -356,6 +367,7 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         conn_reject(c, via_ring, pb->id, rc, why);
         return;
     }
+    c->user->inflight++;
     req_ref_regions(r);
     if (r->sched.deadline_ns != 0)
         daemon_note_deadline(d, r->sched.deadline_ns);
@@ -538,7 +550,8 @@ unsigned conn_poll_ring(struct conn *c)
             conn_shutdown(c, true, why);
             break;
         }
-        taken++;
+        if (taken++ == 0)
+            c->last_active_ns = convd_now_ns();
         if (c->ring_stalled) {
             c->ring_stalled = false;
             uv_timer_stop(&c->timer);
@@ -851,6 +864,7 @@ static void conn_read_some(struct conn *c)
             return;
         }
         d->activity++;
+        c->last_active_ns = convd_now_ns();
         conn_on_datagram(c, d->rx, (size_t)n, fds, nfds);
         sock_close_fds(fds, nfds);
     }
@@ -904,6 +918,7 @@ static void conn_maybe_free(struct conn *c)
     list_del(&c->link);
     idmap_free(&c->inflight);
     region_table_destroy(&c->regions);
+    users_put(&d->users, c->user);
     free(c);
     daemon_check_drained(d);
 }
@@ -953,6 +968,7 @@ void conn_shutdown(struct conn *c, bool flush, const char *reason)
     conn_detach_ring(c);
     if (c->counted) {
         d->n_clients--;
+        c->user->conns--;
         c->counted = false;
     } else {
         d->n_refused--;
@@ -1017,6 +1033,37 @@ static void conn_peer_ids(struct conn *c, gid_t *gids, size_t *ret_n)
     *ret_n = n;
 }
 
+/* A full daemon makes room for a newcomer by closing the client that has been idle longest,
+ * nothing in flight, for at least idle_timeout_ms: connections that only hold a slot must not
+ * lock everyone else out. Returns true when one was closed. */
+static bool conn_evict_idle(struct convd_daemon *d)
+{
+    if (d->cfg.idle_timeout_ms == 0)
+        return false;
+    const uint64_t now = convd_now_ns(), idle_ns = d->cfg.idle_timeout_ms * 1000000u;
+    struct conn *oldest = NULL;
+    struct list_node *pos;
+    list_for_each(pos, &d->conns)
+    {
+        struct conn *c = list_entry(pos, struct conn, link);
+        if (!c->counted || c->state == CONN_CLOSING || c->inflight.count > 0 ||
+            now - c->last_active_ns < idle_ns)
+            continue;
+        if (oldest == NULL || c->last_active_ns < oldest->last_active_ns)
+            oldest = c;
+    }
+    if (oldest == NULL)
+        return false;
+    char why[160];
+    snprintf(why, sizeof(why),
+             "closed after %llu ms without a request, to admit a new client to a full daemon "
+             "(idle_timeout_ms)",
+             (unsigned long long)((now - oldest->last_active_ns) / 1000000u));
+    conn_send_protocol_error(oldest, CONVD_ETIMEDOUT, why);
+    conn_shutdown(oldest, true, why);
+    return true;
+}
+
 void conn_accept(struct convd_daemon *d, int fd)
 {
     /* Refused peers are held only until they have been told why; past this many, new ones are
@@ -1043,12 +1090,26 @@ void conn_accept(struct convd_daemon *d, int fd)
     gid_t gids[CONN_MAX_GIDS];
     size_t n_gids;
     conn_peer_ids(c, gids, &n_gids);
+    c->user = users_get(&d->users, c->uid);
+    c->last_active_ns = convd_now_ns();
+    if (c->user == NULL) {
+        log_err("out of memory accepting a connection");
+        region_table_destroy(&c->regions);
+        free(c);
+        close(fd);
+        return;
+    }
     if (!config_peer_allowed(&d->cfg, c->uid, gids, n_gids)) {
         c->refuse_status = CONVD_EPERM;
         snprintf(c->refuse_why, sizeof(c->refuse_why),
                  "uid %u (gid %u) is not allowed to use convd (allow_uids / allow_gids)",
                  (unsigned)c->uid, (unsigned)c->gid);
-    } else if (d->n_clients >= d->cfg.max_clients) {
+    } else if (c->user->conns >= d->cfg.max_clients_per_user) {
+        c->refuse_status = CONVD_ELIMIT;
+        snprintf(c->refuse_why, sizeof(c->refuse_why),
+                 "uid %u already holds %u connections, its limit (max_clients_per_user)",
+                 (unsigned)c->uid, (unsigned)c->user->conns);
+    } else if (d->n_clients >= d->cfg.max_clients && !conn_evict_idle(d)) {
         c->refuse_status = CONVD_ELIMIT;
         snprintf(c->refuse_why, sizeof(c->refuse_why),
                  "the daemon already serves %u clients, the limit (max_clients)",
@@ -1059,6 +1120,7 @@ void conn_accept(struct convd_daemon *d, int fd)
                  (int)c->pid, (unsigned)c->uid, c->refuse_why);
         d->metrics.connections_refused++;
         region_table_destroy(&c->regions);
+        users_put(&d->users, c->user);
         free(c);
         close(fd);
         return;
@@ -1067,6 +1129,7 @@ void conn_accept(struct convd_daemon *d, int fd)
     if (uv_poll_init(&d->loop, &c->poll, fd) != 0) {
         log_err("cannot watch a new connection");
         region_table_destroy(&c->regions);
+        users_put(&d->users, c->user);
         free(c);
         close(fd);
         return;
@@ -1084,6 +1147,7 @@ void conn_accept(struct convd_daemon *d, int fd)
     } else {
         c->counted = true;
         d->n_clients++;
+        c->user->conns++;
         d->metrics.connections_accepted++;
         log_info("client %llu connected: pid %d, uid %u, gid %u", (unsigned long long)c->serial,
                  (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);

@@ -28,6 +28,7 @@
 #include "request.h"
 #include "ring.h"
 #include "scheduler.h"
+#include "users.h"
 #include "wire.h"
 
 struct convd_daemon;
@@ -50,6 +51,8 @@ struct conn {
     pid_t pid;
     uid_t uid;
     gid_t gid;
+    struct user *user;       /* the uid's account (daemon->users), one reference */
+    uint64_t last_active_ns; /* the last datagram or ring submission, for idle_timeout_ms */
     char name[CONVD_MAX_NAME_BYTES + 1];
 
     uv_poll_t poll;

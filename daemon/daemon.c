@@ -459,6 +459,7 @@ int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap)
 {
     struct met_gauges g = {
         .clients = d->n_clients,
+        .users = d->users.count,
         .queue_depth = sched_depth(&d->sched),
         .inflight = sched_depth(&d->sched) + d->running,
         .running = d->running,
@@ -566,6 +567,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     list_init(&d->conns);
     list_init(&d->ring_conns);
     list_init(&d->ring_notify);
+    users_init(&d->users);
     metrics_init(&d->metrics, d->start_ns);
     d->region_limits.max_regions = cfg->max_regions;
     d->region_limits.max_mapped_bytes = cfg->max_mapped_bytes;
@@ -766,6 +768,7 @@ void daemon_destroy(struct convd_daemon *d)
         d->loop_open = false;
         /* Every connection's descriptor is closed by now: no ringer can touch one. */
         doorbell_stop(&d->doorbells);
+        users_destroy(&d->users);
     } else if (d->listener_open) {
         listener_close(&d->listener, NULL);
     }

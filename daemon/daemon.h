@@ -21,6 +21,7 @@
 #include "metrics.h"
 #include "regions.h"
 #include "scheduler.h"
+#include "users.h"
 #include "wire.h"
 #include "workers.h"
 
@@ -36,6 +37,7 @@ struct convd_daemon {
     struct worker_pool pool;
     bool pool_started;
     struct doorbells doorbells;
+    struct users users; /* what each peer uid holds */
     struct metrics metrics;
     struct region_stats region_stats;
     struct region_limits region_limits;

@@ -203,6 +203,7 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
                m->region_failures);
 
     met_scalar(&o, "convd_clients", "gauge", "Connections open.", g->clients);
+    met_scalar(&o, "convd_users", "gauge", "Distinct users (peer uids) connected.", g->users);
     met_scalar(&o, "convd_queue_depth", "gauge", "Requests waiting in the queue.", g->queue_depth);
     met_scalar(&o, "convd_inflight", "gauge", "Requests queued or running.", g->inflight);
     met_scalar(&o, "convd_running", "gauge", "Requests running on a worker.", g->running);

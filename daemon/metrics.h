@@ -40,6 +40,7 @@ struct metrics {
 /* Values read from the live daemon when rendering. */
 struct met_gauges {
     uint64_t clients;
+    uint64_t users; /* distinct peer uids connected */
     uint64_t queue_depth;
     uint64_t inflight; /* queued + running */
     uint64_t running;
