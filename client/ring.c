@@ -59,8 +59,8 @@ int cl_ring_attach(convd_client *c, uint64_t deadline)
     r->map = map;
     r->map_len = (size_t)size;
     r->hdr = map;
-    r->sq = (struct convd_ring_sqe *)((uint8_t *)map + CONVD_RING_SQ_OFFSET);
-    r->cq = (struct convd_ring_cqe *)((uint8_t *)map + convd_ring_cq_offset(n));
+    r->sq = convd_ring_sq(map);
+    r->cq = convd_ring_cq(map, n);
     r->sq_entries = n;
     r->cq_entries = n;
     r->hdr->magic = CONVD_RING_MAGIC;

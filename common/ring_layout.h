@@ -128,6 +128,17 @@ static inline uint64_t convd_ring_bytes(uint32_t sq_entries, uint32_t cq_entries
     return (end + 4095u) & ~(uint64_t)4095u;
 }
 
+/* The submission and completion arrays of a ring mapped at mem. */
+static inline struct convd_ring_sqe *convd_ring_sq(void *mem)
+{
+    return (struct convd_ring_sqe *)((uint8_t *)mem + CONVD_RING_SQ_OFFSET);
+}
+
+static inline struct convd_ring_cqe *convd_ring_cq(void *mem, uint32_t sq_entries)
+{
+    return (struct convd_ring_cqe *)((uint8_t *)mem + convd_ring_cq_offset(sq_entries));
+}
+
 /* A power of two from 1 to CONVD_RING_MAX_ENTRIES. */
 static inline int convd_ring_entries_ok(uint32_t n)
 {

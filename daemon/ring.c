@@ -15,8 +15,8 @@ static void ring_setup(struct ring *r, void *mem, size_t len, uint32_t sq_entrie
     r->map = mem;
     r->map_len = len;
     r->hdr = mem;
-    r->sq = (struct convd_ring_sqe *)((uint8_t *)mem + CONVD_RING_SQ_OFFSET);
-    r->cq = (struct convd_ring_cqe *)((uint8_t *)mem + convd_ring_cq_offset(sq_entries));
+    r->sq = convd_ring_sq(mem);
+    r->cq = convd_ring_cq(mem, sq_entries);
     r->sq_entries = sq_entries;
     r->cq_entries = cq_entries;
     /* The client's line may hold anything; ours starts from zero, and so do our copies. */

@@ -63,7 +63,7 @@ int ring_post(struct ring *r, const struct convd_ring_cqe *cqe, char *why, size_
  * the doorbell after reading completions while submissions wait. */
 bool ring_has_submissions(const struct ring *r);
 
-/* cq_head as the client last published it, and completions posted but not yet consumed. */
+/* cq_head as the client last published it. */
 uint32_t ring_cq_head(const struct ring *r);
 
 /* Sets or clears NEED_WAKEUP. Call ring_fence() between setting it and the last look at the
