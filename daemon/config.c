@@ -639,7 +639,12 @@ void config_print(const struct convd_config *c, FILE *out)
 {
     static const char *const levels[] = {"0",       "1",      "2",    "err",
                                          "warning", "notice", "info", "debug"};
-    fprintf(out, "socket = \"%s\"\n", c->socket_path);
+    /* Quoted, so that a '#' and edge spaces survive; but a quoted value ends at its first '"',
+     * so a path holding one (which a file can only give as an unquoted value) goes unquoted. */
+    if (strchr(c->socket_path, '"') != NULL)
+        fprintf(out, "socket = %s\n", c->socket_path);
+    else
+        fprintf(out, "socket = \"%s\"\n", c->socket_path);
     fprintf(out, "backend = %s\n", config_backend_name(c->backend));
     fprintf(out, "log_level = %s\n",
             c->log_level >= 0 && c->log_level <= 7 ? levels[c->log_level] : "info");

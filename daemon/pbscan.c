@@ -4,9 +4,11 @@
 #include "why.h"
 #include "pbscan.h"
 
-/* ClientMessage's oneof fields, by number. */
-static const char *const pbs_names[] = {NULL,   "hello",  "register_region", "unregister_region",
-                                        "conv", "status", "metrics",         "ping"};
+/* ClientMessage's oneof fields, by number. Keep it in step with proto/convd.proto: a field missing
+ * here is neither checked for its wire type nor scanned inside. */
+static const char *const pbs_names[] = {
+    NULL,      "hello", "register_region", "unregister_region", "conv", "status",
+    "metrics", "ping",  "attach_ring",     "doorbell"};
 
 /* Reads a varint at *pos. 0 on success; 1 when the buffer ends inside it; 2 when it is longer
  * than the 10 bytes a 64-bit value can take. */

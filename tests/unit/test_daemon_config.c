@@ -271,6 +271,21 @@ static void test_print_round_trip(void **state)
     assert_memory_equal(&a, &b, sizeof(a));
     free(text);
 
+    /* A path with a '"' (an unquoted value) must not be printed inside quotes, where it would
+     * end the value early (found by tests/fuzz/fuzz_config). */
+    config_defaults(&a);
+    assert_int_equal(parse(&a, "socket = /tmp/a\"b # c.sock\n", why, sizeof(why)), 0);
+    assert_string_equal(a.socket_path, "/tmp/a\"b");
+    f = open_memstream(&text, &len);
+    assert_non_null(f);
+    config_print(&a, f);
+    fclose(f);
+    config_defaults(&b);
+    if (config_parse_text(&b, text, len, "printed", why, sizeof(why)) != 0)
+        fail_msg("printed configuration does not parse: %s\n%s", why, text);
+    assert_string_equal(b.socket_path, "/tmp/a\"b");
+    free(text);
+
     /* --help names every key with dashes */
     f = open_memstream(&text, &len);
     config_usage(f, "convd");

@@ -64,6 +64,16 @@ static void test_faults(void **state)
     char why[64];
     assert_int_equal(pbscan_client_message(NULL, 0, why, sizeof(why)), 1);
     assert_string_equal(why, "empty datagram");
+
+    /* Every ClientMessage field is known, the ring messages included (found by
+     * tests/fuzz/fuzz_client_message: these went unexplained). */
+    const uint8_t attach_varint[] = {0x40, 0x08};
+    const uint8_t doorbell_fixed32[] = {0x4d, 0x01, 0x02, 0x03, 0x04};
+    const uint8_t attach_nested[] = {0x42, 0x02, 0x10, 0x80};
+    expect_fault(attach_varint, sizeof(attach_varint), "field 8 (attach_ring)", "wire type 0");
+    expect_fault(doorbell_fixed32, sizeof(doorbell_fixed32), "field 9 (doorbell)", "wire type 5");
+    expect_fault(attach_nested, sizeof(attach_nested),
+                 "in field 8 (attach_ring): truncated varint in field 2", "byte 2");
 }
 
 /* Random well-formed requests: the whole message passes; of its prefixes, pbscan blames only
