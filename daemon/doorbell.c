@@ -1,17 +1,30 @@
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "convd.pb-c.h"
 #include "convd/status.h"
 #include "doorbell.h"
+#include "log.h"
 #include "sock.h"
 #include "wire.h"
 
+/* Non-blocking socket: a full one already has its reader's attention, and a peer that left is
+ * the loop's to notice. Any other failure (ENOBUFS, ENOMEM) would leave the client asleep with
+ * its completions in the ring, so after one retry the connection is shut down: the client wakes
+ * to a closed socket (CONVD_ECLOSED) and the loop sees the hang-up and cleans up. */
 static void db_send(const struct doorbells *db, int fd)
 {
-    /* Non-blocking socket: a full one already has its reader's attention. */
-    (void)sock_send(fd, db->msg, db->msg_len, -1);
+    int rc = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rc = sock_send(fd, db->msg, db->msg_len, -1);
+        if (rc == 0 || rc == -EAGAIN || rc == -EPIPE || rc == -ECONNRESET)
+            return;
+    }
+    log_warn("doorbell to socket %d failed: %s; closing that connection", fd, strerror(-rc));
+    shutdown(fd, SHUT_RDWR);
 }
 
 static void *db_thread(void *arg)
