@@ -481,6 +481,7 @@ static int cl_handshake(convd_client *c, const char *name, uint64_t deadline)
 
     Convd__Hello hello = CONVD__HELLO__INIT;
     hello.protocol_version = CONVD_PROTOCOL_VERSION;
+    hello.min_protocol_version = CONVD_PROTOCOL_VERSION_MIN;
     hello.client_name = nbuf;
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_HELLO;
@@ -515,10 +516,13 @@ static int cl_handshake(convd_client *c, const char *name, uint64_t deadline)
                 h->error[0] != '\0' ? h->error : convd_strerror(rc));
         goto finish;
     }
-    if (h->protocol_version != CONVD_PROTOCOL_VERSION) {
+    /* The daemon picks a version in our range; anything else is a daemon we cannot talk to. */
+    if (h->protocol_version < CONVD_PROTOCOL_VERSION_MIN ||
+        h->protocol_version > CONVD_PROTOCOL_VERSION) {
         rc = cl_fail(c, CONVD_EVERSION,
-                     "the daemon speaks protocol version %u, this library speaks version %u",
-                     h->protocol_version, CONVD_PROTOCOL_VERSION);
+                     "the daemon answered with protocol version %u, this library speaks versions "
+                     "%u to %u",
+                     h->protocol_version, CONVD_PROTOCOL_VERSION_MIN, CONVD_PROTOCOL_VERSION);
         goto finish;
     }
     c->info.protocol_version = h->protocol_version;
@@ -590,6 +594,42 @@ fail:
     return rc;
 }
 
+unsigned convd_version(void)
+{
+    return CONVD_VERSION_NUMBER;
+}
+
+const char *convd_version_string(void)
+{
+    return CONVD_VERSION_STRING;
+}
+
+int convd_socket_path(int device, char *ret_path, size_t cap)
+{
+    if (ret_path == NULL || device < -1)
+        return CONVD_EINVAL;
+    const char *env = getenv("CONVD_SOCKET");
+    const char *dir = getenv("CONVD_SOCKET_DIR");
+    if (dir == NULL || dir[0] == '\0')
+        dir = CONVD_DEFAULT_SOCKET_DIR;
+    /* A directory given with a trailing slash still makes one separator. */
+    size_t dlen = strlen(dir);
+    while (dlen > 1 && dir[dlen - 1] == '/')
+        dlen--;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int n;
+    if (env != NULL && env[0] != '\0')
+        n = snprintf(path, sizeof(path), "%s", env);
+    else if (device >= 0)
+        n = snprintf(path, sizeof(path), "%.*s/gpu%d.sock", (int)dlen, dir, device);
+    else
+        n = snprintf(path, sizeof(path), "%.*s/convd.sock", (int)dlen, dir);
+    if (n < 0 || (size_t)n >= sizeof(path) || (size_t)n >= cap)
+        return CONVD_ETOOBIG;
+    memcpy(ret_path, path, (size_t)n + 1);
+    return 0;
+}
+
 int convd_connect(const struct convd_connect_options *opts, convd_client **ret_client)
 {
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
@@ -599,7 +639,7 @@ int convd_connect(const struct convd_connect_options *opts, convd_client **ret_c
         /* Callers built against an older header pass a shorter struct: its fields are taken,
          * the newer ones keep their defaults. */
         const size_t first = offsetof(struct convd_connect_options, timeout_ms) + sizeof(int);
-        if (opts->struct_size < first || opts->struct_size > 4096)
+        if (opts->struct_size < first || opts->struct_size > CL_ARGS_MAX_BYTES)
             return cl_connect_fail(CONVD_EINVAL,
                                    "options struct_size is %zu, expected %zu: initialise the "
                                    "options with CONVD_CONNECT_OPTIONS_INIT",
@@ -620,10 +660,19 @@ int convd_connect(const struct convd_connect_options *opts, convd_client **ret_c
             spin_us = (int)v;
     }
     const char *path = o.socket_path;
+    char pbuf[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    if (o.device < -1)
+        return cl_connect_fail(CONVD_EINVAL,
+                               "options device is %d: -1 (the default socket) or a GPU ordinal",
+                               o.device);
     if (path == NULL) {
-        path = getenv("CONVD_SOCKET");
-        if (path == NULL || path[0] == '\0')
-            path = CONVD_DEFAULT_SOCKET;
+        int prc = convd_socket_path(o.device, pbuf, sizeof(pbuf));
+        if (prc != 0)
+            return cl_connect_fail(CONVD_ECONNECT,
+                                   "the socket path for device %d is longer than a Unix socket "
+                                   "address holds ($CONVD_SOCKET or $CONVD_SOCKET_DIR too long)",
+                                   o.device);
+        path = pbuf;
     }
     int timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : CL_DEFAULT_TIMEOUT_MS;
     int fd = cl_socket_connect(path, cl_deadline(timeout_ms));

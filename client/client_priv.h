@@ -26,6 +26,8 @@
 #define CL_DEFAULT_SPIN_US 50
 /* The part of the spin that does not yield the CPU. */
 #define CL_SPIN_PURE_NS 5000u
+/* The largest struct_size of convd_conv_args (or options) a newer header may pass. */
+#define CL_ARGS_MAX_BYTES 4096u
 /* Tensors inside the staging region of convd_conv() start at multiples of this. */
 #define CL_STAGING_ALIGN 256u
 

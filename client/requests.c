@@ -2,6 +2,7 @@
  * Requests: submit, the table of requests in flight, waiting for completions, and the blocking
  * convd_conv() on its staging region.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,17 +188,42 @@ static void cl_tensor_ref(const struct convd_tensor *t, Convd__TensorRef *pb)
     pb->bytes = t->bytes;
 }
 
-int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t *ret_id)
+/* The caller's arguments as this library's struct: a smaller struct from an older header gets
+ * the defaults (0) for the fields beyond it; a larger one from a newer header is taken when
+ * every byte this library does not know is zero, the value new fields keep for "as before". */
+static int cl_args_take(convd_client *c, const struct convd_conv_args *in,
+                        struct convd_conv_args *out)
+{
+    const size_t need = offsetof(struct convd_conv_args, output) + sizeof(in->output);
+    const size_t size = in->struct_size;
+    if (size < need || size > CL_ARGS_MAX_BYTES)
+        return cl_fail(c, CONVD_EINVAL,
+                       "args struct_size is %zu, expected %zu (at least %zu): initialise the "
+                       "arguments with CONVD_CONV_ARGS_INIT",
+                       size, sizeof(*out), need);
+    memset(out, 0, sizeof(*out));
+    memcpy(out, in, size < sizeof(*out) ? size : sizeof(*out));
+    for (size_t i = sizeof(*out); i < size; i++)
+        if (((const unsigned char *)in)[i] != 0)
+            return cl_fail(c, CONVD_EUNSUPPORTED,
+                           "args struct_size is %zu and byte %zu is set, but this library (convd "
+                           "%s) knows only the first %zu bytes: a field it does not implement",
+                           size, i, CONVD_VERSION_STRING, sizeof(*out));
+    out->struct_size = sizeof(*out);
+    return 0;
+}
+
+int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint64_t *ret_id)
 {
     if (c == NULL)
         return CONVD_EINVAL;
-    if (a == NULL || ret_id == NULL)
+    if (args == NULL || ret_id == NULL)
         return cl_fail(c, CONVD_EINVAL, "args and ret_id must not be NULL");
-    if (a->struct_size < sizeof(*a))
-        return cl_fail(c, CONVD_EINVAL,
-                       "args struct_size is %zu, expected %zu: initialise the arguments with "
-                       "CONVD_CONV_ARGS_INIT",
-                       a->struct_size, sizeof(*a));
+    struct convd_conv_args taken;
+    int rc = cl_args_take(c, args, &taken);
+    if (rc != 0)
+        return rc;
+    const struct convd_conv_args *a = &taken;
 
     /* The checks the daemon makes, in its order (docs/protocol.md, "Error behaviour"), so that a
      * bad request fails here with the code it would get there, without a round trip. Only the
@@ -207,7 +233,7 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *a, uint64_t
                        a->priority, CONVD_MAX_PRIORITY);
     char why[256];
     struct convd_problem_sizes z;
-    int rc = convd_problem_sizes(&a->problem, &z, why, sizeof(why));
+    rc = convd_problem_sizes(&a->problem, &z, why, sizeof(why));
     if (rc == 0)
         rc = wire_request_supported(&a->problem, why, sizeof(why));
     if (rc != 0)

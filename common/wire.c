@@ -14,6 +14,33 @@ int wire_request_supported(const struct convd_problem *p, char *why, size_t why_
     return 0;
 }
 
+int wire_pick_version(uint32_t peer_min, uint32_t peer_max, uint32_t own_min, uint32_t own_max,
+                      const char *peer, const char *self, uint32_t *ret_version, char *why,
+                      size_t why_len)
+{
+    if (peer_min == 0)
+        peer_min = peer_max;
+    uint32_t v = peer_max < own_max ? peer_max : own_max;
+    uint32_t floor = peer_min > own_min ? peer_min : own_min;
+    if (peer_max == 0 || peer_min > peer_max || v < floor) {
+        if (why != NULL && why_len > 0) {
+            char range[48];
+            if (peer_min == peer_max)
+                snprintf(range, sizeof(range), "version %u", (unsigned)peer_max);
+            else
+                snprintf(range, sizeof(range), "versions %u to %u", (unsigned)peer_min,
+                         (unsigned)peer_max);
+            snprintf(why, why_len,
+                     "the %s speaks protocol %s and this %s versions %u to %u: no version in "
+                     "common",
+                     peer, range, self, (unsigned)own_min, (unsigned)own_max);
+        }
+        return CONVD_EVERSION;
+    }
+    *ret_version = v;
+    return 0;
+}
+
 int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, char *why,
                          size_t why_len)
 {

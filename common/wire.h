@@ -11,7 +11,10 @@
 #include "convd.pb-c.h"
 #include "convd/conv.h"
 
-#define CONVD_PROTOCOL_VERSION 1u
+/* The protocol versions this build speaks: the newest, which a client asks for and a daemon
+ * prefers, and the oldest it still accepts (docs/protocol.md, "Versioning"). */
+#define CONVD_PROTOCOL_VERSION     1u
+#define CONVD_PROTOCOL_VERSION_MIN 1u
 /* Largest datagram either side reads or writes. Requests are a few hundred bytes; metrics replies
  * are the largest messages. */
 #define CONVD_MAX_MESSAGE_BYTES (64u * 1024u)
@@ -29,6 +32,16 @@ int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, ch
  * and the daemon: allow_tf32 is refused (CONVD_EUNSUPPORTED) until a kernel implements TF32, so
  * that the flag never silently does nothing. Returns 0 or the code with a sentence. */
 int wire_request_supported(const struct convd_problem *p, char *why, size_t why_len);
+
+/* The protocol version of a connection: the newest that both sides speak, the peer from
+ * peer_min to peer_max (peer_min 0: peer_max alone, as a Hello without min_protocol_version
+ * says) and this side from own_min to own_max. Returns 0 with it in *ret_version, or
+ * CONVD_EVERSION with a sentence naming both ranges ("the client speaks protocol version 7 and
+ * this daemon versions 1 to 1: no version in common"); `peer` and `self` name the two sides in
+ * it. */
+int wire_pick_version(uint32_t peer_min, uint32_t peer_max, uint32_t own_min, uint32_t own_max,
+                      const char *peer, const char *self, uint32_t *ret_version, char *why,
+                      size_t why_len);
 
 /* Fills an initialised Problem message from a C struct (no allocation). */
 void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb);

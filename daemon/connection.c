@@ -658,6 +658,8 @@ static void conn_on_hello(struct conn *c, const Convd__Hello *h)
     m.msg_case = CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY;
     m.hello_reply = &hr;
     hr.protocol_version = CONVD_PROTOCOL_VERSION;
+    hr.min_protocol_version = CONVD_PROTOCOL_VERSION_MIN;
+    hr.max_protocol_version = CONVD_PROTOCOL_VERSION;
     hr.server_version = (char *)CONVD_VERSION_STRING;
     hr.backend = d->backend.info.name;
     hr.device = d->backend.info.device;
@@ -672,15 +674,17 @@ static void conn_on_hello(struct conn *c, const Convd__Hello *h)
         conn_shutdown(c, true, c->refuse_why);
         return;
     }
-    if (h->protocol_version != CONVD_PROTOCOL_VERSION) {
+    uint32_t version;
+    if (wire_pick_version(h->min_protocol_version, h->protocol_version, CONVD_PROTOCOL_VERSION_MIN,
+                          CONVD_PROTOCOL_VERSION, "client", "daemon", &version, err,
+                          sizeof(err)) != 0) {
         hr.status = CONVD_EVERSION;
-        snprintf(err, sizeof(err),
-                 "protocol version %u is not supported; this daemon speaks version %u",
-                 (unsigned)h->protocol_version, CONVD_PROTOCOL_VERSION);
         conn_send(c, &m);
         conn_shutdown(c, true, err);
         return;
     }
+    c->proto_version = version;
+    hr.protocol_version = version;
     hr.max_inflight = d->cfg.max_inflight;
     hr.max_regions = d->cfg.max_regions;
     hr.max_mapped_bytes = d->cfg.max_mapped_bytes;
@@ -688,8 +692,9 @@ static void conn_on_hello(struct conn *c, const Convd__Hello *h)
     hr.ring_version = CONVD_RING_VERSION;
     c->state = CONN_READY;
     uv_timer_stop(&c->timer);
-    log_info("client %llu (%s) ready: pid %d, uid %u, gid %u", (unsigned long long)c->serial,
-             c->name, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
+    log_info("client %llu (%s) ready: pid %d, uid %u, gid %u, protocol %u",
+             (unsigned long long)c->serial, c->name, (int)c->pid, (unsigned)c->uid,
+             (unsigned)c->gid, (unsigned)version);
     conn_send(c, &m);
 }
 

@@ -54,6 +54,7 @@ struct conn {
     struct user *user;       /* the uid's account (daemon->users), one reference */
     uint64_t last_active_ns; /* the last datagram or ring submission, for idle_timeout_ms */
     char name[CONVD_MAX_NAME_BYTES + 1];
+    uint32_t proto_version; /* agreed in the handshake (0 before it) */
 
     uv_poll_t poll;
     uv_timer_t timer; /* Hello timeout, then the linger after CLOSING */

@@ -29,6 +29,23 @@
  * or serialise calls on a client with a lock of your own. Different clients are independent.
  * Region memory (convd_region_data) may be read and written from any thread, but not while a
  * request that uses it is in flight.
+ *
+ * Compatibility (libconvd-client.so.0). A program built against an older header keeps working
+ * with a newer library:
+ *   - Structs the caller fills (convd_connect_options, convd_conv_args) start with struct_size,
+ *     which the *_INIT macros set. Fields only ever get appended. The library reads the first
+ *     struct_size bytes and gives every field beyond them its default, so an older, smaller
+ *     struct works. A newer, larger struct works with an older library as long as the fields
+ *     that library does not know are left as the INIT macro sets them (see each struct).
+ *   - Structs the library fills (convd_server_info, convd_status, convd_completion,
+ *     convd_problem_sizes) have no size field and never change layout under a given symbol
+ *     version. When one has to grow, the functions that fill it get a new symbol version (a new
+ *     node in the library's version script) and the old symbols keep filling the old layout, so
+ *     programs linked earlier are unaffected; a program rebuilt against the new header gets the
+ *     new layout and the new symbols together.
+ *   - convd_version() says which library is loaded at run time; CONVD_VERSION_NUMBER which
+ *     header a program was built with.
+ * docs/protocol.md ("Versioning") has the wire protocol's rules.
  */
 #ifndef CONVD_CONVD_H
 #define CONVD_CONVD_H
@@ -43,10 +60,36 @@
 extern "C" {
 #endif
 
+/* The version of this header (and of the library built with it). */
+#define CONVD_VERSION_MAJOR  0
+#define CONVD_VERSION_MINOR  1
+#define CONVD_VERSION_PATCH  0
 #define CONVD_VERSION_STRING "0.1.0"
+#define CONVD_VERSION_NUMBER                                                                       \
+    ((CONVD_VERSION_MAJOR << 16) | (CONVD_VERSION_MINOR << 8) | CONVD_VERSION_PATCH)
 
-/* The socket a client uses when none is given: $CONVD_SOCKET if set, else this path. */
-#define CONVD_DEFAULT_SOCKET "/run/convd/convd.sock"
+/* The version of the library loaded at run time, as CONVD_VERSION_NUMBER encodes it (major << 16
+ * | minor << 8 | patch), and as a string ("0.1.0"). A program may compare it with the
+ * CONVD_VERSION_NUMBER it was built with; the library accepts programs built against any older
+ * header of the same major version (see "Compatibility" above). */
+unsigned convd_version(void);
+const char *convd_version_string(void);
+
+/* Where daemons listen. One daemon for the machine listens on CONVD_DEFAULT_SOCKET; with one
+ * daemon per GPU, the daemon of GPU N listens on "gpuN.sock" in the same directory
+ * (/run/convd/gpu0.sock, ...). $CONVD_SOCKET_DIR, when set, replaces the directory
+ * (CONVD_DEFAULT_SOCKET_DIR) in both names. */
+#define CONVD_DEFAULT_SOCKET_DIR "/run/convd"
+#define CONVD_DEFAULT_SOCKET     CONVD_DEFAULT_SOCKET_DIR "/convd.sock"
+
+/* The socket path a client uses when it names no socket itself, for a given device: in order,
+ * $CONVD_SOCKET if set and not empty (whatever device says: it names the one daemon to use);
+ * else, for device >= 0, "<dir>/gpu<device>.sock"; else "<dir>/convd.sock", where <dir> is
+ * $CONVD_SOCKET_DIR if set and not empty, else CONVD_DEFAULT_SOCKET_DIR. Writes the
+ * NUL-terminated path into ret_path (cap bytes). Returns 0, CONVD_EINVAL (device below -1, or
+ * ret_path NULL) or CONVD_ETOOBIG (the path does not fit in cap bytes, or in a Unix socket
+ * address: 107 bytes). */
+int convd_socket_path(int device, char *ret_path, size_t cap);
 
 typedef struct convd_client convd_client;
 typedef struct convd_region convd_region;
@@ -54,10 +97,16 @@ typedef struct convd_region convd_region;
 /* Options for convd_connect(). Initialise with CONVD_CONNECT_OPTIONS_INIT so that fields added
  * later get their defaults. timeout_ms also bounds, on the connected client, the wait for the
  * answers to ping, status and metrics and for room in a full socket; registering and
- * unregistering a region waits at least 60 s (a GPU daemon pins the memory). */
+ * unregistering a region waits at least 60 s (a GPU daemon pins the memory).
+ *
+ * Fields are preferences: a library older than the caller's header ignores the fields it does
+ * not know (struct_size up to 4096 bytes is accepted). A struct_size that does not reach
+ * timeout_ms is refused with CONVD_EINVAL. */
 struct convd_connect_options {
-    size_t struct_size;      /* sizeof(struct convd_connect_options) */
-    const char *socket_path; /* NULL: $CONVD_SOCKET, else CONVD_DEFAULT_SOCKET */
+    size_t struct_size; /* sizeof(struct convd_connect_options) */
+    /* The daemon's socket. NULL: the path convd_socket_path(device) gives ($CONVD_SOCKET, else
+     * the device's socket, else the default one). */
+    const char *socket_path;
     const char *client_name; /* shown in the daemon's logs; NULL: the program's name */
     int timeout_ms;          /* for connecting and the handshake; <= 0: 5000 */
     /* Requests and completions travel through rings in shared memory when the daemon offers
@@ -69,10 +118,15 @@ struct convd_connect_options {
      * system call and no wake-up. 0: sleep at once (best when there are more busy processes
      * than CPUs); -1 (the default): $CONVD_SPIN_US if set, else 50. */
     int spin_us;
+    /* With one daemon per GPU: the ordinal of the GPU whose daemon to connect to, which selects
+     * the socket "gpuN.sock" when socket_path is NULL and $CONVD_SOCKET is unset (see
+     * convd_socket_path()). -1 (the default): the machine's daemon, CONVD_DEFAULT_SOCKET. A
+     * library from before this field (one without convd_socket_path()) ignores it. */
+    int device;
 };
 #define CONVD_CONNECT_OPTIONS_INIT                                                                 \
     {                                                                                              \
-        sizeof(struct convd_connect_options), NULL, NULL, 0, -1, -1                                \
+        sizeof(struct convd_connect_options), NULL, NULL, 0, -1, -1, -1                            \
     }
 
 /* What the daemon announced in its handshake. */
@@ -145,18 +199,31 @@ struct convd_tensor {
     uint64_t bytes;
 };
 
-/* One request. Initialise with CONVD_CONV_ARGS_INIT. bias is used only when problem.has_bias. */
+/* One request. Initialise with CONVD_CONV_ARGS_INIT. bias is used only when problem.has_bias.
+ *
+ * struct_size must reach at least the end of `output`: priority and timeout_us, when beyond it,
+ * take their defaults (0). Fields appended later will have 0 as their "as before" value, and a
+ * library that does not know a field refuses a request whose unknown bytes are not all zero
+ * (CONVD_EUNSUPPORTED), rather than run it without what the field asked for. */
 struct convd_conv_args {
-    size_t struct_size;
+    size_t struct_size; /* sizeof(struct convd_conv_args) */
     struct convd_problem problem;
     struct convd_tensor input, weight, bias, output;
     unsigned priority;   /* 0 (highest) .. 3 (lowest) */
     uint64_t timeout_us; /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
 };
+/* C++ has no universal zero initialiser {0} that -Wextra accepts for a struct; {} is its own. */
+#ifdef __cplusplus
+#define CONVD_CONV_ARGS_INIT                                                                       \
+    {                                                                                              \
+        sizeof(struct convd_conv_args), {}, {}, {}, {}, {}, 0, 0                                   \
+    }
+#else
 #define CONVD_CONV_ARGS_INIT                                                                       \
     {                                                                                              \
         sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0                              \
     }
+#endif
 
 /* The outcome of one request. */
 struct convd_completion {

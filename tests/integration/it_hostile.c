@@ -380,6 +380,13 @@ static void test_wrong_protocol_version(void **state)
             fail_msg("version %u: got %s (%s), want EVERSION", versions[i], convd_status_name(st),
                      err);
         assert_true(raw_contains(err, "version"));
+        /* The sentence names the versions the daemon does speak. */
+        char range[64];
+        snprintf(range, sizeof(range), "versions %u to %u", CONVD_PROTOCOL_VERSION_MIN,
+                 CONVD_PROTOCOL_VERSION);
+        if (!raw_contains(err, range))
+            fail_msg("version %u: '%s' does not name the supported range (%s)", versions[i], err,
+                     range);
         raw_free(r);
         raw_expect_eof(fd);
         close(fd);

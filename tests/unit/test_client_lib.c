@@ -200,6 +200,7 @@ static void fake_connect_opts(struct fake *f, const struct hello_opts *o, int ti
     Convd__ClientMessage *m = peer_recv(sv[1], NULL);
     assert_int_equal(m->msg_case, CONVD__CLIENT_MESSAGE__MSG_HELLO);
     assert_int_equal(m->hello->protocol_version, CONVD_PROTOCOL_VERSION);
+    assert_int_equal(m->hello->min_protocol_version, CONVD_PROTOCOL_VERSION_MIN);
     assert_string_equal(m->hello->client_name, "unit");
     convd__client_message__free_unpacked(m, NULL);
     f->peer = sv[1];
@@ -505,6 +506,132 @@ static void test_connect_paths(void **state)
     rmdir(dir);
 }
 
+/* convd_socket_path(): $CONVD_SOCKET names the one daemon whatever the device; else gpuN.sock
+ * for device N, convd.sock without one, in $CONVD_SOCKET_DIR or /run/convd. */
+static void test_socket_path_for_device(void **state)
+{
+    (void)state;
+    char *saved_sock = getenv("CONVD_SOCKET") ? strdup(getenv("CONVD_SOCKET")) : NULL;
+    char *saved_dir = getenv("CONVD_SOCKET_DIR") ? strdup(getenv("CONVD_SOCKET_DIR")) : NULL;
+    char buf[128];
+    unsetenv("CONVD_SOCKET");
+    unsetenv("CONVD_SOCKET_DIR");
+    assert_int_equal(convd_socket_path(-1, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, CONVD_DEFAULT_SOCKET);
+    assert_string_equal(buf, "/run/convd/convd.sock");
+    assert_int_equal(convd_socket_path(0, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/convd/gpu0.sock");
+    assert_int_equal(convd_socket_path(13, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/convd/gpu13.sock");
+
+    /* The directory, with or without a trailing slash; empty means unset. */
+    setenv("CONVD_SOCKET_DIR", "/tmp/sockets//", 1);
+    assert_int_equal(convd_socket_path(2, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/sockets/gpu2.sock");
+    assert_int_equal(convd_socket_path(-1, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/sockets/convd.sock");
+    setenv("CONVD_SOCKET_DIR", "", 1);
+    assert_int_equal(convd_socket_path(1, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/convd/gpu1.sock");
+
+    /* $CONVD_SOCKET wins over the device and the directory. */
+    setenv("CONVD_SOCKET_DIR", "/tmp/sockets", 1);
+    setenv("CONVD_SOCKET", "/tmp/one.sock", 1);
+    assert_int_equal(convd_socket_path(3, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/one.sock");
+    assert_int_equal(convd_socket_path(-1, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/one.sock");
+
+    /* Paths that do not fit the buffer or a socket address; bad arguments. */
+    assert_int_equal(convd_socket_path(3, buf, 5), CONVD_ETOOBIG);
+    unsetenv("CONVD_SOCKET");
+    char longdir[120];
+    memset(longdir, 'd', sizeof(longdir));
+    longdir[0] = '/';
+    longdir[sizeof(longdir) - 1] = '\0';
+    setenv("CONVD_SOCKET_DIR", longdir, 1);
+    char big[256];
+    assert_int_equal(convd_socket_path(0, big, sizeof(big)), CONVD_ETOOBIG);
+    unsetenv("CONVD_SOCKET_DIR");
+    assert_int_equal(convd_socket_path(-2, buf, sizeof(buf)), CONVD_EINVAL);
+    assert_int_equal(convd_socket_path(0, NULL, 10), CONVD_EINVAL);
+
+    if (saved_sock != NULL)
+        setenv("CONVD_SOCKET", saved_sock, 1);
+    if (saved_dir != NULL)
+        setenv("CONVD_SOCKET_DIR", saved_dir, 1);
+    free(saved_sock);
+    free(saved_dir);
+}
+
+/* convd_connect() with options.device reaches the daemon at <dir>/gpuN.sock; an options struct
+ * from before the field (smaller struct_size) reaches the default socket. */
+static void test_connect_device(void **state)
+{
+    (void)state;
+    char *saved_sock = getenv("CONVD_SOCKET") ? strdup(getenv("CONVD_SOCKET")) : NULL;
+    char dir[] = "/tmp/convd-client-dev-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[100];
+    snprintf(path, sizeof(path), "%s/gpu3.sock", dir);
+    struct acceptor a = {.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)};
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    assert_int_equal(bind(a.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(a.lfd, 4), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, acceptor_main, &a), 0);
+
+    unsetenv("CONVD_SOCKET");
+    setenv("CONVD_SOCKET_DIR", dir, 1);
+    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+    assert_int_equal(o.device, -1);
+    o.client_name = "by-device";
+    o.device = 3;
+    convd_client *c = NULL;
+    int rc = convd_connect(&o, &c);
+    if (rc != 0)
+        fail_msg("connect: %s", convd_last_connect_error());
+    convd_close(c);
+    pthread_join(th, NULL);
+    assert_string_equal(a.name, "by-device");
+
+    /* Another device: its socket is named in the failure. */
+    o.device = 4;
+    assert_int_equal(convd_connect(&o, &c), CONVD_ECONNECT);
+    assert_non_null(strstr(convd_last_connect_error(), "/gpu4.sock"));
+    o.device = -7;
+    assert_int_equal(convd_connect(&o, &c), CONVD_EINVAL);
+    assert_non_null(strstr(convd_last_connect_error(), "device"));
+
+    /* A struct from a header without `device`: whatever lies beyond it, the default socket. */
+    o.device = 3;
+    o.struct_size = offsetof(struct convd_connect_options, device);
+    assert_int_equal(convd_connect(&o, &c), CONVD_ECONNECT);
+    assert_non_null(strstr(convd_last_connect_error(), "/convd.sock"));
+
+    unsetenv("CONVD_SOCKET_DIR");
+    if (saved_sock != NULL)
+        setenv("CONVD_SOCKET", saved_sock, 1);
+    free(saved_sock);
+    close(a.lfd);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_version(void **state)
+{
+    (void)state;
+    assert_int_equal(convd_version(), CONVD_VERSION_NUMBER);
+    assert_int_equal(convd_version(), (CONVD_VERSION_MAJOR << 16) | (CONVD_VERSION_MINOR << 8) |
+                                          CONVD_VERSION_PATCH);
+    assert_string_equal(convd_version_string(), CONVD_VERSION_STRING);
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", CONVD_VERSION_MAJOR, CONVD_VERSION_MINOR,
+             CONVD_VERSION_PATCH);
+    assert_string_equal(convd_version_string(), want);
+}
+
 /*
  * Regions.
  */
@@ -780,6 +907,72 @@ static void test_submit_validation(void **state)
     assert_int_equal(q->output->offset, 1024);
     assert_null(q->bias);
     convd__client_message__free_unpacked(m, NULL);
+    fake_close(&f);
+}
+
+/* struct_size of convd_conv_args: a struct from an older header (ending at `output`) gets the
+ * defaults for the fields beyond it, whatever its memory holds there; one from a newer header is
+ * taken when the bytes this library does not know are zero, refused when they are not. */
+static void test_args_struct_size(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_connect(&f);
+    convd_region *r = fake_region(&f, 4096, NULL);
+    uint64_t id;
+
+    /* Older and smaller: priority and timeout_us lie beyond it and are not read. */
+    struct convd_conv_args a;
+    small_args(&a, r);
+    a.priority = 3;
+    a.timeout_us = 777;
+    a.struct_size = offsetof(struct convd_conv_args, priority);
+    assert_int_equal(convd_conv_submit(f.c, &a, &id), 0);
+    Convd__ClientMessage *m = peer_recv(f.peer, NULL);
+    assert_int_equal(m->msg_case, CONVD__CLIENT_MESSAGE__MSG_CONV);
+    assert_int_equal(m->conv->id, id);
+    assert_int_equal(m->conv->priority, 0);
+    assert_int_equal(m->conv->timeout_us, 0);
+    assert_int_equal(m->conv->output->offset, 1024);
+    convd__client_message__free_unpacked(m, NULL);
+    /* The same struct at full size sends what it holds. */
+    a.struct_size = sizeof(a);
+    assert_int_equal(convd_conv_submit(f.c, &a, &id), 0);
+    m = peer_recv(f.peer, NULL);
+    assert_int_equal(m->conv->priority, 3);
+    assert_int_equal(m->conv->timeout_us, 777);
+    convd__client_message__free_unpacked(m, NULL);
+    /* Ending inside `output` is too small: the tensors are not optional. */
+    a.struct_size = offsetof(struct convd_conv_args, output) + 8;
+    id = 12345;
+    assert_int_equal(convd_conv_submit(f.c, &a, &id), CONVD_EINVAL);
+    assert_non_null(strstr(convd_errstr(f.c), "struct_size"));
+    assert_int_equal(id, 12345);
+
+    /* Newer and larger: a field this library does not know. */
+    struct {
+        struct convd_conv_args a;
+        uint64_t newer_field;
+        uint32_t another;
+    } big;
+    memset(&big, 0, sizeof(big));
+    small_args(&big.a, r);
+    big.a.struct_size = sizeof(big);
+    assert_int_equal(convd_conv_submit(f.c, &big.a, &id), 0);
+    m = peer_recv(f.peer, NULL);
+    assert_int_equal(m->conv->id, id);
+    convd__client_message__free_unpacked(m, NULL);
+    big.another = 1;
+    id = 12345;
+    assert_int_equal(convd_conv_submit(f.c, &big.a, &id), CONVD_EUNSUPPORTED);
+    assert_non_null(strstr(convd_errstr(f.c), "knows only"));
+    assert_int_equal(id, 12345);
+    assert_true(peer_idle(f.peer));
+    /* Beyond any plausible header. */
+    big.another = 0;
+    big.a.struct_size = 1u << 20;
+    assert_int_equal(convd_conv_submit(f.c, &big.a, &id), CONVD_EINVAL);
+    assert_true(peer_idle(f.peer));
     fake_close(&f);
 }
 
@@ -1354,10 +1547,14 @@ int main(void)
         cmocka_unit_test(test_handshake_names),
         cmocka_unit_test(test_handshake_failures),
         cmocka_unit_test(test_connect_paths),
+        cmocka_unit_test(test_socket_path_for_device),
+        cmocka_unit_test(test_connect_device),
+        cmocka_unit_test(test_version),
         cmocka_unit_test(test_region_memfd),
         cmocka_unit_test(test_region_refused),
         cmocka_unit_test(test_region_gpu),
         cmocka_unit_test(test_submit_validation),
+        cmocka_unit_test(test_args_struct_size),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_wait_timeout),
         cmocka_unit_test(test_daemon_closes),

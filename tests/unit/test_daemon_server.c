@@ -158,15 +158,21 @@ static void cl_expect_eof(int fd)
     }
 }
 
-static void cl_send_hello(int fd, uint32_t version)
+static void cl_send_hello_range(int fd, uint32_t min_version, uint32_t version)
 {
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__Hello h = CONVD__HELLO__INIT;
     h.protocol_version = version;
+    h.min_protocol_version = min_version;
     h.client_name = "unit\ntest"; /* a newline the daemon must not put in its log */
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_HELLO;
     m.hello = &h;
     assert_int_equal(cl_send(fd, &m, -1), 0);
+}
+
+static void cl_send_hello(int fd, uint32_t version)
+{
+    cl_send_hello_range(fd, 0, version);
 }
 
 /* Connects and completes the handshake; returns the descriptor. */
@@ -447,9 +453,37 @@ static void test_handshake_and_queries(void **state)
     r = cl_expect(old, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     assert_int_equal(r->hello_reply->status, CONVD_EVERSION);
     assert_non_null(strstr(r->hello_reply->error, "version 7"));
+    /* the sentence names the range the daemon does speak, and the reply carries it */
+    char range[64];
+    snprintf(range, sizeof(range), "this daemon versions %u to %u", CONVD_PROTOCOL_VERSION_MIN,
+             CONVD_PROTOCOL_VERSION);
+    if (strstr(r->hello_reply->error, range) == NULL)
+        fail_msg("'%s' does not name the range ('%s')", r->hello_reply->error, range);
+    assert_int_equal(r->hello_reply->min_protocol_version, CONVD_PROTOCOL_VERSION_MIN);
+    assert_int_equal(r->hello_reply->max_protocol_version, CONVD_PROTOCOL_VERSION);
     cl_free(r);
     cl_expect_eof(old);
     close(old);
+
+    /* a newer client that still speaks this daemon's version gets it */
+    int newer = cl_connect(s.sock);
+    cl_send_hello_range(newer, CONVD_PROTOCOL_VERSION_MIN, CONVD_PROTOCOL_VERSION + 5);
+    r = cl_expect(newer, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    assert_int_equal(r->hello_reply->status, 0);
+    assert_int_equal(r->hello_reply->protocol_version, CONVD_PROTOCOL_VERSION);
+    assert_int_equal(r->hello_reply->min_protocol_version, CONVD_PROTOCOL_VERSION_MIN);
+    assert_int_equal(r->hello_reply->max_protocol_version, CONVD_PROTOCOL_VERSION);
+    cl_free(r);
+    close(newer);
+    /* one that no longer does is told the range */
+    int newest = cl_connect(s.sock);
+    cl_send_hello_range(newest, CONVD_PROTOCOL_VERSION + 1, CONVD_PROTOCOL_VERSION + 5);
+    r = cl_expect(newest, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    assert_int_equal(r->hello_reply->status, CONVD_EVERSION);
+    assert_non_null(strstr(r->hello_reply->error, range));
+    cl_free(r);
+    cl_expect_eof(newest);
+    close(newest);
     close(fd);
     srv_stop(&s);
 }

@@ -165,13 +165,54 @@ static void test_garbage_decode(void **state)
         assert_null(convd__client_message__unpack(NULL, (size_t)(n - cut), buf));
 }
 
+/* The version a connection speaks: the newest in both ranges, or EVERSION naming both. */
+static void test_pick_version(void **state)
+{
+    (void)state;
+    const struct {
+        uint32_t peer_min, peer_max, own_min, own_max;
+        int want;
+        uint32_t version;
+        const char *says;
+    } cases[] = {
+        {0, 1, 1, 1, 0, 1, NULL}, /* a Hello of protocol 1 without a minimum */
+        {1, 1, 1, 1, 0, 1, NULL}, /* the same, said in full */
+        {1, 5, 1, 1, 0, 1, NULL}, /* a newer client that still speaks 1 */
+        {0, 1, 1, 2, 0, 1, NULL}, /* an old client and a daemon of protocols 1 and 2 */
+        {1, 2, 1, 2, 0, 2, NULL}, /* both speak 2: the newest wins */
+        {2, 3, 1, 2, 0, 2, NULL}, /* overlap at one end */
+        {0, 2, 1, 1, CONVD_EVERSION, 0,
+         "the client speaks protocol version 2 and this daemon "
+         "versions 1 to 1: no version in common"},
+        {2, 5, 1, 1, CONVD_EVERSION, 0, "versions 2 to 5 and this daemon versions 1 to 1"},
+        {0, 1, 2, 3, CONVD_EVERSION, 0, "version 1 and this daemon versions 2 to 3"},
+        {0, 0, 1, 1, CONVD_EVERSION, 0, "version 0"},
+        {3, 2, 1, 3, CONVD_EVERSION, 0, "versions 3 to 2"},
+        {0, 0xffffffffu, 1, 1, CONVD_EVERSION, 0, "version 4294967295"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint32_t v = 12345;
+        char why[200] = "";
+        int rc = wire_pick_version(cases[i].peer_min, cases[i].peer_max, cases[i].own_min,
+                                   cases[i].own_max, "client", "daemon", &v, why, sizeof(why));
+        if (rc != cases[i].want)
+            fail_msg("case %zu: rc %d, want %d (%s)", i, rc, cases[i].want, why);
+        if (rc == 0) {
+            assert_int_equal(v, cases[i].version);
+        } else {
+            assert_int_equal(v, 12345);
+            if (strstr(why, cases[i].says) == NULL)
+                fail_msg("case %zu: '%s' does not say '%s'", i, why, cases[i].says);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_rejects_named_fields),
-        cmocka_unit_test(test_pack_limits),
-        cmocka_unit_test(test_garbage_decode),
+        cmocka_unit_test(test_round_trip),   cmocka_unit_test(test_rejects_named_fields),
+        cmocka_unit_test(test_pack_limits),  cmocka_unit_test(test_garbage_decode),
+        cmocka_unit_test(test_pick_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
