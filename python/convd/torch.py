@@ -1,0 +1,175 @@
+"""PyTorch integration: convd.torch.Conv2d and convd.torch.patch.
+
+    import convd, convd.torch
+    client = convd.connect()
+    model = convd.torch.patch(torchvision.models.resnext50_32x4d(), client).eval()
+    with torch.no_grad():
+        y = model(x)
+
+This module imports torch (it is the torch integration); the rest of the package does not. The
+absolute imports below reach the real torch, never this module.
+
+The patched modules compute the forward pass only: their outputs carry no autograd history, so
+use them for inference (under torch.no_grad() or torch.inference_mode(), or not).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from convd._client import channels_last
+from convd._errors import invalid
+
+__all__ = ["Conv2d", "patch", "can_serve"]
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def can_serve(conv: nn.Module) -> bool:
+    """Whether convd can compute this module's convolutions: a plain torch.nn.Conv2d (not a
+    subclass with its own forward) with zero padding, its parameters in fp32, fp16 or bf16 on the
+    CPU or a CUDA device."""
+    if not isinstance(conv, nn.Conv2d):
+        return False
+    if type(conv) is not nn.Conv2d and not isinstance(conv, Conv2d):
+        return False
+    if conv.padding_mode != "zeros":
+        return False
+    w = conv.weight
+    if w is None or w.dim() != 4 or w.dtype not in _DTYPES or w.device.type not in ("cpu", "cuda"):
+        return False
+    b = conv.bias
+    return b is None or (b.dtype == w.dtype and b.device == w.device)
+
+
+class Conv2d(nn.Conv2d):
+    """torch.nn.Conv2d computed by the convd daemon.
+
+    Takes nn.Conv2d's arguments plus ``client`` (a convd.Client; None computes with PyTorch) and
+    ``relu`` (fuse a ReLU after the bias). The parameters are the module's own, trained and saved
+    as usual. On the CPU the weight (and bias) is copied once into memory the daemon has mapped
+    and kept there; it is copied again only when it changes (a new tensor, or an in-place update,
+    which bumps the tensor's version). CUDA weights are used in place; for channels_last input
+    a channels_last copy of the weight is made once and kept the same way.
+    """
+
+    def __init__(self, *args, client=None, relu: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.convd_client = client
+        self.convd_relu = bool(relu)
+        self._convd_held = None
+        self._convd_held_key = None
+        self._convd_cl = None
+        self._convd_cl_key = None
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, client) -> "Conv2d":
+        """A Conv2d that shares conv's parameters (the same Parameter objects), hooks and mode."""
+        m = cls.__new__(cls)
+        m.__dict__.update(conv.__dict__)
+        m._parameters = conv._parameters
+        m._buffers = conv._buffers
+        m._modules = conv._modules
+        m.convd_client = client
+        m.convd_relu = False
+        m._convd_held = None
+        m._convd_held_key = None
+        m._convd_cl = None
+        m._convd_cl_key = None
+        return m
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        if self.convd_relu:
+            s += ", relu=True"
+        return s + (", convd" if self.convd_client is not None else "")
+
+    def __getstate__(self):
+        # A client (a connection) cannot be pickled or deep-copied; the copy computes with
+        # PyTorch until it is given one.
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        state["convd_client"] = None
+        state["_convd_held"] = None
+        state["_convd_held_key"] = None
+        state["_convd_cl"] = None
+        state["_convd_cl_key"] = None
+        return state
+
+    def _convd_weights_cpu(self, client, nhwc: bool):
+        w, b = self.weight, self.bias
+        key = (
+            client,
+            id(w),
+            w.data_ptr(),
+            w._version,
+            w.dtype,
+            None if b is None else (id(b), b.data_ptr(), b._version),
+            nhwc,
+        )
+        if key != self._convd_held_key:
+            old = self._convd_held
+            if old is not None and old.client is not client:
+                old.release()
+                old = None
+            self._convd_held = client._hold(w, b, nhwc, old)
+            self._convd_held_key = key
+        return self._convd_held
+
+    def _convd_weight_cl(self):
+        w = self.weight
+        if w.is_contiguous(memory_format=torch.channels_last):
+            return w.detach()
+        key = (id(w), w.data_ptr(), w._version)
+        if key != self._convd_cl_key:
+            self._convd_cl = w.detach().contiguous(memory_format=torch.channels_last)
+            self._convd_cl_key = key
+        return self._convd_cl
+
+    def forward(self, input):
+        client = self.convd_client
+        if client is None or self.padding_mode != "zeros":
+            y = super().forward(input)
+            return torch.relu(y) if self.convd_relu else y
+        if not isinstance(input, torch.Tensor):
+            raise invalid(f"Conv2d takes a torch tensor, not {type(input).__name__}")
+        nhwc = channels_last(input)
+        args = (self.stride, self.padding, self.dilation, self.groups, self.convd_relu)
+        if input.is_cuda:
+            w = self._convd_weight_cl() if nhwc else self.weight.detach()
+            b = self.bias.detach() if self.bias is not None else None
+            return client._call(input.detach(), w, b, *args, None, None, 0, True)
+        held = self._convd_weights_cpu(client, nhwc)
+        marker = True if self.bias is not None else None
+        return client._call(input.detach(), held, marker, *args, None, None, 0, True)
+
+    def __del__(self):
+        held = self.__dict__.get("_convd_held")
+        if held is not None:
+            try:
+                held.release()
+            except Exception:
+                pass
+
+
+def patch(model: nn.Module, client) -> nn.Module:
+    """Replaces, in place, every torch.nn.Conv2d of model that convd can serve (can_serve())
+    with a convd.torch.Conv2d sharing its parameters, and returns the model. Modules convd
+    cannot serve (padding_mode other than 'zeros', other dtypes, subclasses of nn.Conv2d with
+    their own forward) stay as they are. Conv2d modules already patched get this client. When
+    model itself is an nn.Conv2d, the replacement is returned."""
+    if isinstance(model, Conv2d):
+        model.convd_client = client
+        return model
+    if isinstance(model, nn.Conv2d):
+        return Conv2d.from_conv(model, client) if can_serve(model) else model
+    for name, child in list(model.named_children()):
+        if isinstance(child, Conv2d):
+            child.convd_client = client
+        elif isinstance(child, nn.Conv2d):
+            if can_serve(child):
+                setattr(model, name, Conv2d.from_conv(child, client))
+        else:
+            patch(child, client)
+    return model
