@@ -41,6 +41,7 @@ _ELIMIT = -14
 # A waiting Future holds the client's lock at most this long before letting other threads in.
 _WAIT_SLICE_MS = 10
 _MAX_PLANS = 1024
+_args_checked = False
 
 _NHWC_WORDS = {"nhwc": True, "channels_last": True, "nchw": False, "contiguous": False}
 
@@ -228,18 +229,38 @@ class Client:
     # ------------------------------------------------------------------ basics
 
     def _check_args_struct(self) -> None:
-        """The library takes struct convd_conv_args at this package's size: a request with an
-        out-of-range priority must be refused for its priority, not for its struct_size."""
-        a = _lib.ConvArgs()
-        a.struct_size = ctypes.sizeof(a)
+        """Checks struct convd_conv_args against the library, once per process, without a round
+        trip (both probes fail in the library before anything is sent):
+        - at this package's struct_size, a priority of 99 is refused for its priority, so the
+          library reads priority where the mirror puts it;
+        - at 8 bytes more, with those bytes set, the request is refused as using a field the
+          library does not know (CONVD_EUNSUPPORTED), so the library's struct is not longer
+          than the mirror."""
+        global _args_checked
+        if _args_checked:
+            return
+        size = ctypes.sizeof(_lib.ConvArgs)
+        buf = (ctypes.c_char * (size + 8))()
+        a = _lib.ConvArgs.from_buffer(buf)
+        a.struct_size = size
         a.priority = 99
         rc = self._lib.convd_conv_submit(self._h, byref(a), self._idv_ref)
         msg = self._errstr()
         if rc != -1 or "priority" not in msg:
             raise _lib.LibraryError(
-                f"{_lib.path()} does not accept struct convd_conv_args as this package declares "
-                f"it ({ctypes.sizeof(a)} bytes): {msg!r}"
+                f"{_lib.path()} does not read struct convd_conv_args as this package declares "
+                f"it ({size} bytes): {msg!r}"
             )
+        a.priority = 0
+        a.struct_size = size + 8
+        ctypes.memset(ctypes.addressof(buf) + size, 1, 8)
+        rc = self._lib.convd_conv_submit(self._h, byref(a), self._idv_ref)
+        if rc != -7:
+            raise _lib.LibraryError(
+                f"{_lib.path()}'s struct convd_conv_args is longer than this package's "
+                f"({size} bytes): {self._errstr()!r}"
+            )
+        _args_checked = True
 
     def _errstr(self) -> str:
         s = self._lib.convd_errstr(self._h)
