@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 
@@ -86,6 +87,15 @@ int __real_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
 int __real_timerfd_create(int clock, int flags);
 int __real_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
 
+int __real_socket(int domain, int type, int protocol);
+int __real_connect(int fd, const struct sockaddr *addr, socklen_t len);
+int __real_memfd_create(const char *name, unsigned flags);
+int __real_ftruncate(int fd, off_t len);
+
+int __wrap_socket(int domain, int type, int protocol);
+int __wrap_connect(int fd, const struct sockaddr *addr, socklen_t len);
+int __wrap_memfd_create(const char *name, unsigned flags);
+int __wrap_ftruncate(int fd, off_t len);
 void *__wrap_malloc(size_t size);
 void *__wrap_calloc(size_t n, size_t size);
 void *__wrap_realloc(void *p, size_t size);
@@ -146,4 +156,24 @@ int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(
 {
     /* pthread_create reports its error as the return value, not in errno. */
     return fault_fail(FAULT_PTHREAD_CREATE) ? EAGAIN : __real_pthread_create(t, attr, fn, arg);
+}
+
+int __wrap_socket(int domain, int type, int protocol)
+{
+    return fault_fail(FAULT_SOCKET) ? -1 : __real_socket(domain, type, protocol);
+}
+
+int __wrap_connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    return fault_fail(FAULT_CONNECT) ? -1 : __real_connect(fd, addr, len);
+}
+
+int __wrap_memfd_create(const char *name, unsigned flags)
+{
+    return fault_fail(FAULT_MEMFD_CREATE) ? -1 : __real_memfd_create(name, flags);
+}
+
+int __wrap_ftruncate(int fd, off_t len)
+{
+    return fault_fail(FAULT_FTRUNCATE) ? -1 : __real_ftruncate(fd, len);
 }

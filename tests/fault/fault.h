@@ -22,7 +22,11 @@
     X(SENDMSG, "sendmsg", ENOBUFS)                                                                 \
     X(ACCEPT4, "accept4", EMFILE)                                                                  \
     X(TIMERFD_CREATE, "timerfd_create", EMFILE)                                                    \
-    X(PTHREAD_CREATE, "pthread_create", EAGAIN)
+    X(PTHREAD_CREATE, "pthread_create", EAGAIN)                                                    \
+    X(SOCKET, "socket", EMFILE)                                                                    \
+    X(CONNECT, "connect", EAGAIN)                                                                  \
+    X(MEMFD_CREATE, "memfd_create", EMFILE)                                                        \
+    X(FTRUNCATE, "ftruncate", ENOSPC)
 
 enum fault_fn {
 #define FAULT_ENUM(id, name, err) FAULT_##id,
