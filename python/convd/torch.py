@@ -97,6 +97,13 @@ class Conv2d(nn.Conv2d):
         state["_convd_cl_key"] = None
         return state
 
+    def convd_refresh(self) -> None:
+        """Copies the weight again at the next call. Needed only after changing it in a way
+        PyTorch does not count as a change to the tensor: through ``.data`` (``w.data.mul_(2)``)
+        or through memory shared with numpy."""
+        self._convd_held_key = None
+        self._convd_cl_key = None
+
     def _convd_weights_cpu(self, client, nhwc: bool):
         w, b = self.weight, self.bias
         key = (
