@@ -22,10 +22,13 @@ void region_table_init(struct region_table *t, struct convd_backend *backend,
     t->stats = stats;
 }
 
-/* The checks every kind shares: id free, count and byte limits. */
-static int reg_admit(const struct region_table *t, uint64_t id, uint64_t size, char *why,
+/* The checks every kind shares: id free, count and byte limits per connection and per user,
+ * and for host memory the daemon-wide pinned cap. */
+static int reg_admit(const struct region_table *t, uint64_t id, uint64_t size, bool host, char *why,
                      size_t why_len)
 {
+    const struct region_limits *l = t->limits;
+    const struct region_account *a = t->account;
     if (size == 0)
         return why_fail(why, why_len, CONVD_EINVAL, "region %llu: field size is 0",
                         (unsigned long long)id);
@@ -45,7 +48,70 @@ static int reg_admit(const struct region_table *t, uint64_t id, uint64_t size, c
                         (unsigned long long)id, (unsigned long long)size,
                         (unsigned long long)t->limits->max_mapped_bytes,
                         (unsigned long long)t->bytes);
+    if (a != NULL && a->regions >= l->max_regions_per_user)
+        return why_fail(why, why_len, CONVD_ELIMIT,
+                        "region %llu: this client's user already has %u regions over all its "
+                        "connections, the limit (max_regions_per_user)",
+                        (unsigned long long)id, (unsigned)a->regions);
+    if (a != NULL &&
+        (size > l->max_mapped_bytes_per_user || a->bytes > l->max_mapped_bytes_per_user - size))
+        return why_fail(why, why_len, CONVD_ELIMIT,
+                        "region %llu: %llu more bytes would exceed the limit of %llu mapped bytes "
+                        "for this client's user over all its connections "
+                        "(max_mapped_bytes_per_user; %llu in use)",
+                        (unsigned long long)id, (unsigned long long)size,
+                        (unsigned long long)l->max_mapped_bytes_per_user,
+                        (unsigned long long)a->bytes);
+    if (host && t->stats != NULL && l->max_pinned_bytes != 0 &&
+        (size > l->max_pinned_bytes || t->stats->host_bytes > l->max_pinned_bytes - size))
+        return why_fail(why, why_len, CONVD_ELIMIT,
+                        "region %llu: %llu more bytes of host memory would exceed the daemon's "
+                        "limit of %llu for all clients together (max_pinned_bytes; %llu in use)",
+                        (unsigned long long)id, (unsigned long long)size,
+                        (unsigned long long)l->max_pinned_bytes,
+                        (unsigned long long)t->stats->host_bytes);
     return 0;
+}
+
+void region_table_set_account(struct region_table *t, struct region_account *account)
+{
+    t->account = account;
+}
+
+/* Adds a region's charge to the table, the user and the daemon (add), or takes it back. */
+static void reg_charge(struct region_table *t, const struct region *r, bool add)
+{
+    uint64_t bytes = r->mem.size;
+    uint64_t host = r->mem.kind == CONVD_MEM_HOST ? bytes : 0;
+    struct region_account *a = t->account;
+    struct region_stats *st = t->stats;
+    if (add) {
+        t->count++;
+        t->bytes += bytes;
+        if (a != NULL) {
+            a->regions++;
+            a->bytes += bytes;
+            a->host_bytes += host;
+        }
+        if (st != NULL) {
+            st->regions++;
+            st->mapped_bytes += bytes;
+            st->host_bytes += host;
+        }
+    } else {
+        t->count--;
+        t->bytes -= bytes;
+        if (a != NULL) {
+            a->regions--;
+            a->bytes -= bytes;
+            a->host_bytes -= host;
+        }
+        if (st != NULL) {
+            st->regions--;
+            st->mapped_bytes -= bytes;
+            st->host_bytes -= host;
+        }
+    }
 }
 
 /* Imports the region into the backend and files it under its id. Frees nothing on failure. */
@@ -66,12 +132,7 @@ static int reg_install(struct region_table *t, struct region *r, char *why, size
     }
     r->registered = true;
     r->table = t;
-    t->count++;
-    t->bytes += r->mem.size;
-    if (t->stats != NULL) {
-        t->stats->regions++;
-        t->stats->mapped_bytes += r->mem.size;
-    }
+    reg_charge(t, r, true);
     return 0;
 }
 
@@ -83,7 +144,7 @@ int region_register_memfd(struct region_table *t, uint64_t id, uint64_t size, co
                         "region %llu: a MEMFD registration carries exactly one file descriptor, "
                         "this one carried %zu",
                         (unsigned long long)id, nfds);
-    int rc = reg_admit(t, id, size, why, why_len);
+    int rc = reg_admit(t, id, size, true, why, why_len);
     if (rc != 0)
         return rc;
     int fd = fds[0];
@@ -162,7 +223,7 @@ int region_register_gpu(struct region_table *t, uint64_t id, uint64_t size, cons
         return why_fail(
             why, why_len, CONVD_EBOUNDS, "region %llu: ipc_offset %llu + size %llu overflows",
             (unsigned long long)id, (unsigned long long)offset, (unsigned long long)size);
-    int rc = reg_admit(t, id, size, why, why_len);
+    int rc = reg_admit(t, id, size, false, why, why_len);
     if (rc != 0)
         return rc;
     struct region *r = calloc(1, sizeof(*r));
@@ -190,12 +251,7 @@ static void reg_release(struct region *r)
         be_mem_release(t->backend, &r->mem);
     if (r->map != NULL)
         munmap(r->map, r->map_len);
-    t->count--;
-    t->bytes -= r->mem.size;
-    if (t->stats != NULL) {
-        t->stats->regions--;
-        t->stats->mapped_bytes -= r->mem.size;
-    }
+    reg_charge(t, r, false);
     log_debug("region %llu released (%llu bytes)", (unsigned long long)r->id,
               (unsigned long long)r->mem.size);
     free(r);

@@ -18,15 +18,29 @@
 #include "backend.h"
 #include "idmap.h"
 
-/* Totals over all connections, for status and metrics. */
+/* Totals over all connections, for status, metrics and the daemon-wide cap. */
 struct region_stats {
     uint64_t regions;
     uint64_t mapped_bytes;
+    uint64_t host_bytes; /* of which host memory: what a GPU backend pins */
+};
+
+/* What one user's regions hold over all its connections (users.h), charged like region_stats. */
+struct region_account {
+    uint32_t regions;
+    uint64_t bytes;
+    uint64_t host_bytes;
 };
 
 struct region_limits {
-    uint32_t max_regions;
-    uint64_t max_mapped_bytes;
+    uint32_t max_regions;      /* per connection */
+    uint64_t max_mapped_bytes; /* per connection */
+    /* Per user, checked only for tables with an account. */
+    uint32_t max_regions_per_user;
+    uint64_t max_mapped_bytes_per_user;
+    /* Host-memory regions of all clients together, checked only for tables with stats; 0: no
+     * cap. A GPU backend pins them (page-locked memory the kernel cannot reclaim). */
+    uint64_t max_pinned_bytes;
 };
 
 struct region_table;
@@ -51,16 +65,21 @@ struct region_table {
     uint64_t bytes;     /* their sizes */
     const struct region_limits *limits;
     struct convd_backend *backend;
-    struct region_stats *stats; /* may be NULL */
+    struct region_stats *stats;     /* may be NULL */
+    struct region_account *account; /* the peer user's; NULL: per-user limits not checked */
 };
 
 void region_table_init(struct region_table *t, struct convd_backend *backend,
                        const struct region_limits *limits, struct region_stats *stats);
 
+/* Charges the table's regions to a user's account from now on (set before any registration). */
+void region_table_set_account(struct region_table *t, struct region_account *account);
+
 /* Registers `size` bytes of the sealed memfd that arrived as the message's only descriptor. The
  * descriptors stay the caller's to close (the mapping does not need them). Checks, in order:
  * exactly one descriptor (CONVD_EINVAL), size > 0 (CONVD_EINVAL), an unused id (CONVD_EEXIST),
- * the per-client count and byte limits (CONVD_ELIMIT), seals against shrinking and growing
+ * the per-client and per-user count and byte limits and the daemon-wide max_pinned_bytes
+ * (CONVD_ELIMIT), seals against shrinking and growing
  * (CONVD_ESEAL), the file's size (CONVD_EBOUNDS), then maps it MAP_SHARED (read-only when it is
  * sealed against writing) and imports it into the backend. Returns 0, or the code with a sentence
  * in why; nothing is left behind on failure. */

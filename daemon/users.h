@@ -11,13 +11,15 @@
 #include <sys/types.h>
 
 #include "list.h"
+#include "regions.h"
 
 struct user {
     struct list_node link;
     uid_t uid;
-    uint32_t refs;     /* connections pointing here (counted or not yet freed) */
-    uint32_t conns;    /* connections counted against max_clients_per_user */
-    uint32_t inflight; /* requests queued or running, all connections together */
+    uint32_t refs;                 /* connections pointing here (counted or not yet freed) */
+    uint32_t conns;                /* connections counted against max_clients_per_user */
+    uint32_t inflight;             /* requests queued or running, all connections together */
+    struct region_account regions; /* regions of all its connections, until released */
 };
 
 struct users {

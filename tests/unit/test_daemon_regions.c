@@ -240,6 +240,69 @@ static void test_ids_and_limits(void **state)
 
 /* A region a request still uses is unmapped only after the last reference goes, even if it was
  * unregistered (or its client went away) long before. */
+/* Two connections of one user share an account: the per-user limits bind their sum, the
+ * daemon-wide pinned cap binds every table with the same stats, and releases give it all back. */
+static void test_user_and_pinned_limits(void **state)
+{
+    struct fixture *fx = *state;
+    char why[256];
+    struct region_account acct = {0};
+    struct region_table t2;
+    fx->limits.max_regions_per_user = 3;
+    fx->limits.max_mapped_bytes_per_user = 3 * 4096;
+    fx->limits.max_pinned_bytes = 5 * 4096;
+    region_table_set_account(&fx->t, &acct);
+    region_table_init(&t2, &fx->be, &fx->limits, &fx->stats);
+    region_table_set_account(&t2, &acct);
+    int fd = make_memfd(1 << 20, SEALED);
+
+    expect(region_register_memfd(&fx->t, 1, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
+    expect(region_register_memfd(&t2, 1, 8192, &fd, 1, why, sizeof(why)), 0, why, NULL);
+    assert_int_equal(acct.regions, 2);
+    assert_int_equal(acct.bytes, 3 * 4096);
+    assert_int_equal(acct.host_bytes, 3 * 4096);
+    assert_int_equal(fx->stats.host_bytes, 3 * 4096);
+    /* bytes: the user's 12 KiB are used up over both connections, each far under its own 1 MiB */
+    expect(region_register_memfd(&fx->t, 2, 1, &fd, 1, why, sizeof(why)), CONVD_ELIMIT, why,
+           "max_mapped_bytes_per_user");
+    expect(region_unregister(&t2, 1, why, sizeof(why)), 0, why, NULL);
+    assert_int_equal(acct.bytes, 4096);
+    expect(region_register_memfd(&fx->t, 2, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
+    expect(region_register_memfd(&t2, 2, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
+    /* count: three regions over two connections */
+    fx->limits.max_mapped_bytes_per_user = 1 << 20;
+    expect(region_register_memfd(&t2, 3, 4096, &fd, 1, why, sizeof(why)), CONVD_ELIMIT, why,
+           "max_regions_per_user");
+
+    /* Another user's table: its own account, the same daemon-wide pinned cap (5 pages, 3 in
+     * use). */
+    struct region_account other = {0};
+    struct region_table t3;
+    region_table_init(&t3, &fx->be, &fx->limits, &fx->stats);
+    region_table_set_account(&t3, &other);
+    expect(region_register_memfd(&t3, 1, 8192, &fd, 1, why, sizeof(why)), 0, why, NULL);
+    expect(region_register_memfd(&t3, 2, 4096, &fd, 1, why, sizeof(why)), CONVD_ELIMIT, why,
+           "max_pinned_bytes");
+    expect(region_register_memfd(&t3, 2, UINT64_MAX / 2, &fd, 1, why, sizeof(why)), CONVD_ELIMIT,
+           why, NULL);
+    assert_int_equal(other.regions, 1);
+    assert_int_equal(fx->stats.host_bytes, 5 * 4096);
+
+    region_table_release_all(&t2);
+    region_table_release_all(&t3);
+    region_table_destroy(&t2);
+    region_table_destroy(&t3);
+    assert_int_equal(acct.regions, 2);
+    assert_int_equal(other.regions, 0);
+    assert_int_equal(other.bytes, 0);
+    region_table_release_all(&fx->t);
+    assert_int_equal(acct.regions, 0);
+    assert_int_equal(acct.bytes, 0);
+    assert_int_equal(acct.host_bytes, 0);
+    assert_int_equal(fx->stats.host_bytes, 0);
+    close(fd);
+}
+
 static void test_deferred_release(void **state)
 {
     struct fixture *fx = *state;
@@ -360,6 +423,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sealed_memfd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_memfds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ids_and_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_user_and_pinned_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deferred_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_sealed_is_readonly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_handles, setup, teardown),
