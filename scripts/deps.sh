@@ -3,8 +3,11 @@
 # them works on a fresh Debian machine. Missing packages are installed with apt-get when running
 # as root (or with sudo when it is available without a password); otherwise the script prints the
 # exact apt-get line and fails.
+# python3-numpy, -pytest, -torch, -torchvision and -venv: the Python package's tests
+# (python/tests), which the test command runs against a real daemon.
 deps_packages=(cmake ninja-build gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev
-    protobuf-c-compiler libcmocka-dev libsystemd-dev python3)
+    protobuf-c-compiler libcmocka-dev libsystemd-dev python3 python3-numpy python3-pytest
+    python3-torch python3-torchvision python3-venv)
 
 deps_missing() {
     local missing=()
@@ -20,6 +23,17 @@ deps_missing() {
         pkg-config --exists cmocka || missing+=(libcmocka-dev)
     else
         missing+=(libuv1-dev libprotobuf-c-dev libcmocka-dev)
+    fi
+    if [[ -x /usr/bin/python3 ]]; then
+        local mod pkg
+        for mod in numpy:python3-numpy pytest:python3-pytest torch:python3-torch \
+            torchvision:python3-torchvision ensurepip:python3-venv; do
+            pkg=${mod#*:}
+            /usr/bin/python3 -c "import ${mod%%:*}" 2> /dev/null || missing+=("$pkg")
+        done
+    else
+        missing+=(python3 python3-numpy python3-pytest python3-torch python3-torchvision
+            python3-venv)
     fi
     echo "${missing[@]}"
 }

@@ -260,7 +260,15 @@ def _candidates() -> list[str]:
     if env:
         return [env]
     # The loader's own search: LD_LIBRARY_PATH, the ld.so cache, the default directories.
-    return ["libconvd-client.so.0", "libconvd-client.so"]
+    names = ["libconvd-client.so.0", "libconvd-client.so"]
+    # Installed by cmake --install: the library directory of the same install, in case the
+    # loader does not search it.
+    try:
+        from convd import _install
+    except ImportError:
+        return names
+    here = os.path.dirname(os.path.abspath(__file__))
+    return names + [os.path.normpath(os.path.join(here, _install.LIBDIR, "libconvd-client.so.0"))]
 
 
 def load() -> ctypes.CDLL:

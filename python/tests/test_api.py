@@ -193,8 +193,11 @@ def test_daemon_refusal_carries_its_sentence(rng):
     d = Daemon("--max-inflight-per-user", "2")
     try:
         c = d.connect()
-        # About 0.1 s of CPU each: the first runs, the second waits, the rest are refused.
-        x, w = small(rng, n=4, c=64, h=48, w=48, k=64)
+        # About 0.1 s of CPU each: the first runs, the second waits, the rest are refused. A
+        # first round makes the staging slabs, so that the second submits without a round trip.
+        x, w = small(rng, n=8, c=64, h=48, w=48, k=64)
+        for f in [c.submit(x, w, padding=1) for _ in range(6)]:
+            f.exception()
         futs = [c.submit(x, w, padding=1) for _ in range(6)]
         errors = [f.exception() for f in futs]
         refused = [e for e in errors if e is not None]
@@ -419,7 +422,8 @@ def test_empty_is_used_in_place_and_released(client, rng, monkeypatch):
     assert region_maps() == before
 
 
-def test_empty_outlives_close(daemon, rng):
+def test_empty_outlives_close(rng):
+    daemon = Daemon()  # its own, so that the count of clients is this test's alone
     with daemon.connect() as watcher:
         c = daemon.connect()
         a = c.empty((4, 4))
@@ -438,6 +442,7 @@ def test_empty_outlives_close(daemon, rng):
         while watcher.status()["clients"] != n - 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
+    assert daemon.stop() == 0
 
 
 # ---------------------------------------------------------------- queries, close

@@ -1,0 +1,210 @@
+"""CUDA tensors through a GPU daemon: skipped unless torch sees a CUDA device and $CONVD_DAEMON
+is a GPU build. Written on the CPU build machine; not yet run on the GPU machine.
+
+- random problems in every dtype and layout against F.conv2d in float64, outputs poisoned;
+- the registration of an allocation is made once and reused (no round trip per call), and let go
+  when PyTorch frees the allocation;
+- the stream rule: a producer kernel queued right before the call (behind a long sleep on the
+  stream) is waited for, on the default and on a side stream, for conv2d and submit; a consumer
+  queued right after the call sees the output;
+- the four torchvision models patched against unpatched on the GPU, fp32 (TF32 off on both
+  sides) within 1e-4, and fp16 and bf16 no further from the fp32 output than PyTorch's own
+  half-precision run is (twice its error, plus 1e-3).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+import convd
+import convd.torch
+from conftest import TOL, Daemon, rel_l2, served
+from test_conv import make_data, random_problem, reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def gpu_daemon():
+    try:
+        d = Daemon(backend="gpu")
+    except RuntimeError as e:
+        if "without GPU support" in str(e):
+            pytest.skip("$CONVD_DAEMON was built without the GPU backend")
+        raise
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture
+def gclient(gpu_daemon):
+    c = gpu_daemon.connect()
+    yield c
+    c.close()
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """PyTorch's fp32 references without TF32."""
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    torch_empty = torch.empty
+
+    def empty(*a, **kw):
+        out = torch_empty(*a, **kw)
+        if out.is_floating_point():
+            out.fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def metric(client, name) -> float:
+    m = re.search(rf"^{name} (\S+)$", client.metrics(), re.M)
+    assert m, f"no metric {name}"
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_cuda_random_problems(gclient, rng, dtype, channels_last, poisoned):
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for _ in range(16):
+        p = random_problem(rng)
+        x, w, b = make_data(rng, p, dtype)
+        want = reference(p, x, w, b)
+        x, w = x.to(dev), w.to(dev)
+        b = b.to(dev) if b is not None else None
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        if p["unbatched"]:
+            x, want = x[0], want[0]
+        kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"], relu=p["relu"])
+        y = gclient.conv2d(x, w, b, **kw)
+        assert y.device == dev and y.dtype == DT[dtype]
+        if channels_last and not p["unbatched"] and y.shape[1] > 1 and y.shape[2] * y.shape[3] > 1:
+            assert y.is_contiguous(memory_format=torch.channels_last)
+        err = rel_l2(y.double().cpu().numpy(), want.numpy())
+        assert err <= TOL[dtype], f"{p} {dtype} channels_last={channels_last}: {err:.3g}"
+        f = gclient.submit(x, w, b, **kw)
+        assert rel_l2(f.result().double().cpu().numpy(), want.numpy()) <= TOL[dtype]
+
+
+def test_host_tensors_on_a_gpu_daemon(gclient, rng):
+    x = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((32, 4, 3, 3)).astype(np.float32)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1, groups=4)
+    assert rel_l2(gclient.conv2d(x, w, padding=1, groups=4), want.numpy()) <= TOL["fp32"]
+
+
+def test_cuda_tensor_on_a_cpu_daemon(client):
+    x = torch.randn(1, 4, 8, 8, device="cuda")
+    w = torch.randn(4, 4, 3, 3, device="cuda")
+    with pytest.raises(convd.Error) as e:
+        client.conv2d(x, w)
+    assert e.value.code == "EUNSUPPORTED"
+    assert client.conv2d(x.cpu(), w.cpu()).shape == (1, 4, 6, 6)
+
+
+def test_registration_is_per_allocation_and_reused(gclient):
+    dev = torch.device("cuda")
+    w = torch.randn(64, 8, 3, 3, device=dev)
+    gclient.conv2d(torch.randn(1, 64, 28, 28, device=dev), w, padding=1, groups=8)
+    registered = metric(gclient, "convd_regions_registered_total")
+    segments = len(gclient._cuda)
+    for _ in range(50):
+        x = torch.randn(1, 64, 28, 28, device=dev)  # new tensors, the allocator's same segments
+        y = gclient.conv2d(x, w, padding=1, groups=8)
+        del x, y
+    assert metric(gclient, "convd_regions_registered_total") == registered
+    assert len(gclient._cuda) == segments
+
+
+def test_freed_allocation_is_unregistered(gclient):
+    dev = torch.device("cuda")
+    w = torch.randn(16, 16, 1, 1, device=dev)
+    base = metric(gclient, "convd_regions")
+    for _ in range(5):
+        # 64 MiB: an allocation (segment) of its own, freed by empty_cache().
+        x = torch.randn(1, 16, 1024, 1024, device=dev)
+        gclient.conv2d(x, w)
+        del x
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    gclient.conv2d(torch.randn(1, 16, 8, 8, device=dev), w)
+    # The freed allocations' registrations went when the next one was made: a bounded number
+    # of regions remain (w's, the small input's and output's), not one per big tensor.
+    assert metric(gclient, "convd_regions") - base <= 4
+    assert len(gclient._cuda) <= 4
+
+
+@pytest.mark.parametrize("side_stream", [False, True])
+@pytest.mark.parametrize("use_future", [False, True])
+def test_stream_order_producer_and_consumer(gclient, side_stream, use_future):
+    dev = torch.device("cuda")
+    src = torch.randn(4, 32, 56, 56, device=dev)
+    w = torch.randn(32, 4, 3, 3, device=dev)
+    want = torch.nn.functional.conv2d(src.double(), w.double(), padding=1, groups=8)
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        x = torch.full_like(src, float("nan"))
+        # The producer: queued behind ~0.2 s of spinning, so it has not run when the call is made.
+        torch.cuda._sleep(int(2e8))
+        x.copy_(src)
+        if use_future:
+            y = gclient.submit(x, w, padding=1, groups=8).result()
+        else:
+            y = gclient.conv2d(x, w, padding=1, groups=8)
+        # The consumer: queued right after the call, on the same stream.
+        z = y * 2
+    stream.synchronize()
+    assert rel_l2(y.double().cpu().numpy(), want.cpu().numpy()) <= TOL["fp32"]
+    assert rel_l2(z.double().cpu().numpy(), 2 * want.cpu().numpy()) <= TOL["fp32"]
+
+
+@pytest.mark.parametrize("name", ["resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_small", "convnext_tiny"])
+def test_models_on_the_gpu(gclient, name, poisoned):
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval().to(dev)
+    n_convs = sum(type(m) is torch.nn.Conv2d for m in model.modules())
+    patched = convd.torch.patch(copy.deepcopy(model), gclient)
+    x32 = torch.randn(1, 3, 224, 224, device=dev)
+    with torch.no_grad():
+        ref32 = model(x32).double()
+        for channels_last in (False, True):
+            x = x32.to(memory_format=torch.channels_last) if channels_last else x32
+            before = served(gclient)
+            got = patched(x)
+            assert served(gclient) - before == n_convs
+            err = rel_l2(got.double().cpu().numpy(), ref32.cpu().numpy())
+            assert err <= 1e-4, f"{name} fp32 channels_last={channels_last}: {err:.3g}"
+        for dtype in ("fp16", "bf16"):
+            m16 = copy.deepcopy(model).to(DT[dtype])
+            p16 = convd.torch.patch(copy.deepcopy(m16), gclient)
+            for channels_last in (False, True):
+                x = x32.to(DT[dtype])
+                if channels_last:
+                    x = x.to(memory_format=torch.channels_last)
+                torch_err = rel_l2(m16(x).double().cpu().numpy(), ref32.cpu().numpy())
+                ours = rel_l2(p16(x).double().cpu().numpy(), ref32.cpu().numpy())
+                assert ours <= 2 * torch_err + 1e-3, (
+                    f"{name} {dtype} channels_last={channels_last}: convd {ours:.3g}, "
+                    f"PyTorch {torch_err:.3g}"
+                )
