@@ -2,8 +2,9 @@
 # Checks the man pages against the programs they describe (ctest: man_pages):
 #   1. each built page renders with `man --warnings` (else groff -ww) and prints no warning;
 #   2. convd.8 names every option of `convd --help`, convd.conf.5 every key that
-#      `convd --check-config` prints, convctl.1 every command of `convctl --help` and every option
-#      of `convctl help COMMAND`;
+#      `convd --check-config` prints, convctl.1 every global option of `convctl --help` in its
+#      GLOBAL OPTIONS, every command, and every option of `convctl help COMMAND` in that
+#      command's entry (or in SHAPE OPTIONS, for a command that takes shape options);
 #   3. the example configuration names every key, and with its settings uncommented it gives the
 #      same configuration as the defaults (so the values it shows are the defaults).
 #
@@ -63,18 +64,34 @@ done
 "$convctl" --help > "$tmp/convctl-help"
 mapfile -t cmds < <(sed -n '/^Commands:/,/^$/s/^  \([a-z][a-z-]*\) .*/\1/p' "$tmp/convctl-help")
 [[ ${#cmds[@]} -ge 5 ]] || bad "found only ${#cmds[@]} commands in convctl --help"
-global=$(sed -n '/^Global options/,/^$/p' "$tmp/convctl-help")
-mapfile -t global_opts < <(grep -oE -- '--[a-z][a-z-]*' <<< "$global" | sort -u)
+# convctl.1 in parts: GLOBAL OPTIONS, SHAPE OPTIONS, and each command's entry under COMMANDS
+# (from its line `*name*...` to the next such line or heading).
+section() { awk -v h="# $1" '$0 == h { on = 1; next } /^# / { on = 0 } on' "$src/convctl.1.scd"; }
+section "GLOBAL OPTIONS" > "$tmp/man-global"
+section "SHAPE OPTIONS" > "$tmp/man-shape"
+entry() {
+    section COMMANDS | awk -v c="$1" '/^\*[a-z]+\*/ { on = index($0, "*" c "*") == 1 } on'
+}
+mapfile -t global_opts < <(sed -n '/^Global options/,/^$/p' "$tmp/convctl-help" |
+    grep -oE -- '--[a-z][a-z-]*' | sort -u)
 for o in "${global_opts[@]}"; do
-    grep -qF -- "*$o*" "$src/convctl.1.scd" || bad "convctl.1 does not describe the global $o"
+    grep -qF -- "*$o*" "$tmp/man-global" || bad "convctl.1 does not describe the global $o"
 done
 for c in "${cmds[@]}"; do
-    grep -qE -- "^\*$c\*" "$src/convctl.1.scd" || bad "convctl.1 does not describe the command $c"
+    entry "$c" > "$tmp/man-$c"
+    [[ -s $tmp/man-$c ]] || bad "convctl.1 does not describe the command $c"
     [[ $c == help ]] && continue
     "$convctl" help "$c" > "$tmp/help-$c" || bad "convctl help $c failed"
+    cat "$tmp/man-$c" > "$tmp/man-$c-all"
+    if grep -q 'SHAPE OPTION' "$tmp/man-$c"; then
+        cat "$tmp/man-shape" >> "$tmp/man-$c-all"
+    fi
     mapfile -t cmd_opts < <(grep -oE -- '--[a-z][a-z-]*' "$tmp/help-$c" | sort -u)
     for o in "${cmd_opts[@]}"; do
-        grep -qF -- "*$o*" "$src/convctl.1.scd" || bad "convctl.1 does not describe $c $o"
+        # Every command answers --help (the page says so once); global options are checked above.
+        [[ $o == --help ]] && continue
+        printf '%s\n' "${global_opts[@]}" | grep -qxF -- "$o" && continue
+        grep -qF -- "*$o*" "$tmp/man-$c-all" || bad "convctl.1 does not describe $c $o"
     done
 done
 
