@@ -137,7 +137,19 @@ class Plan:
         "total",
         "has_bias",
         "text",
+        "args",
+        "where",
     )
+
+    def conv_args(self):
+        """The plan's struct convd_conv_args, made once: calls fill in the tensors and the
+        priority under the client's lock (the library copies the struct when it submits)."""
+        a = self.args
+        if a is None:
+            a = self.args = _lib.ConvArgs()
+            a.struct_size = ctypes.sizeof(a)
+            a.problem = self.problem
+        return a
 
 
 def _align(v: int) -> int:
@@ -190,6 +202,8 @@ def make_plan(
         raise Error("EBADSHAPE", f"the bias has shape {tuple(bshape)}; it must be ({k},)")
 
     plan = Plan()
+    plan.args = None
+    plan.where = None  # what plan.args names now (Client._host_request)
     plan.problem = p
     plan.dtype = dtype
     plan.layout = layout

@@ -533,7 +533,10 @@ class Client:
         )
 
     def _plan_for(self, key, build):
-        plan = self._plans.get(key) if key is not None else None
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # an argument that cannot be hashed (a numpy array as padding, say)
+            key = plan = None
         if plan is None:
             plan = build()
             if key is not None:
@@ -555,10 +558,10 @@ class Client:
             raise invalid(
                 f"the input is a numpy array, so the bias must be one too, not {type(b).__name__}"
             )
-        key = _key(
+        key = (
             "np", x.shape, x.dtype, w.shape, w.dtype,
             None if b is None else (b.shape, b.dtype),
-            stride, padding, dilation, groups, relu, dtype, layout,
+            _hashable(stride), _hashable(padding), _hashable(dilation), groups, relu, dtype, layout,
         )
         plan = self._plan_for(
             key,
@@ -571,12 +574,12 @@ class Client:
         if b is not None and not b.flags.c_contiguous:
             b = np.ascontiguousarray(b)
         out = np.empty(plan.out_shape, NP_DTYPE[plan.dtype])
-        xa = x.ctypes.data
-        wa = w.ctypes.data
-        ba = b.ctypes.data if b is not None else None
-        oa = out.ctypes.data
+        xa = _addr(x)
+        wa = _addr(w)
+        ba = _addr(b) if b is not None else None
+        oa = _addr(out)
         ret = out[0] if plan.squeeze else out
-        if wait and prio == 0 and len(self._empties) == 0:
+        if wait and prio == 0 and not self._empties.starts:
             self._conv_blocking(plan, xa, wa, ba, oa)
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
@@ -635,9 +638,9 @@ class Client:
             wkey = (w.shape, w.dtype, w.nhwc, b is not None)
         else:
             wkey = (w.shape, w.dtype, w.device, None if b is None else (b.shape, b.dtype, b.device))
-        key = _key(
+        key = (
             "cuda" if cuda else "cpu", x.shape, x.dtype, wkey, nhwc, x.device if cuda else None,
-            stride, padding, dilation, groups, relu, dtype, None,
+            _hashable(stride), _hashable(padding), _hashable(dilation), groups, relu, dtype, None,
         )
         plan = self._plan_for(
             key,
@@ -666,7 +669,7 @@ class Client:
             return self._host_request(plan, xa, None, None, w, oa, ret, (x, out), prio, wait)
         wa = w.data_ptr()
         ba = b.data_ptr() if b is not None else None
-        if wait and prio == 0 and len(self._empties) == 0:
+        if wait and prio == 0 and not self._empties.starts:
             self._conv_blocking(plan, xa, wa, ba, oa)
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
@@ -733,34 +736,50 @@ class Client:
     def _host_request(self, plan, xa, wa, ba, held, oa, ret, keep, prio, wait):
         """Submits a request on host memory: tensors in a region are named in place, the rest
         copied into a slab, the output taken into the slab and copied out on completion."""
-        a = _lib.ConvArgs()
-        a.struct_size = ctypes.sizeof(a)
-        a.problem = plan.problem
-        a.priority = prio
         memmove = ctypes.memmove
         with self._lock:
             self._handle()
+            self._room()
             slab = self._slabs.take(plan.total)
             try:
                 sh, sa = slab.handle, slab.addr
-                self._place(a.input, xa, plan.x_bytes, sh, sa, 0, memmove)
+                find = self._empties.find if self._empties.starts else None
+                loc = find(xa, plan.x_bytes) if find else None
+                if loc is None:
+                    memmove(sa, xa, plan.x_bytes)
+                    loc = (sh, 0)
                 if held is not None:
                     blk = held.block
                     if blk is None:
                         raise invalid("the held weight was released")
-                    a.weight.region, a.weight.offset, a.weight.bytes = blk.region, blk.offset, plan.w_bytes
-                    if plan.has_bias:
-                        a.bias.region = blk.region
-                        a.bias.offset = blk.offset + held.b_off
-                        a.bias.bytes = plan.b_bytes
+                    wloc = (blk.region, blk.offset)
+                    bloc = (blk.region, blk.offset + held.b_off)
                     keep = keep + (held,)
                 else:
-                    self._place(a.weight, wa, plan.w_bytes, sh, sa, plan.w_off, memmove)
+                    wloc = find(wa, plan.w_bytes) if find else None
+                    if wloc is None:
+                        memmove(sa + plan.w_off, wa, plan.w_bytes)
+                        wloc = (sh, plan.w_off)
+                    bloc = None
                     if plan.has_bias:
-                        self._place(a.bias, ba, plan.b_bytes, sh, sa, plan.b_off, memmove)
-                a.output.region, a.output.offset, a.output.bytes = sh, plan.o_off, plan.o_bytes
+                        bloc = find(ba, plan.b_bytes) if find else None
+                        if bloc is None:
+                            memmove(sa + plan.b_off, ba, plan.b_bytes)
+                            bloc = (sh, plan.b_off)
+                a = plan.conv_args()
+                # Setting ctypes fields costs; a plan's calls mostly name the same places.
+                where = (loc, wloc, bloc, sh, prio)
+                if where != plan.where:
+                    _set(a.input, loc, plan.x_bytes)
+                    _set(a.weight, wloc, plan.w_bytes)
+                    if plan.has_bias:
+                        _set(a.bias, bloc, plan.b_bytes)
+                    _set(a.output, (sh, plan.o_off), plan.o_bytes)
+                    a.priority = prio
+                    plan.where = where
                 req = self._submit(a)
             except BaseException:
+                plan.where = None
                 self._slabs.give(slab)
                 raise
             req.slab = slab
@@ -777,32 +796,23 @@ class Client:
             raise req.error
         return req.result
 
-    def _place(self, t, addr, nbytes, slab_handle, slab_addr, off, memmove):
-        loc = self._empties.find(addr, nbytes) if len(self._empties) else None
-        if loc is not None:
-            t.region, t.offset = loc
-        else:
-            memmove(slab_addr + off, addr, nbytes)
-            t.region, t.offset = slab_handle, off
-        t.bytes = nbytes
-
     def _cuda_request(self, plan, x, w, b, out, ret, prio, wait):
         torch = _torch()
-        a = _lib.ConvArgs()
-        a.struct_size = ctypes.sizeof(a)
-        a.problem = plan.problem
-        a.priority = prio
         # The stream rule: the daemon reads the tensors only after the work queued on the
         # caller's current stream (which produced them, and last used the output's memory) is
         # done.
         torch.cuda.current_stream(x.device).synchronize()
         with self._lock:
             self._handle()
+            self._room()
             if self._cuda is None:
                 from convd._cuda import CudaRegions
 
                 self._cuda = CudaRegions(self)
             cr = self._cuda
+            a = plan.conv_args()
+            a.priority = prio
+            plan.where = None
             segs = []
             for t, ref, nbytes in (
                 (x, a.input, plan.x_bytes),
@@ -830,17 +840,23 @@ class Client:
             raise req.error
         return req.result
 
-    def _submit(self, a) -> _Request:
-        """convd_conv_submit, waiting for room first when max_inflight requests are out. Under
-        the lock."""
+    def _room(self) -> None:
+        """Waits until fewer than max_inflight requests are out (what the library counts in
+        flight, submitted and not yet taken, is what _pending holds). Under the lock, before a
+        plan's args are filled: completions handed out here may run callbacks that call in."""
         lib, h = self._lib, self._h
-        while lib.convd_inflight(h) >= self._max_inflight:
+        while len(self._pending) >= self._max_inflight:
             rc = lib.convd_wait_any(h, _WAIT_SLICE_MS, self._comp_ref)
             if rc == 0:
                 self._dispatch(self._comp)
             elif rc != _ETIMEDOUT:
                 self._trouble(rc)
-        rc = lib.convd_conv_submit(h, byref(a), self._idv_ref)
+                if rc == _ECLOSED:
+                    raise self._error(rc)
+
+    def _submit(self, a) -> _Request:
+        """convd_conv_submit of filled args. Under the lock, after _room()."""
+        rc = self._lib.convd_conv_submit(self._h, byref(a), self._idv_ref)
         if rc != 0:
             raise self._error(rc)
         req = _Request(self)
@@ -1088,14 +1104,27 @@ def _check_dims(xdim, wdim, bdim) -> None:
         raise Error("EBADSHAPE", f"the bias has {bdim} dimensions; it must have 1")
 
 
-def _key(*parts):
-    """A dict key from a call's arguments, or None when one of them cannot be hashed."""
-    parts = tuple(tuple(p) if type(p) is list else p for p in parts)
+def _set(t, loc, nbytes) -> None:
+    t.region, t.offset = loc
+    t.bytes = nbytes
+
+
+def _hashable(v):
+    """stride, padding or dilation as part of a plan's key: lists as tuples."""
+    return tuple(v) if type(v) is list else v
+
+
+_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+def _addr(a: np.ndarray) -> int:
+    """The address of a C-contiguous array's data; from_buffer is four times faster than
+    a.ctypes.data, but refuses read-only arrays."""
     try:
-        hash(parts)
-    except TypeError:
-        return None
-    return parts
+        return _addressof(_from_buffer(a))
+    except (TypeError, ValueError):
+        return a.ctypes.data
 
 
 def _default_name() -> str:

@@ -142,14 +142,15 @@ class Conv2d(nn.Conv2d):
         if not isinstance(input, torch.Tensor):
             raise invalid(f"Conv2d takes a torch tensor, not {type(input).__name__}")
         nhwc = channels_last(input)
-        args = (self.stride, self.padding, self.dilation, self.groups, self.convd_relu)
+        args = (self.stride, self.padding, self.dilation, self.groups, self.convd_relu, None)
+        layout = "nhwc" if nhwc else "nchw"
         if input.is_cuda:
             w = self._convd_weight_cl() if nhwc else self.weight.detach()
             b = self.bias.detach() if self.bias is not None else None
-            return client._call(input.detach(), w, b, *args, None, None, 0, True)
+            return client._call(input.detach(), w, b, *args, layout, 0, True)
         held = self._convd_weights_cpu(client, nhwc)
         marker = True if self.bias is not None else None
-        return client._call(input.detach(), held, marker, *args, None, None, 0, True)
+        return client._call(input.detach(), held, marker, *args, layout, 0, True)
 
     def __del__(self):
         held = self.__dict__.get("_convd_held")
