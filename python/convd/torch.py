@@ -26,6 +26,14 @@ __all__ = ["Conv2d", "patch", "can_serve"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _version(t) -> int:
+    """The tensor's version counter, which in-place changes bump; -1 for an inference tensor
+    (made under torch.inference_mode()), which has none: a change to one in place is seen only
+    through convd_refresh()."""
+    # Asking an inference tensor for its version raises, which costs half a millisecond.
+    return -1 if t.is_inference() else t._version
+
+
 def can_serve(conv: nn.Module) -> bool:
     """Whether convd can compute this module's convolutions: a plain torch.nn.Conv2d (not a
     subclass with its own forward) with zero padding, its parameters in fp32, fp16 or bf16 on the
@@ -99,8 +107,8 @@ class Conv2d(nn.Conv2d):
 
     def convd_refresh(self) -> None:
         """Copies the weight again at the next call. Needed only after changing it in a way
-        PyTorch does not count as a change to the tensor: through ``.data`` (``w.data.mul_(2)``)
-        or through memory shared with numpy."""
+        PyTorch does not count as a change to the tensor: through ``.data`` (``w.data.mul_(2)``),
+        through memory shared with numpy, or in place on an inference tensor."""
         self._convd_held_key = None
         self._convd_cl_key = None
 
@@ -110,9 +118,9 @@ class Conv2d(nn.Conv2d):
             client,
             id(w),
             w.data_ptr(),
-            w._version,
+            _version(w),
             w.dtype,
-            None if b is None else (id(b), b.data_ptr(), b._version),
+            None if b is None else (id(b), b.data_ptr(), _version(b)),
             nhwc,
         )
         if key != self._convd_held_key:
@@ -128,7 +136,7 @@ class Conv2d(nn.Conv2d):
         w = self.weight
         if w.is_contiguous(memory_format=torch.channels_last):
             return w.detach()
-        key = (id(w), w.data_ptr(), w._version)
+        key = (id(w), w.data_ptr(), _version(w))
         if key != self._convd_cl_key:
             self._convd_cl = w.detach().contiguous(memory_format=torch.channels_last)
             self._convd_cl_key = key

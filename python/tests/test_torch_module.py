@@ -164,3 +164,15 @@ def test_unpatched_module_and_errors(client):
     with torch.no_grad():
         assert rel_l2(m(x).numpy(), ref(m, x).numpy()) <= TOL["fp32"]
     assert "convd" in repr(m)
+
+
+def test_module_made_under_inference_mode(client):
+    """Parameters made under torch.inference_mode() are inference tensors, without a version
+    counter: the module still serves them, and convd_refresh() picks up an in-place change."""
+    with torch.inference_mode():
+        model = convd.torch.patch(nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU()), client)
+        x = torch.randn(1, 4, 7, 7)
+        assert rel_l2(model(x).numpy(), torch.relu(ref(model[0], x)).numpy()) <= TOL["fp32"]
+        model[0].weight.mul_(3)
+        model[0].convd_refresh()
+        assert rel_l2(model(x).numpy(), torch.relu(ref(model[0], x)).numpy()) <= TOL["fp32"]
