@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Whole models through convd on one GPU, in one go (about 6 to 8 minutes). Run from the
+# repository root on the GPU machine:
+#
+#   bench/python/models-h200.sh OUTDIR
+#
+# Written on the CPU build machine; not yet run on the GPU machine.
+#
+# Takes a GPU build folder made on a build machine ($BUILD, default build-gpu, prepared as
+# bench/serving/gpu-env.sh does: BUILD/pack.tgz unpacked, .deps/*.deb for libuv and protobuf-c)
+# and python3 with torch and torchvision (torch 2.11 / torchvision 0.26 there). Then:
+#   0. (TESTS=1, the default) the package's GPU tests against a GPU daemon:
+#      python3 -m pytest python/tests/test_gpu.py (CUDA tensors in every dtype and layout, the
+#      stream rule, registration per allocation, the four models in fp32/fp16/bf16);
+#   a. convd on the GPU (started here on a private socket, --backend gpu, not under MPS) and
+#      bench/python/models.py --mode convd at P = 1, 4, 16 processes: the four models patched
+#      with convd.torch.patch, GPU tensors, batch 1;
+#   b. the plain models, P = 1, 4, 16 processes alone (time-sliced);
+#   c. the plain models under MPS (a private control daemon started and stopped here), P = 1,
+#      4, 16.
+# Each row: images/s of all processes together, the latency of one forward p50/p99/p99.9.
+# Writes to OUTDIR: models.log (this script's trace), nvidia-smi.txt, daemon.log,
+# daemon-status.txt, daemon-metrics.txt, pytest-gpu.log, models.jsonl, mps-log/ and models.md
+# (the table, printed last, with the convd / MPS ratio per model and P).
+#
+# Environment: BUILD; DTYPE (fp16, bf16 or fp32; default fp16); SECONDS_PER_ROW (measured
+# seconds per model and row, default 2); WARMUP (default 1); MODELS (comma-separated, default
+# the four); PROCS (default "1 4 16"); TESTS=0 skips step 0; MPS=0 skips c.
+set -uo pipefail
+
+OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}
+BUILD=${BUILD:-build-gpu}
+DTYPE=${DTYPE:-fp16}
+ROW_SECONDS=${SECONDS_PER_ROW:-2}
+WARMUP=${WARMUP:-1}
+MODELS=${MODELS:-resnext50_32x4d,regnet_y_400mf,mobilenet_v3_small,convnext_tiny}
+PROCS=${PROCS:-1 4 16}
+here=bench/python
+[ -f "$here/models.py" ] || { echo "run from the repository root"; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+exec 3>&1
+exec > >(tee "$OUT/models.log") 2>&1
+
+step() { printf '\n== %s (%s, %ss in)\n' "$1" "$(date +%H:%M:%S)" "$SECONDS"; }
+
+step "environment"
+# shellcheck source=bench/serving/gpu-env.sh
+. bench/serving/gpu-env.sh
+export CONVD_CLIENT_LIB=$PWD/$BUILD/lib/libconvd-client.so
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' ||
+    { echo "python3 has no torch with a GPU: nothing to measure"; exit 1; }
+python3 -c 'import convd; print("convd package over", convd.library_path())' || exit 1
+
+tmp=$(mktemp -d /tmp/convd-models.XXXXXX)
+sock=$tmp/convd.sock
+dpid=""
+mps_on=0
+cleanup() {
+    if [ "$mps_on" = 1 ]; then
+        echo quit | CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe nvidia-cuda-mps-control >/dev/null 2>&1
+        echo "MPS control daemon stopped (cleanup)"
+        mps_on=0
+    fi
+    if [ -n "$dpid" ] && kill -0 "$dpid" 2>/dev/null; then
+        kill -TERM "$dpid" 2>/dev/null
+        for _ in $(seq 1 100); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.1; done
+        kill -0 "$dpid" 2>/dev/null && kill -KILL "$dpid" 2>/dev/null
+        dpid=""
+    fi
+    [ -d "$tmp/mps-log" ] && mkdir -p "$OUT/mps-log" && cp -r "$tmp/mps-log/." "$OUT/mps-log/"
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step "device"
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+head -12 "$OUT/nvidia-smi.txt"
+
+if [ "${TESTS:-1}" = 1 ]; then
+    step "the package's GPU tests (python/tests/test_gpu.py)"
+    # The tests start their own GPU daemon from CONVD_DAEMON.
+    (cd python && CONVD_DAEMON=$PWD/../$BUILD/bin/convd timeout 300 python3 -m pytest -q \
+        -p no:cacheprovider -rs tests/test_gpu.py) >"$OUT/pytest-gpu.log" 2>&1
+    echo "pytest exit $? (pytest-gpu.log):"
+    tail -15 "$OUT/pytest-gpu.log"
+fi
+
+: >"$OUT/models.jsonl"
+row() { # MODE LABEL PROCS TIMEOUT [--socket S]
+    local mode=$1 label=$2 p=$3 limit=$4
+    shift 4
+    printf '%s P=%s: ' "$label" "$p"
+    timeout "$limit" python3 "$here/models.py" --mode "$mode" --label "$label" --procs "$p" \
+        --models "$MODELS" --dtype "$DTYPE" --seconds "$ROW_SECONDS" --warmup "$WARMUP" "$@" \
+        >"$tmp/row.jsonl" 2>>"$OUT/models-stderr.log"
+    local rc=$?
+    if [ ! -s "$tmp/row.jsonl" ]; then
+        for m in ${MODELS//,/ }; do
+            printf '{"model": "%s", "mode": "%s", "procs": %s, "dtype": "%s", "batch": 1, "images_per_s": null, "error": "no result (exit %s; see models-stderr.log)"}\n' \
+                "$m" "$label" "$p" "$DTYPE" "$rc" >>"$tmp/row.jsonl"
+        done
+    fi
+    cat "$tmp/row.jsonl" >>"$OUT/models.jsonl"
+    python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d.get("images_per_s"):
+        print("  %-20s %8.1f images/s  p50 %.2f ms  p99 %.2f ms" % (d["model"], d["images_per_s"], d["p50_ms"], d["p99_ms"]))
+    else:
+        print("  %-20s error: %s" % (d["model"], d.get("error")))' "$tmp/row.jsonl"
+}
+# A row's time limit: starting P processes (torch, torchvision, CUDA contexts: a minute, plus
+# more for many), and per model building, warming up and measuring.
+n_models=$(echo "$MODELS" | tr ',' '\n' | grep -c .)
+limit_for() { echo $((60 + 3 * $1 + n_models * (WARMUP + ROW_SECONDS + 30))); }
+
+step "convd on the GPU (not under MPS)"
+env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY \
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info >"$OUT/daemon.log" 2>&1 &
+dpid=$!
+for _ in $(seq 1 240); do
+    "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break
+    kill -0 "$dpid" 2>/dev/null || break
+    sleep 0.25
+done
+if "$BUILD/bin/convctl" --socket "$sock" status >"$OUT/daemon-status.txt" 2>&1; then
+    cat "$OUT/daemon-status.txt"
+    for p in $PROCS; do row convd convd "$p" "$(limit_for "$p")" --socket "$sock"; done
+    "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/daemon-metrics.txt" 2>&1
+else
+    echo "convd did not start on the GPU: no convd rows. Its log:"
+    tail -20 "$OUT/daemon.log"
+fi
+if [ -n "$dpid" ]; then
+    kill -TERM "$dpid" 2>/dev/null
+    drc=0
+    wait "$dpid" || drc=$?
+    dpid=""
+    echo "daemon exit after SIGTERM: $drc (log: daemon.log)"
+fi
+
+step "plain PyTorch processes alone (time-sliced)"
+for p in $PROCS; do row plain plain "$p" "$(limit_for "$p")"; done
+
+if [ "${MPS:-1}" = 1 ]; then
+    step "plain PyTorch processes under MPS"
+    export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+        mps_on=1
+        echo "MPS control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+        for p in $PROCS; do row plain mps "$p" "$(limit_for "$p")"; done
+        echo get_server_list | nvidia-cuda-mps-control >"$OUT/mps-servers.txt" 2>&1
+        echo quit | nvidia-cuda-mps-control
+        mps_on=0
+        echo "MPS control daemon stopped"
+    else
+        echo "nvidia-cuda-mps-control -d failed: no MPS rows"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+
+step "table"
+python3 "$here/models.py" --report "$OUT/models.jsonl" >"$OUT/models.md" 2>"$OUT/report.err" ||
+    cat "$OUT/report.err"
+echo "total: ${SECONDS}s"
+exec 1>&3 2>&3
+cat "$OUT/models.md"
+echo "total: ${SECONDS}s; logs and JSON in $OUT"
