@@ -53,9 +53,14 @@ unsigned pool_poll(struct worker_pool *p)
     unsigned done = 0;
     for (unsigned i = 0; i < p->n; i++) {
         struct worker *w = &p->workers[i];
-        if (!w->busy || be_query(p->backend, i) == 0)
+        if (!w->busy)
+            continue;
+        int q = be_query(p->backend, i);
+        if (q == 0)
             continue;
         struct batch *b = w->running;
+        if (q < 0)
+            b->rc = q; /* finished, and the backend is broken since */
         w->running = NULL;
         w->busy = false;
         p->busy--;

@@ -16,7 +16,7 @@
 static _Thread_local bool fault_exempt;
 static atomic_int fault_target = -1;
 static atomic_long fault_countdown;
-static atomic_long fault_counts[FAULT_N];
+static atomic_long fault_counts[FAULT_MAX_IDS];
 static atomic_bool fault_was_hit;
 
 static const char *const fault_names[FAULT_N] = {
@@ -41,19 +41,24 @@ void fault_exempt_self(bool exempt)
     fault_exempt = exempt;
 }
 
-void fault_arm(enum fault_fn fn, long nth)
+bool fault_exempt_now(void)
+{
+    return fault_exempt;
+}
+
+void fault_arm(int id, long nth)
 {
     atomic_store(&fault_target, -1);
-    for (int i = 0; i < FAULT_N; i++)
+    for (int i = 0; i < FAULT_MAX_IDS; i++)
         atomic_store(&fault_counts[i], 0);
     atomic_store(&fault_was_hit, false);
     atomic_store(&fault_countdown, nth);
-    atomic_store(&fault_target, nth > 0 ? (int)fn : -1);
+    atomic_store(&fault_target, nth > 0 ? id : -1);
 }
 
-long fault_calls(enum fault_fn fn)
+long fault_calls(int id)
 {
-    return atomic_load(&fault_counts[fn]);
+    return id >= 0 && id < FAULT_MAX_IDS ? atomic_load(&fault_counts[id]) : 0;
 }
 
 bool fault_hit(void)
@@ -61,17 +66,24 @@ bool fault_hit(void)
     return atomic_load(&fault_was_hit);
 }
 
-/* Counts the call and says whether to fail it (with errno set to the call's fault). */
-static bool fault_fail(enum fault_fn fn)
+bool fault_take(int id)
 {
-    if (fault_exempt)
+    if (fault_exempt || id < 0 || id >= FAULT_MAX_IDS)
         return false;
-    atomic_fetch_add(&fault_counts[fn], 1);
-    if (atomic_load(&fault_target) != (int)fn)
+    atomic_fetch_add(&fault_counts[id], 1);
+    if (atomic_load(&fault_target) != id)
         return false;
     if (atomic_fetch_sub(&fault_countdown, 1) != 1)
         return false;
     atomic_store(&fault_was_hit, true);
+    return true;
+}
+
+/* fault_take() for the calls of fault.h, with errno set to the call's fault. */
+static bool fault_fail(enum fault_fn fn)
+{
+    if (!fault_take((int)fn))
+        return false;
     errno = fault_errnos[fn];
     return true;
 }

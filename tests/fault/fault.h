@@ -35,18 +35,29 @@ enum fault_fn {
         FAULT_N
 };
 
-/* The call's name ("malloc"). */
+/* Ids from FAULT_N up to FAULT_MAX_IDS are free for other wrapper sets (the GPU runtime's,
+ * tests/gpu/fault_cuda.c), which count and fail through fault_take(). */
+#define FAULT_MAX_IDS 64
+
+/* The call's name ("malloc"); other sets name theirs. */
 const char *fault_name(enum fault_fn fn);
+
+/* Counts a call of id on this thread and says whether it is the one to fail (never on an
+ * exempt thread). The wrappers' common core. */
+bool fault_take(int id);
 
 /* Calls on this thread are neither counted nor failed from now on (or again, with false). */
 void fault_exempt_self(bool exempt);
 
-/* Fails the nth (1-based) counted call of fn from now on, once; n = 0 disarms. Resets the
- * counters and the hit flag. */
-void fault_arm(enum fault_fn fn, long nth);
+/* Whether this thread is exempt. */
+bool fault_exempt_now(void);
 
-/* Counted calls of fn since the last fault_arm(). */
-long fault_calls(enum fault_fn fn);
+/* Fails the nth (1-based) counted call of id from now on, once; n = 0 disarms. Resets the
+ * counters and the hit flag. id: an enum fault_fn or another set's id. */
+void fault_arm(int id, long nth);
+
+/* Counted calls of id since the last fault_arm(). */
+long fault_calls(int id);
 
 /* Whether the armed call was reached and failed. */
 bool fault_hit(void);

@@ -93,9 +93,9 @@ static void test_client_faults(void **state)
     for (int fn = 0; fn < FAULT_N; fn++) {
         int fds = count_fds(), maps = count_memfd_maps();
         struct outcome o = {0};
-        fault_arm((enum fault_fn)fn, 0);
+        fault_arm(fn, 0);
         scenario(d.sock, seed, &o);
-        long calls = fault_calls((enum fault_fn)fn);
+        long calls = fault_calls(fn);
         if (o.lost != 0 || o.wrong != 0 || o.failed != 0)
             fail_msg("unfaulted scenario: %d lost, %d wrong, %d failed (%s)", o.lost, o.wrong,
                      o.failed, o.what);
@@ -110,10 +110,10 @@ static void test_client_faults(void **state)
             snprintf(label, sizeof(label), "client %s call %ld of %ld failed", fault_name(fn), nth,
                      calls);
             memset(&o, 0, sizeof(o));
-            fault_arm((enum fault_fn)fn, nth);
+            fault_arm(fn, nth);
             scenario(d.sock, seed + (uint64_t)i, &o);
             hits += fault_hit();
-            fault_arm((enum fault_fn)fn, 0);
+            fault_arm(fn, 0);
             if (o.lost != 0 || o.wrong != 0)
                 fail_msg("%s: %d requests lost, %d wrong outputs", label, o.lost, o.wrong);
             check_serving(d.sock, seed + (uint64_t)i, label);

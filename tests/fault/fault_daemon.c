@@ -12,6 +12,10 @@
  * The same holds for daemon_create() failing part-way: an error sentence, and nothing left open.
  *
  * CONVD_FAULT_MAX (default 120) caps the runs per call; more calls than that are sampled evenly.
+ *
+ * Built a second time as fault_gpu (FAULT_GPU, NVIDIA builds, tests/gpu): the daemon on the GPU
+ * backend, with the CUDA runtime calls of tests/gpu/fault_cuda.c failed in turn too, and a lost
+ * context (every call failing from one on), after which the daemon must drain and exit 1.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +31,12 @@
 
 #include "config.h"
 #include "daemon.h"
+#ifdef FAULT_GPU
+#include <cuda_runtime_api.h>
+#include <time.h>
+
+#include "fault_cuda.h"
+#endif
 #include "fault.h"
 #include "scenario.h"
 #include "log.h"
@@ -51,6 +61,7 @@ static void *srv_thread(void *arg)
 }
 
 static unsigned srv_ringers; /* doorbell threads of the daemons the test starts */
+static enum config_backend srv_backend = CONFIG_BACKEND_CPU;
 
 static void srv_config(struct srv *s)
 {
@@ -60,7 +71,7 @@ static void srv_config(struct srv *s)
     snprintf(s->sock, sizeof(s->sock), "%s/convd.sock", s->dir);
     config_defaults(&s->cfg);
     snprintf(s->cfg.socket_path, sizeof(s->cfg.socket_path), "%s", s->sock);
-    s->cfg.backend = CONFIG_BACKEND_CPU;
+    s->cfg.backend = srv_backend;
     s->cfg.threads = 2;
     s->cfg.max_batch = 4;
     /* The loop sleeps instead of spinning: fewer recvmsg calls to fail, and a sleeping loop is
@@ -91,24 +102,35 @@ static void srv_stop(struct srv *s)
     s->d = NULL;
 }
 
-/* Every wrapped call the serving scenario reaches, failed in turn; *state: doorbells sent by
- * the loop itself (0) or by ringer threads (2). */
-static void test_serving_faults(void **state)
+/* The wrapped calls a set names: the POSIX ones of fault.h, or (fault_gpu) the CUDA runtime's. */
+struct call_set {
+    int first, n;
+    const char *(*name)(int id);
+};
+
+static const char *posix_name(int id)
 {
-    srv_ringers = (unsigned)(uintptr_t)*state;
+    return fault_name((enum fault_fn)id);
+}
+
+static const struct call_set posix_calls = {0, FAULT_N, posix_name};
+
+/* Every call of the set that the serving scenario reaches, failed in turn. */
+static void serving_faults(const struct call_set *set)
+{
     uint64_t seed = tu_seed();
     long cap = runs_cap();
     int total_runs = 0, total_hits = 0;
-    for (int fn = 0; fn < FAULT_N; fn++) {
+    for (int fn = set->first; fn < set->first + set->n; fn++) {
         /* Count this call's uses in an unfaulted run. */
         struct srv s;
         srv_config(&s);
         int fds = count_fds(), maps = count_memfd_maps();
         srv_start(&s);
         struct outcome o = {0};
-        fault_arm((enum fault_fn)fn, 0);
+        fault_arm(fn, 0);
         scenario(s.sock, seed, &o);
-        long calls = fault_calls((enum fault_fn)fn);
+        long calls = fault_calls(fn);
         if (o.lost != 0 || o.wrong != 0 || o.failed != 0)
             fail_msg("unfaulted scenario: %d lost, %d wrong, %d failed (%s)", o.lost, o.wrong,
                      o.failed, o.what);
@@ -121,16 +143,16 @@ static void test_serving_faults(void **state)
         for (long i = 0; i < runs; i++) {
             long nth = nth_call(i, calls, cap);
             char label[96];
-            snprintf(label, sizeof(label), "%s call %ld of %ld failed", fault_name(fn), nth, calls);
+            snprintf(label, sizeof(label), "%s call %ld of %ld failed", set->name(fn), nth, calls);
             srv_config(&s);
             fds = count_fds();
             maps = count_memfd_maps();
             srv_start(&s);
             memset(&o, 0, sizeof(o));
-            fault_arm((enum fault_fn)fn, nth);
+            fault_arm(fn, nth);
             scenario(s.sock, seed + (uint64_t)i, &o);
             bool hit = fault_hit();
-            fault_arm((enum fault_fn)fn, 0);
+            fault_arm(fn, 0);
             if (o.lost != 0 || o.wrong != 0)
                 fail_msg("%s: %d requests lost, %d wrong outputs", label, o.lost, o.wrong);
             check_serving(s.sock, seed + (uint64_t)i, label);
@@ -139,14 +161,22 @@ static void test_serving_faults(void **state)
             check_no_leaks(fds, maps, label);
             hits += hit;
         }
-        fprintf(stderr, "fault: %-15s %5ld calls in the serving scenario, %3ld runs, %3d hit\n",
-                fault_name(fn), calls, runs, hits);
+        fprintf(stderr, "fault: %-26s %5ld calls in the serving scenario, %3ld runs, %3d hit\n",
+                set->name(fn), calls, runs, hits);
         total_runs += (int)runs;
         total_hits += hits;
     }
-    fprintf(stderr, "fault: serving with %u ringer threads: %d runs, %d faults injected\n",
-            srv_ringers, total_runs, total_hits);
+    fprintf(stderr, "fault: serving on %s with %u ringer threads: %d runs, %d faults injected\n",
+            srv_backend == CONFIG_BACKEND_GPU ? "the GPU" : "the CPU", srv_ringers, total_runs,
+            total_hits);
     assert_true(total_hits > 0);
+}
+
+/* *state: doorbells sent by the loop itself (0) or by ringer threads (2). */
+static void test_serving_faults(void **state)
+{
+    srv_ringers = (unsigned)(uintptr_t)*state;
+    serving_faults(&posix_calls);
 }
 
 /* daemon_create() with each of its calls failed in turn: an error sentence, nothing left open;
@@ -161,10 +191,10 @@ static void test_create_faults(void **state)
         struct srv s;
         srv_config(&s);
         fault_exempt_self(false);
-        fault_arm((enum fault_fn)fn, 0);
+        fault_arm(fn, 0);
         char why[256] = "";
         int rc = daemon_create(&s.cfg, &s.d, why, sizeof(why));
-        long calls = fault_calls((enum fault_fn)fn);
+        long calls = fault_calls(fn);
         fault_exempt_self(true);
         if (rc != 0)
             fail_msg("unfaulted daemon_create: %s", why);
@@ -181,11 +211,11 @@ static void test_create_faults(void **state)
             int fds = count_fds(), maps = count_memfd_maps();
             why[0] = '\0';
             fault_exempt_self(false);
-            fault_arm((enum fault_fn)fn, nth);
+            fault_arm(fn, nth);
             rc = daemon_create(&s.cfg, &s.d, why, sizeof(why));
             fault_exempt_self(true);
             bool hit = fault_hit();
-            fault_arm((enum fault_fn)fn, 0);
+            fault_arm(fn, 0);
             if (rc != 0) {
                 if (why[0] == '\0')
                     fail_msg("%s: refused with no sentence", label);
@@ -207,13 +237,111 @@ static void test_create_faults(void **state)
     assert_true(refused > 0);
 }
 
+#ifdef FAULT_GPU
+/* --- the GPU backend (fault_gpu) ----------------------------------------------------------- */
+
+static bool gpu_present(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+static const struct call_set cuda_calls = {FC_FIRST, FC_N, fault_cuda_name};
+
+/* Each CUDA runtime call the backend makes while serving, failed in turn as a failure that
+ * leaves the context usable: the requests it hit fail with a status and the daemon serves on. */
+static void test_gpu_runtime_faults(void **state)
+{
+    (void)state;
+    srv_ringers = 0;
+    serving_faults(&cuda_calls);
+}
+
+/* A lost context: from one failed call on, every runtime call of the daemon fails. No request
+ * is lost, and the daemon drains and returns 1 from daemon_run by itself, for the service
+ * manager to restart it. */
+static void test_gpu_context_lost(void **state)
+{
+    (void)state;
+    srv_ringers = 0;
+    uint64_t seed = tu_seed();
+    static const int ids[] = {FC_FIRST + FC_EVENT_QUERY, FC_FIRST + FC_LAST_ERROR,
+                              FC_FIRST + FC_MEMCPY, FC_FIRST + FC_STREAM_SYNC};
+    int exits = 0;
+    for (size_t k = 0; k < sizeof(ids) / sizeof(ids[0]); k++) {
+        int id = ids[k];
+        struct srv s;
+        srv_config(&s);
+        srv_start(&s);
+        struct outcome o = {0};
+        fault_arm(id, 0);
+        scenario(s.sock, seed, &o);
+        long calls = fault_calls(id);
+        srv_stop(&s);
+        rmdir(s.dir);
+        const long picks[3] = {1, (calls + 1) / 2, calls};
+        for (int i = 0; i < 3 && calls > 0; i++) {
+            char label[96];
+            snprintf(label, sizeof(label), "context lost at %s call %ld of %ld",
+                     fault_cuda_name(id), picks[i], calls);
+            srv_config(&s);
+            int fds = count_fds(), maps = count_memfd_maps();
+            srv_start(&s);
+            memset(&o, 0, sizeof(o));
+            fault_cuda_sticky(true);
+            fault_arm(id, picks[i]);
+            scenario(s.sock, seed + (uint64_t)i, &o);
+            bool hit = fault_hit();
+            if (o.lost != 0 || o.wrong != 0)
+                fail_msg("%s: %d requests lost, %d wrong outputs", label, o.lost, o.wrong);
+            if (hit) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                until.tv_sec += WAIT_MS / 1000;
+                if (pthread_timedjoin_np(s.thread, NULL, &until) != 0)
+                    fail_msg("%s: the daemon kept running with a lost device", label);
+                if (s.rc != 1)
+                    fail_msg("%s: daemon_run returned %d, want 1", label, s.rc);
+                fault_arm(id, 0);
+                fault_cuda_sticky(false);
+                daemon_destroy(s.d);
+                s.d = NULL;
+                exits++;
+            } else {
+                fault_arm(id, 0);
+                fault_cuda_sticky(false);
+                srv_stop(&s);
+            }
+            rmdir(s.dir);
+            check_no_leaks(fds, maps, label);
+        }
+    }
+    fprintf(stderr, "fault: lost context: the daemon stopped itself %d times\n", exits);
+    assert_true(exits > 0);
+}
+#endif
+
 int main(void)
 {
     fault_exempt_self(true);
+#ifdef FAULT_GPU
+    if (!gpu_present()) {
+        printf("SKIP: no GPU\n");
+        return 77;
+    }
+    srv_backend = CONFIG_BACKEND_GPU;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_prestate(test_create_faults, (void *)(uintptr_t)0),
+        cmocka_unit_test_prestate(test_serving_faults, (void *)(uintptr_t)0),
+        cmocka_unit_test(test_gpu_runtime_faults),
+        cmocka_unit_test(test_gpu_context_lost),
+    };
+#else
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_create_faults, (void *)(uintptr_t)2),
         cmocka_unit_test_prestate(test_serving_faults, (void *)(uintptr_t)0),
         cmocka_unit_test_prestate(test_serving_faults, (void *)(uintptr_t)2),
     };
+#endif
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

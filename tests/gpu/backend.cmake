@@ -48,3 +48,28 @@ if(TARGET convd AND TARGET convd-client-static AND TARGET convd_it_harness)
                          ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0")
   endif()
 endif()
+
+# Fault injection on the GPU backend (issue 17): tests/fault/fault_daemon.c built with FAULT_GPU,
+# the daemon in process on the GPU backend, with the CUDA runtime calls of fault_cuda.c failed in
+# turn and a lost context simulated. NVIDIA only (the wrappers use the CUDA runtime's names).
+# ctest label "gpu"; exits 77, counted as skipped, where no GPU answers.
+if(CONVD_GPU_KIND STREQUAL "nvidia" AND TARGET convd_fault)
+  set(CONVD_FAULT_CUDA_WRAPPED cudaMalloc cudaMemcpyAsync cudaMemsetAsync cudaHostRegister
+      cudaStreamCreateWithFlags cudaEventCreateWithFlags cudaEventRecord cudaEventQuery
+      cudaStreamSynchronize cudaLaunchHostFunc cudaGetLastError)
+  add_executable(fault_gpu ${PROJECT_SOURCE_DIR}/tests/fault/fault_daemon.c
+                           ${CMAKE_CURRENT_LIST_DIR}/fault_cuda.c)
+  target_compile_definitions(fault_gpu PRIVATE FAULT_GPU=1)
+  target_include_directories(fault_gpu PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+  target_link_libraries(fault_gpu PRIVATE convd_fault convd_daemon convd-client CUDA::cudart_static)
+  target_link_options(fault_gpu PRIVATE ${CONVD_FAULT_WRAP_OPTIONS})
+  foreach(fn ${CONVD_FAULT_CUDA_WRAPPED})
+    target_link_options(fault_gpu PRIVATE -Wl,--wrap=${fn})
+  endforeach()
+  add_test(NAME fault_gpu COMMAND fault_gpu)
+  set_tests_properties(fault_gpu PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900)
+  if(CONVD_SANITIZE)
+    set_tests_properties(fault_gpu PROPERTIES
+                         ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0")
+  endif()
+endif()
