@@ -4,11 +4,14 @@
  *
  *   convd-bench-call --socket PATH --n 1 --c 8 --h 8 --w 8 --k 8 --r 3 --s 3 --groups 1 --pad 1
  *                    [--dtype fp32] [--layout nchw] [--calls 2000] [--batches 9]
+ *                    [--fresh-output]
  *
  * Connects through libconvd-client, fills random input and weight, and times `batches` runs of
  * `calls` back-to-back convd_conv() calls on plain host memory (the library copies in and out
- * of its staging region), after one untimed run. Prints one JSON line: the problem, and the
- * mean microseconds per call of each run.
+ * of its staging region), after one untimed run. With --fresh-output each call writes into a
+ * newly allocated output buffer (malloc, free after the call), as a binding that returns a new
+ * array per call must. Prints one JSON line: the problem, and the mean microseconds per call of
+ * each run.
  */
 #include <getopt.h>
 #include <stdint.h>
@@ -56,24 +59,18 @@ int main(int argc, char **argv)
 {
     const char *sock = NULL;
     int n = 1, c = 8, h = 8, w = 8, k = 8, r = 3, s = 3, groups = 1, pad = 1;
-    int calls = 2000, batches = 9;
+    int calls = 2000, batches = 9, fresh = 0;
     enum convd_dtype dtype = CONVD_DTYPE_FP32;
     enum convd_layout layout = CONVD_LAYOUT_NCHW;
-    static const struct option longopts[] = {{"socket", required_argument, NULL, 'S'},
-                                             {"n", required_argument, NULL, 'n'},
-                                             {"c", required_argument, NULL, 'c'},
-                                             {"h", required_argument, NULL, 'h'},
-                                             {"w", required_argument, NULL, 'w'},
-                                             {"k", required_argument, NULL, 'k'},
-                                             {"r", required_argument, NULL, 'r'},
-                                             {"s", required_argument, NULL, 's'},
-                                             {"groups", required_argument, NULL, 'g'},
-                                             {"pad", required_argument, NULL, 'p'},
-                                             {"dtype", required_argument, NULL, 'd'},
-                                             {"layout", required_argument, NULL, 'l'},
-                                             {"calls", required_argument, NULL, 'C'},
-                                             {"batches", required_argument, NULL, 'B'},
-                                             {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {
+        {"socket", required_argument, NULL, 'S'}, {"n", required_argument, NULL, 'n'},
+        {"c", required_argument, NULL, 'c'},      {"h", required_argument, NULL, 'h'},
+        {"w", required_argument, NULL, 'w'},      {"k", required_argument, NULL, 'k'},
+        {"r", required_argument, NULL, 'r'},      {"s", required_argument, NULL, 's'},
+        {"groups", required_argument, NULL, 'g'}, {"pad", required_argument, NULL, 'p'},
+        {"dtype", required_argument, NULL, 'd'},  {"layout", required_argument, NULL, 'l'},
+        {"calls", required_argument, NULL, 'C'},  {"batches", required_argument, NULL, 'B'},
+        {"fresh-output", no_argument, NULL, 'F'}, {NULL, 0, NULL, 0}};
     int opt;
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -112,6 +109,9 @@ int main(int argc, char **argv)
             break;
         case 'B':
             batches = bc_int(optarg, "batches");
+            break;
+        case 'F':
+            fresh = 1;
             break;
         case 'd':
             if (convd_dtype_parse(optarg, &dtype) != 0) {
@@ -168,8 +168,19 @@ int main(int argc, char **argv)
            convd_problem_str(&p, why, sizeof(why)), calls);
     for (int b = -1; b < batches && rc == 0; b++) {
         double t0 = bc_now_us();
-        for (int i = 0; i < calls && rc == 0; i++)
-            rc = convd_conv(cl, &p, x, wt, NULL, y);
+        for (int i = 0; i < calls && rc == 0; i++) {
+            if (fresh) {
+                uint8_t *fo = malloc(z.output_bytes);
+                if (fo == NULL) {
+                    rc = CONVD_ENOMEM;
+                    break;
+                }
+                rc = convd_conv(cl, &p, x, wt, NULL, fo);
+                free(fo);
+            } else {
+                rc = convd_conv(cl, &p, x, wt, NULL, y);
+            }
+        }
         double per = (bc_now_us() - t0) / calls;
         if (b >= 0)
             printf("%s%.3f", b > 0 ? ", " : "", per);

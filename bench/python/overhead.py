@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """The Python package's cost per call over the C client's, on the same problem and daemon.
 
-    bench/python/overhead.py [--build build] [--backend null] [--calls 2000] [--batches 9]
-                             [--rounds 3] [--json OUT.json]
+    bench/python/overhead.py [--build build] [--backend null] [--calls 2000] [--rounds 25]
+                             [--json OUT.json]
 
 Starts a daemon of the build (BUILD/bin/convd --backend BACKEND, on a private socket) and times,
 for each problem, back-to-back blocking calls:
   C        convd-bench-call: convd_conv() on plain host memory, the library staging in and out
+  C fresh  the same with a newly allocated output buffer each call (malloc/free), as Python's
+           calls return a new array each time
   numpy    Client.conv2d(numpy arrays)
   torch    Client.conv2d(CPU torch tensors)
   Conv2d   convd.torch.Conv2d forward (weight held in the daemon's memory, input staged)
   submit   Client.submit(numpy arrays).result()
-Each mode runs `batches` batches of `calls` calls after a warm-up batch; a batch's figure is its
-mean time per call; a mode's figure is the median over all batches of all rounds. Rounds
-alternate the modes so that drift on a busy machine touches them alike. The overhead is a mode's
-figure minus C's. With --backend null the daemon completes requests without computing, so the
+Each round runs every mode once, one after the other: a batch of `calls` calls after a warm-up
+batch, whose figure is its mean time per call. A mode's figure is the median over the rounds,
+and its overhead the median over the rounds of its figure minus C's in the same round: pairing
+the rounds cancels most of the drift of a shared machine, which is larger than the overhead on
+big problems. With --backend null the daemon completes requests without computing, so the
 figures are the serving path alone; --backend cpu adds the (same) computation to both sides.
 
 Prints a markdown table; --json writes the batch figures too.
@@ -63,7 +66,7 @@ def start_daemon(build: Path, backend: str, tmp: str):
             time.sleep(0.02)
 
 
-def c_batches(build: Path, sock: str, prob, calls: int, batches: int) -> list[float]:
+def c_batches(build: Path, sock: str, prob, calls: int, batches: int, fresh=False) -> list[float]:
     _, n, c, h, w, k, r, s, g, pad = prob
     out = subprocess.run(
         [
@@ -71,7 +74,7 @@ def c_batches(build: Path, sock: str, prob, calls: int, batches: int) -> list[fl
             "--n", str(n), "--c", str(c), "--h", str(h), "--w", str(w), "--k", str(k),
             "--r", str(r), "--s", str(s), "--groups", str(g), "--pad", str(pad),
             "--calls", str(calls), "--batches", str(batches),
-        ],
+        ] + (["--fresh-output"] if fresh else []),
         check=True,
         capture_output=True,
         text=True,
@@ -80,7 +83,7 @@ def c_batches(build: Path, sock: str, prob, calls: int, batches: int) -> list[fl
 
 
 def py_batches(fn, calls: int, batches: int) -> list[float]:
-    for _ in range(calls):  # warm-up: plans, staging, held weights
+    for _ in range(min(calls, 200)):  # warm-up: plans, staging, held weights, caches
         fn()
     res = []
     for _ in range(batches):
@@ -96,8 +99,7 @@ def main() -> int:
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--backend", default="null")
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--batches", type=int, default=9)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--json")
     args = ap.parse_args()
     build = Path(args.build).resolve()
@@ -130,12 +132,13 @@ def main() -> int:
                 "Conv2d": lambda: mod(xt),
                 "submit": lambda: client.submit(x, wt, padding=pad, groups=g).result(),
             }
-            figs = {m: [] for m in ["C", *modes]}
+            figs = {m: [] for m in ["C", "C fresh", *modes]}
             with torch.no_grad():
                 for _ in range(args.rounds):
-                    figs["C"] += c_batches(build, sock, prob, args.calls, args.batches)
+                    figs["C"] += c_batches(build, sock, prob, args.calls, 1)
+                    figs["C fresh"] += c_batches(build, sock, prob, args.calls, 1, True)
                     for m, fn in modes.items():
-                        figs[m] += py_batches(fn, args.calls, args.batches)
+                        figs[m] += py_batches(fn, args.calls, 1)
             results[name] = figs
         client.close()
     finally:
@@ -148,19 +151,22 @@ def main() -> int:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     print(
-        f"backend {args.backend}; {args.calls} calls x {args.batches} batches x {args.rounds} "
+        f"backend {args.backend}; {args.calls} calls a batch, {args.rounds} "
         f"rounds; commit {commit}; {time.strftime('%Y-%m-%d')}; {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs; python {platform.python_version()}, torch {torch.__version__}"
     )
     print()
-    print("| problem | mode | us per call (median) | over C (us) |")
-    print("|---|---|---:|---:|")
+    print("| problem | mode | us per call (median) | over C (us) | over C fresh (us) |")
+    print("|---|---|---:|---:|---:|")
     for name, figs in results.items():
-        base = statistics.median(figs["C"])
         for m, v in figs.items():
             med = statistics.median(v)
-            over = "" if m == "C" else f"{med - base:+.2f}"
-            print(f"| {name} | {m} | {med:.2f} | {over} |")
+            if m in ("C", "C fresh"):
+                over = over_f = ""
+            else:
+                over = f"{statistics.median(a - c for a, c in zip(v, figs['C'])):+.2f}"
+                over_f = f"{statistics.median(a - c for a, c in zip(v, figs['C fresh'])):+.2f}"
+            print(f"| {name} | {m} | {med:.2f} | {over} | {over_f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": args.backend, "commit": commit, "results": results}, f, indent=1)

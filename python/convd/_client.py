@@ -516,10 +516,13 @@ class Client:
         goes on while the daemon computes."""
         return await self.submit(*args, **kwargs)
 
+    def _reap_locked(self) -> None:
+        with self._lock:
+            self._reap()
+
     def _call(self, x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait):
         if self._dead:
-            with self._lock:
-                self._reap()
+            self._reap_locked()
         if type(x) is np.ndarray or (isinstance(x, np.ndarray) and not _is_tensor(x)):
             return self._call_numpy(
                 x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait
@@ -777,7 +780,12 @@ class Client:
                     _set(a.output, (sh, plan.o_off), plan.o_bytes)
                     a.priority = prio
                     plan.where = where
+                if wait:
+                    return self._run_own(plan, a, slab, oa, ret, keep)
                 req = self._submit(a)
+            except _Handed as e:
+                plan.where = None
+                raise e.error from None
             except BaseException:
                 plan.where = None
                 self._slabs.give(slab)
@@ -788,13 +796,41 @@ class Client:
             req.out = oa
             req.out_ret = ret
             req.keep = keep
-            if wait:
-                self._wait_own(req)
-        if not wait:
-            return Future(req)
-        if req.error is not None:
-            raise req.error
-        return req.result
+        return Future(req)
+
+    def _run_own(self, plan, a, slab, oa, ret, keep):
+        """A blocking host request, without a request object unless the wait fails (then the
+        request stays in flight, and owns the slab until its completion comes). Under the lock;
+        the caller gives the slab back if this raises before submitting."""
+        lib, h, comp, ref = self._lib, self._h, self._comp, self._comp_ref
+        rc = lib.convd_conv_submit(h, byref(a), self._idv_ref)
+        if rc != 0:
+            raise self._error(rc)
+        rid = self._idv.value
+        while True:
+            rc = lib.convd_wait(h, rid, -1, ref)
+            if rc != _ETIMEDOUT:
+                break
+        if rc == 0:
+            status = comp.status
+            if status == 0:
+                ctypes.memmove(oa, slab.addr + plan.o_off, plan.o_bytes)
+            else:
+                err = Error(status, comp.error.decode(errors="replace"))
+            self._slabs.give(slab)
+            if self._pending:
+                self._drain_queued()
+            if status != 0:
+                raise err
+            return ret
+        err = self._error(rc)
+        req = _Request(self)
+        req.id = rid
+        req.slab, req.o_off, req.o_bytes = slab, plan.o_off, plan.o_bytes
+        req.out, req.out_ret, req.keep = oa, ret, keep
+        self._pending[rid] = req
+        self._trouble(rc)
+        raise _Handed(err)
 
     def _cuda_request(self, plan, x, w, b, out, ret, prio, wait):
         torch = _torch()
@@ -1069,6 +1105,14 @@ def channels_last(x) -> bool:
         return True
     st = x.stride()
     return st[1] == 1 and st[3] == x.shape[1]
+
+
+class _Handed(Exception):
+    """_run_own's failure after the slab went to a request left in flight."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _wake(fut) -> None:

@@ -158,7 +158,11 @@ class Conv2d(nn.Conv2d):
             return client._call(input.detach(), w, b, *args, layout, 0, True)
         held = self._convd_weights_cpu(client, nhwc)
         marker = True if self.bias is not None else None
-        return client._call(input.detach(), held, marker, *args, layout, 0, True)
+        # Straight to the torch path (the input is known to be a tensor): this runs once per
+        # convolution of every forward pass. No detach(): only the data pointers are read.
+        if client._dead:
+            client._reap_locked()
+        return client._call_torch(input, held, marker, *args, layout, 0, True)
 
     def __del__(self):
         held = self.__dict__.get("_convd_held")
