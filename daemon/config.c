@@ -18,9 +18,11 @@
 #include "convd/convd.h"
 #include "convd/status.h"
 #include "log.h"
+#include "suggest.h"
 
 enum cfg_type {
-    CFG_PATH,
+    CFG_PATH, /* a socket path: 1 to CONFIG_PATH_BYTES - 1 bytes */
+    CFG_FILE, /* a file path, absolute, or empty for none */
     CFG_BACKEND,
     CFG_LOG_LEVEL,
     CFG_INT,   /* int, decimal */
@@ -41,9 +43,14 @@ struct cfg_option {
     uint64_t max;
     const char *arg;
     const char *help;
+    /* SIGHUP applies a new value to the running daemon (it is read where it is used, or the
+     * reload hands it on); without it the option takes a restart: it shaped the socket, the
+     * backend or something sized at start. */
+    bool live;
 };
 
 #define OFF(field) offsetof(struct convd_config, field)
+#define LIVE       true
 
 static const struct cfg_option cfg_options[] = {
     {"socket", CFG_PATH, OFF(socket_path), 0, 0, "PATH",
@@ -52,44 +59,46 @@ static const struct cfg_option cfg_options[] = {
     {"backend", CFG_BACKEND, OFF(backend), 0, 0, "auto|cpu|gpu|null",
      "auto: the GPU when built and a device answers, else the CPU; null: complete requests "
      "without computing (for measuring the serving path only)"},
-    {"log_level", CFG_LOG_LEVEL, OFF(log_level), 0, 0, "LEVEL",
-     "err, warning, notice, info, debug"},
+    {"log_level", CFG_LOG_LEVEL, OFF(log_level), 0, 0, "LEVEL", "err, warning, notice, info, debug",
+     LIVE},
     {"threads", CFG_INT, OFF(threads), 0, 4096, "N", "CPU backend threads (0: one per CPU)"},
     {"device", CFG_INT, OFF(device), -1, 1023, "N", "GPU ordinal (-1: the first usable)"},
-    {"max_clients", CFG_U32, OFF(max_clients), 1, 65536, "N", "connections at once"},
+    {"max_clients", CFG_U32, OFF(max_clients), 1, 65536, "N", "connections at once", LIVE},
     {"max_clients_per_user", CFG_U32, OFF(max_clients_per_user), 1, 65536, "N",
-     "connections one user (uid) may hold at once"},
+     "connections one user (uid) may hold at once", LIVE},
     {"max_inflight_per_user", CFG_U32, OFF(max_inflight_per_user), 1, 1048576, "N",
-     "requests one user may have queued or running over all its connections"},
+     "requests one user may have queued or running over all its connections", LIVE},
     {"idle_timeout_ms", CFG_U64, OFF(idle_timeout_ms), 0, 86400000, "MS",
      "when the daemon is full, a client with nothing in flight for this long is closed to admit "
-     "a new one (0: never)"},
+     "a new one (0: never)",
+     LIVE},
     {"max_inflight", CFG_U32, OFF(max_inflight), 1, 65536, "N",
-     "requests one client may have queued or running"},
-    {"max_regions", CFG_U32, OFF(max_regions), 1, 65536, "N", "regions one client may register"},
+     "requests one client may have queued or running", LIVE},
+    {"max_regions", CFG_U32, OFF(max_regions), 1, 65536, "N", "regions one client may register",
+     LIVE},
     {"max_mapped_bytes", CFG_BYTES, OFF(max_mapped_bytes), 1, (uint64_t)1 << 50, "BYTES",
-     "bytes of regions one client may register (suffixes K, M, G, T)"},
+     "bytes of regions one client may register (suffixes K, M, G, T)", LIVE},
     {"max_batch", CFG_U32, OFF(max_batch), 1, 1024, "N", "requests per backend call"},
     {"max_queue_delay_us", CFG_U64, OFF(max_queue_delay_us), 0, 10000000, "US",
-     "time an idle worker may wait for a batch to fill (0: dispatch at once)"},
+     "time an idle worker may wait for a batch to fill (0: dispatch at once)", LIVE},
     {"queue_limit", CFG_U32, OFF(queue_limit), 1, 1048576, "N",
-     "requests waiting, all clients together"},
+     "requests waiting, all clients together", LIVE},
     {"drain_timeout_ms", CFG_U64, OFF(drain_timeout_ms), 0, 3600000, "MS",
-     "on SIGTERM, time left to queued work before it fails with ESHUTDOWN"},
+     "on SIGTERM, time left to queued work before it fails with ESHUTDOWN", LIVE},
     {"socket_mode", CFG_MODE, OFF(socket_mode), 0, 0777, "OCTAL",
      "permissions of a socket convd binds itself"},
     {"socket_group", CFG_GROUP, OFF(socket_group), 0, 0, "GROUP",
      "group of a socket convd binds itself"},
     {"allow_uids", CFG_UIDS, OFF(allow_uids), 0, 0, "LIST",
-     "users allowed to connect (names or numbers, comma-separated)"},
+     "users allowed to connect (names or numbers, comma-separated)", LIVE},
     {"allow_gids", CFG_GIDS, OFF(allow_gids), 0, 0, "LIST",
-     "groups allowed to connect (names or numbers, comma-separated)"},
+     "groups allowed to connect (names or numbers, comma-separated)", LIVE},
     {"max_protocol_errors", CFG_U32, OFF(max_protocol_errors), 1, 1000000, "N",
-     "protocol errors before a connection is closed"},
+     "protocol errors before a connection is closed", LIVE},
     {"max_send_queue_bytes", CFG_BYTES, OFF(max_send_queue_bytes), 65536, (uint64_t)1 << 30,
-     "BYTES", "replies a client has not read before it is disconnected"},
+     "BYTES", "replies a client has not read before it is disconnected", LIVE},
     {"hello_timeout_ms", CFG_U64, OFF(hello_timeout_ms), 100, 3600000, "MS",
-     "time a new connection has to send Hello"},
+     "time a new connection has to send Hello", LIVE},
     {"spin_us", CFG_U64, OFF(spin_us), 0, 1000000, "US",
      "time the loop keeps polling rings, sockets and the device after its last work before it "
      "sleeps (0: sleep at once)"},
@@ -97,7 +106,12 @@ static const struct cfg_option cfg_options[] = {
      "threads that send doorbells to ring clients asleep on their sockets (0: the loop does; "
      "default 2 with 8 or more CPUs, else 0)"},
     {"ring_stall_timeout_ms", CFG_U64, OFF(ring_stall_timeout_ms), 10, 3600000, "MS",
-     "time a client's completion ring may stay full and unread before it is disconnected"},
+     "time a client's completion ring may stay full and unread before it is disconnected", LIVE},
+    {"metrics_textfile", CFG_FILE, OFF(metrics_textfile), 0, 0, "FILE",
+     "write the metrics there, for node_exporter's textfile collector (a .prom file; empty: none)",
+     LIVE},
+    {"metrics_textfile_interval_ms", CFG_U64, OFF(metrics_textfile_interval_ms), 1000, 3600000,
+     "MS", "how often metrics_textfile is rewritten", LIVE},
 };
 
 #define N_OPTIONS (sizeof(cfg_options) / sizeof(cfg_options[0]))
@@ -137,6 +151,8 @@ void config_defaults(struct convd_config *c)
      * machine they only compete with the clients and the loop (measured on 2 CPUs). */
     c->doorbell_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2 : 0;
     c->ring_stall_timeout_ms = 10000;
+    c->metrics_textfile[0] = '\0';
+    c->metrics_textfile_interval_ms = 15000;
 }
 
 const char *config_backend_name(enum config_backend b)
@@ -160,6 +176,34 @@ static const struct cfg_option *cfg_find(const char *key)
         if (strcmp(cfg_options[i].key, key) == 0)
             return &cfg_options[i];
     return NULL;
+}
+
+/* "; did you mean 'max_inflight'?" for a key that is a likely typo of a known one (with dashes
+ * for the command line), else "". */
+static const char *cfg_hint(const char *key, bool dashes, char *buf, size_t cap)
+{
+    const char *names[N_OPTIONS + 1];
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        names[i] = cfg_options[i].key;
+    names[N_OPTIONS] = "config";
+    const char *best = suggest_closest(key, names, N_OPTIONS + 1);
+    if (best == NULL) {
+        buf[0] = '\0';
+        return buf;
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "%s", best);
+    for (char *p = name; dashes && *p != '\0'; p++)
+        if (*p == '_')
+            *p = '-';
+    snprintf(buf, cap, dashes ? "; did you mean --%s?" : "; did you mean '%s'?", name);
+    return buf;
+}
+
+bool config_key_live(const char *key)
+{
+    const struct cfg_option *o = key != NULL ? cfg_find(key) : NULL;
+    return o != NULL && o->live;
 }
 
 /* Parses an unsigned decimal (or, with base 8, octal) number covering all of s, with an optional
@@ -258,8 +302,11 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
     if (c == NULL || key == NULL || value == NULL)
         return why_fail(why, why_len, CONVD_EINVAL, "missing key or value");
     const struct cfg_option *o = cfg_find(key);
-    if (o == NULL)
-        return why_fail(why, why_len, CONVD_EINVAL, "unknown option '%s'", key);
+    if (o == NULL) {
+        char hint[96];
+        return why_fail(why, why_len, CONVD_EINVAL, "unknown key '%s'%s", key,
+                        cfg_hint(key, false, hint, sizeof(hint)));
+    }
     char *field = (char *)c + o->offset;
     uint64_t v;
 
@@ -274,6 +321,18 @@ int config_set(struct convd_config *c, const char *key, const char *value, char 
                             "socket address holds",
                             key, len, CONFIG_PATH_BYTES - 1);
         memset(field, 0, CONFIG_PATH_BYTES);
+        memcpy(field, value, len);
+        return 0;
+    }
+    case CFG_FILE: {
+        size_t len = strlen(value);
+        if (len >= CONFIG_FILE_BYTES)
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: path of %zu bytes is too long", key,
+                            len);
+        if (len > 0 && value[0] != '/')
+            return why_fail(why, why_len, CONVD_EINVAL, "%s: '%s' is not an absolute path", key,
+                            value);
+        memset(field, 0, CONFIG_FILE_BYTES);
         memcpy(field, value, len);
         return 0;
     }
@@ -579,8 +638,10 @@ int config_from_args(int argc, char *const argv[], struct convd_config *ret_conf
             key[k] = args[i].key_src[k] == '-' ? '_' : args[i].key_src[k];
         key[args[i].key_len] = '\0';
         if (cfg_find(key) == NULL) {
-            why_fail(why, why_len, CONVD_EINVAL, "unknown option --%.*s (see --help)",
-                     (int)args[i].key_len, args[i].key_src);
+            char hint[96];
+            why_fail(why, why_len, CONVD_EINVAL, "unknown option --%.*s%s (see --help)",
+                     (int)args[i].key_len, args[i].key_src,
+                     cfg_hint(key, true, hint, sizeof(hint)));
             goto out;
         }
         if (config_set(&c, key, args[i].value, err, sizeof(err)) != 0) {
@@ -627,53 +688,107 @@ void config_usage(FILE *out, const char *prog)
     }
 }
 
-static void cfg_print_ids(FILE *out, const char *key, const uint32_t *ids, size_t n)
+/* An option's value as config_print() writes it after "key =" (with its leading space), so that
+ * config_parse_text() reads it back: paths quoted, so that a '#' and edge spaces survive (but a
+ * quoted value ends at its first '"', so a path holding one, which a file can only give as an
+ * unquoted value, goes unquoted), numbers in decimal, the mode in octal, lists comma-separated;
+ * nothing at all for an unset group or an empty list. */
+static void cfg_format(const struct cfg_option *o, const struct convd_config *c, char *buf,
+                       size_t cap)
 {
-    fprintf(out, "%s =", key);
-    for (size_t i = 0; i < n; i++)
-        fprintf(out, "%s%u", i ? "," : " ", (unsigned)ids[i]);
-    fputc('\n', out);
+    static const char *const levels[] = {"0",       "1",      "2",    "err",
+                                         "warning", "notice", "info", "debug"};
+    const char *field = (const char *)c + o->offset;
+    switch (o->type) {
+    case CFG_PATH:
+    case CFG_FILE:
+        snprintf(buf, cap, strchr(field, '"') != NULL ? " %s" : " \"%s\"", field);
+        return;
+    case CFG_BACKEND:
+        snprintf(buf, cap, " %s", config_backend_name(c->backend));
+        return;
+    case CFG_LOG_LEVEL:
+        snprintf(buf, cap, " %s",
+                 c->log_level >= 0 && c->log_level <= 7 ? levels[c->log_level] : "info");
+        return;
+    case CFG_INT:
+        snprintf(buf, cap, " %d", *(const int *)(const void *)field);
+        return;
+    case CFG_U32:
+        snprintf(buf, cap, " %u", (unsigned)*(const uint32_t *)(const void *)field);
+        return;
+    case CFG_U64:
+    case CFG_BYTES:
+        snprintf(buf, cap, " %llu", (unsigned long long)*(const uint64_t *)(const void *)field);
+        return;
+    case CFG_MODE:
+        snprintf(buf, cap, " %04o", (unsigned)*(const uint32_t *)(const void *)field);
+        return;
+    case CFG_GROUP:
+        if (c->socket_group_set)
+            snprintf(buf, cap, " %u", (unsigned)c->socket_group);
+        else
+            buf[0] = '\0';
+        return;
+    case CFG_UIDS:
+    case CFG_GIDS: {
+        const uint32_t *ids = o->type == CFG_UIDS ? c->allow_uids : c->allow_gids;
+        size_t n = o->type == CFG_UIDS ? c->n_allow_uids : c->n_allow_gids;
+        size_t len = 0;
+        buf[0] = '\0';
+        for (size_t i = 0; i < n && len < cap; i++) {
+            int k = snprintf(buf + len, cap - len, "%s%u", i ? "," : " ", (unsigned)ids[i]);
+            if (k < 0)
+                break;
+            len += (size_t)k;
+        }
+        return;
+    }
+    }
+    buf[0] = '\0';
 }
 
 void config_print(const struct convd_config *c, FILE *out)
 {
-    static const char *const levels[] = {"0",       "1",      "2",    "err",
-                                         "warning", "notice", "info", "debug"};
-    /* Quoted, so that a '#' and edge spaces survive; but a quoted value ends at its first '"',
-     * so a path holding one (which a file can only give as an unquoted value) goes unquoted. */
-    if (strchr(c->socket_path, '"') != NULL)
-        fprintf(out, "socket = %s\n", c->socket_path);
-    else
-        fprintf(out, "socket = \"%s\"\n", c->socket_path);
-    fprintf(out, "backend = %s\n", config_backend_name(c->backend));
-    fprintf(out, "log_level = %s\n",
-            c->log_level >= 0 && c->log_level <= 7 ? levels[c->log_level] : "info");
-    fprintf(out, "threads = %d\n", c->threads);
-    fprintf(out, "device = %d\n", c->device);
-    fprintf(out, "max_clients = %u\n", (unsigned)c->max_clients);
-    fprintf(out, "max_clients_per_user = %u\n", (unsigned)c->max_clients_per_user);
-    fprintf(out, "max_inflight_per_user = %u\n", (unsigned)c->max_inflight_per_user);
-    fprintf(out, "idle_timeout_ms = %llu\n", (unsigned long long)c->idle_timeout_ms);
-    fprintf(out, "max_inflight = %u\n", (unsigned)c->max_inflight);
-    fprintf(out, "max_regions = %u\n", (unsigned)c->max_regions);
-    fprintf(out, "max_mapped_bytes = %llu\n", (unsigned long long)c->max_mapped_bytes);
-    fprintf(out, "max_batch = %u\n", (unsigned)c->max_batch);
-    fprintf(out, "max_queue_delay_us = %llu\n", (unsigned long long)c->max_queue_delay_us);
-    fprintf(out, "queue_limit = %u\n", (unsigned)c->queue_limit);
-    fprintf(out, "drain_timeout_ms = %llu\n", (unsigned long long)c->drain_timeout_ms);
-    fprintf(out, "socket_mode = %04o\n", (unsigned)c->socket_mode);
-    if (c->socket_group_set)
-        fprintf(out, "socket_group = %u\n", (unsigned)c->socket_group);
-    else
-        fprintf(out, "socket_group =\n");
-    cfg_print_ids(out, "allow_uids", c->allow_uids, c->n_allow_uids);
-    cfg_print_ids(out, "allow_gids", c->allow_gids, c->n_allow_gids);
-    fprintf(out, "max_protocol_errors = %u\n", (unsigned)c->max_protocol_errors);
-    fprintf(out, "max_send_queue_bytes = %llu\n", (unsigned long long)c->max_send_queue_bytes);
-    fprintf(out, "hello_timeout_ms = %llu\n", (unsigned long long)c->hello_timeout_ms);
-    fprintf(out, "spin_us = %llu\n", (unsigned long long)c->spin_us);
-    fprintf(out, "doorbell_threads = %u\n", (unsigned)c->doorbell_threads);
-    fprintf(out, "ring_stall_timeout_ms = %llu\n", (unsigned long long)c->ring_stall_timeout_ms);
+    char value[CONFIG_FILE_BYTES + 8];
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        cfg_format(&cfg_options[i], c, value, sizeof(value));
+        fprintf(out, "%s =%s\n", cfg_options[i].key, value);
+    }
+}
+
+/* Copies a formatted value without its leading space, cut with "..." to fit. */
+static void cfg_short(char *dst, size_t cap, const char *value)
+{
+    const char *v = value[0] == ' ' ? value + 1 : value;
+    size_t len = strlen(v);
+    if (len < cap) {
+        memcpy(dst, v, len + 1);
+        return;
+    }
+    snprintf(dst, cap, "%.*s...", (int)(cap - 4), v);
+}
+
+size_t config_diff(const struct convd_config *a, const struct convd_config *b,
+                   struct config_change *out, size_t cap)
+{
+    size_t n = 0;
+    char va[CONFIG_FILE_BYTES + 8], vb[CONFIG_FILE_BYTES + 8];
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const struct cfg_option *o = &cfg_options[i];
+        cfg_format(o, a, va, sizeof(va));
+        cfg_format(o, b, vb, sizeof(vb));
+        if (strcmp(va, vb) == 0)
+            continue;
+        if (n < cap) {
+            out[n].key = o->key;
+            out[n].live = o->live;
+            cfg_short(out[n].before, sizeof(out[n].before), va);
+            cfg_short(out[n].after, sizeof(out[n].after), vb);
+        }
+        n++;
+    }
+    return n;
 }
 
 bool config_peer_allowed(const struct convd_config *c, uid_t uid, const gid_t *gids, size_t n_gids)

@@ -19,7 +19,8 @@
 #include <sys/types.h>
 
 #define CONFIG_MAX_IDS    32
-#define CONFIG_PATH_BYTES 108 /* sizeof(sockaddr_un.sun_path) */
+#define CONFIG_PATH_BYTES 108  /* sizeof(sockaddr_un.sun_path) */
+#define CONFIG_FILE_BYTES 4096 /* a file path (PATH_MAX) */
 
 /* Used when --config is not given, and only if the file exists. */
 #ifndef CONVD_DEFAULT_CONFIG
@@ -62,6 +63,8 @@ struct convd_config {
     uint64_t spin_us;               /* the loop polls rings and sockets this long before sleeping */
     uint32_t doorbell_threads;      /* threads that wake sleeping ring clients (0: the loop) */
     uint64_t ring_stall_timeout_ms; /* a full completion ring nobody reads closes the connection */
+    char metrics_textfile[CONFIG_FILE_BYTES]; /* node_exporter textfile; "": none */
+    uint64_t metrics_textfile_interval_ms;    /* how often it is rewritten */
 };
 
 /* What main() should do after config_from_args(). */
@@ -102,6 +105,24 @@ void config_usage(FILE *out, const char *prog);
 
 /* Prints the configuration as `key = value` lines that config_parse_text() reads back. */
 void config_print(const struct convd_config *c, FILE *out);
+
+/* One option that differs between two configurations (config_diff). Values as config_print
+ * writes them, cut to fit. */
+struct config_change {
+    const char *key;
+    bool live; /* SIGHUP applies it to the running daemon; false: it takes a restart */
+    char before[64], after[64];
+};
+#define CONFIG_MAX_OPTIONS 64
+
+/* The options whose values differ between a and b, in the order --help lists them, into out
+ * (at most cap). Returns how many differ (which may exceed cap). */
+size_t config_diff(const struct convd_config *a, const struct convd_config *b,
+                   struct config_change *out, size_t cap);
+
+/* True when SIGHUP applies key to a running daemon; false for keys that take a restart (and for
+ * unknown keys). */
+bool config_key_live(const char *key);
 
 /* True when the peer may use the daemon: both allow-lists are empty (the socket's mode and group
  * are then the only gate), its uid is in allow_uids, or one of its gids (primary and

@@ -718,7 +718,7 @@ static void conn_on_metrics(struct conn *c, const Convd__MetricsRequest *mr)
         conn_send_protocol_error(c, CONVD_ENOMEM, "out of memory rendering metrics");
         return;
     }
-    if (daemon_render_metrics(c->d, text, TEXT_CAP) < 0)
+    if (daemon_render_metrics(c->d, NULL, text, TEXT_CAP) < 0)
         snprintf(text, TEXT_CAP, "# metrics do not fit in one message\n");
     Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
     Convd__MetricsReply rep = CONVD__METRICS_REPLY__INIT;

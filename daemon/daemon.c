@@ -18,6 +18,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "request.h"
+#include "reload.h"
 #include "ring.h"
 #include "sdnotify.h"
 
@@ -292,6 +293,7 @@ static void dmn_close_handles(struct convd_daemon *d)
     uv_close((uv_handle_t *)&d->inflight_timer, NULL);
     uv_close((uv_handle_t *)&d->trim_timer, NULL);
     uv_close((uv_handle_t *)&d->stop_async, NULL);
+    mfile_close(&d->mfile);
     if (d->delay_poll_open) {
         uv_close((uv_handle_t *)&d->delay_poll, NULL);
         d->delay_poll_open = false;
@@ -399,7 +401,7 @@ static void dmn_on_signal(uv_signal_t *h, int signum)
 {
     struct convd_daemon *d = h->data;
     if (signum == SIGHUP) {
-        log_notice("SIGHUP ignored: restart convd to apply a changed configuration");
+        daemon_reload_signal(d);
         return;
     }
     dmn_begin_drain(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -408,6 +410,12 @@ static void dmn_on_signal(uv_signal_t *h, int signum)
 static void dmn_on_stop(uv_async_t *h)
 {
     dmn_begin_drain(h->data, "stop requested");
+}
+
+void daemon_set_args(struct convd_daemon *d, int argc, char *const *argv)
+{
+    d->argc = argc;
+    d->argv = argv;
 }
 
 void daemon_request_stop(struct convd_daemon *d)
@@ -455,7 +463,7 @@ void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st)
     st->protocol_version = CONVD_PROTOCOL_VERSION;
 }
 
-int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap)
+int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf, size_t cap)
 {
     struct met_gauges g = {
         .clients = d->n_clients,
@@ -470,8 +478,15 @@ int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap)
         .doorbells = doorbell_count(&d->doorbells),
         .draining = d->draining,
     };
-    return metrics_render(&d->metrics, &g, d->backend.info.name, d->backend.info.device,
+    be_stats(&d->backend, &g.device);
+    return metrics_render(&d->metrics, &g, d->backend.info.name, d->backend.info.device, labels,
                           convd_now_ns(), buf, cap);
+}
+
+static int dmn_render_file(void *arg, char *buf, size_t cap)
+{
+    struct convd_daemon *d = arg;
+    return daemon_render_metrics(d, d->mfile_labels, buf, cap);
 }
 
 #define DMN_TRIM_MS 5000
@@ -536,6 +551,11 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
     uv_signal_start(&d->sig_term, dmn_on_signal, SIGTERM);
     uv_signal_start(&d->sig_int, dmn_on_signal, SIGINT);
     uv_signal_start(&d->sig_hup, dmn_on_signal, SIGHUP);
+    mfile_init(&d->mfile, loop, dmn_render_file, d);
+    char esc[2 * CONFIG_PATH_BYTES];
+    snprintf(d->mfile_labels, sizeof(d->mfile_labels), "socket=\"%s\"",
+             metrics_label_escape(d->listener.path, esc, sizeof(esc)));
+    mfile_configure(&d->mfile, d->cfg.metrics_textfile, d->cfg.metrics_textfile_interval_ms);
 
     d->watchdog_usec = sdn_watchdog_usec();
     if (d->watchdog_usec > 0) {

@@ -19,6 +19,7 @@
 #include "list.h"
 #include "listener.h"
 #include "metrics.h"
+#include "metrics_file.h"
 #include "regions.h"
 #include "scheduler.h"
 #include "users.h"
@@ -39,6 +40,10 @@ struct convd_daemon {
     struct doorbells doorbells;
     struct users users; /* what each peer uid holds */
     struct metrics metrics;
+    struct metrics_file mfile;                     /* metrics_textfile */
+    char mfile_labels[2 * CONFIG_PATH_BYTES + 16]; /* socket="..." on every sample there */
+    int argc; /* the command line SIGHUP re-reads (daemon_set_args) */
+    char *const *argv;
     struct region_stats region_stats;
     struct region_limits region_limits;
 
@@ -93,6 +98,10 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
  * daemon_request_stop(). Returns the exit status for main(): 0 after a clean drain. */
 int daemon_run(struct convd_daemon *d);
 
+/* The command line the configuration came from, which SIGHUP reads again (daemon/reload.h);
+ * argv must outlive the daemon. Without it SIGHUP is logged and ignored. */
+void daemon_set_args(struct convd_daemon *d, int argc, char *const *argv);
+
 /* Starts the drain, as SIGTERM does. Safe from any thread, and before or during daemon_run(). */
 void daemon_request_stop(struct convd_daemon *d);
 
@@ -111,8 +120,8 @@ void daemon_note_deadline(struct convd_daemon *d, uint64_t deadline_ns);
 void daemon_check_drained(struct convd_daemon *d);
 
 /* Fills a StatusReply and renders the metrics text (into buf, NUL-terminated; returns its length
- * or -1). */
+ * or -1), with `labels` (metrics_render) on every sample, or none for NULL. */
 void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st);
-int daemon_render_metrics(struct convd_daemon *d, char *buf, size_t cap);
+int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf, size_t cap);
 
 #endif

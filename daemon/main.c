@@ -38,6 +38,8 @@ int main(int argc, char **argv)
         log_err("cannot start: %s", why);
         return 1;
     }
+    /* SIGHUP reads the same command line (and the file it names) again. */
+    daemon_set_args(d, argc, argv);
     int rc = daemon_run(d);
     daemon_destroy(d);
     return rc;

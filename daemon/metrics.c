@@ -1,7 +1,9 @@
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "convd/convd.h"
 #include "convd/status.h"
@@ -38,6 +40,10 @@ void metrics_init(struct metrics *m, uint64_t now_ns)
     met_hist_init(&m->launch_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->batch_size, met_batch_bounds, ARRAY_LEN(met_batch_bounds));
     m->start_ns = now_ns;
+    m->last_reload_ok = 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    m->config_loaded_unix = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static size_t met_slot(int status)
@@ -82,6 +88,7 @@ struct met_out {
     char *buf;
     size_t cap, len;
     int overflow;
+    const char *labels; /* added to every sample; "" for none */
 };
 
 static void met_printf(struct met_out *o, const char *fmt, ...)
@@ -107,71 +114,139 @@ static void met_head(struct met_out *o, const char *name, const char *type, cons
     met_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One sample: name, its label set (the output's own labels, then `more`), the value. */
+static void met_sample(struct met_out *o, const char *name, const char *more, const char *value)
+{
+    bool a = o->labels[0] != '\0', b = more != NULL && more[0] != '\0';
+    if (a || b)
+        met_printf(o, "%s{%s%s%s} %s\n", name, a ? o->labels : "", a && b ? "," : "", b ? more : "",
+                   value);
+    else
+        met_printf(o, "%s %s\n", name, value);
+}
+
+static void met_sample_u64(struct met_out *o, const char *name, const char *more, uint64_t v)
+{
+    char value[24];
+    snprintf(value, sizeof(value), "%llu", (unsigned long long)v);
+    met_sample(o, name, more, value);
+}
+
+/* A sample with a fractional value: `decimals` places, or -1 for 9 significant digits. */
+static void met_sample_f(struct met_out *o, const char *name, const char *more, int decimals,
+                         double v)
+{
+    char value[40];
+    if (decimals < 0)
+        snprintf(value, sizeof(value), "%.9g", v);
+    else
+        snprintf(value, sizeof(value), "%.*f", decimals, v);
+    met_sample(o, name, more, value);
+}
+
 static void met_scalar(struct met_out *o, const char *name, const char *type, const char *help,
                        uint64_t v)
 {
     met_head(o, name, type, help);
-    met_printf(o, "%s %llu\n", name, (unsigned long long)v);
+    met_sample_u64(o, name, NULL, v);
 }
 
 static void met_by_status(struct met_out *o, const char *name, const char *help,
                           const uint64_t *counts)
 {
+    char more[48];
     met_head(o, name, "counter", help);
-    for (size_t i = 0; i < ARRAY_LEN(met_codes); i++)
-        met_printf(o, "%s{status=\"%s\"} %llu\n", name, convd_status_name(met_codes[i]),
-                   (unsigned long long)counts[i]);
+    for (size_t i = 0; i < ARRAY_LEN(met_codes); i++) {
+        snprintf(more, sizeof(more), "status=\"%s\"", convd_status_name(met_codes[i]));
+        met_sample_u64(o, name, more, counts[i]);
+    }
     if (counts[MET_STATUS_SLOTS - 1] != 0)
-        met_printf(o, "%s{status=\"UNKNOWN\"} %llu\n", name,
-                   (unsigned long long)counts[MET_STATUS_SLOTS - 1]);
+        met_sample_u64(o, name, "status=\"UNKNOWN\"", counts[MET_STATUS_SLOTS - 1]);
 }
 
 static void met_hist(struct met_out *o, const char *name, const char *help,
                      const struct met_hist *h)
 {
+    char series[96], more[48];
     met_head(o, name, "histogram", help);
+    snprintf(series, sizeof(series), "%s_bucket", name);
     uint64_t cum = 0;
     for (size_t i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
-        met_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+        snprintf(more, sizeof(more), "le=\"%g\"", h->bounds[i]);
+        met_sample_u64(o, series, more, cum);
     }
     cum += h->counts[h->n_bounds];
-    met_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
-    met_printf(o, "%s_sum %.9g\n", name, h->sum);
-    met_printf(o, "%s_count %llu\n", name, (unsigned long long)h->count);
+    met_sample_u64(o, series, "le=\"+Inf\"", cum);
+    snprintf(series, sizeof(series), "%s_sum", name);
+    met_sample_f(o, series, NULL, -1, h->sum);
+    snprintf(series, sizeof(series), "%s_count", name);
+    met_sample_u64(o, series, NULL, h->count);
 }
 
-/* Label values may not carry '"', '\\' or newlines unescaped. */
-static void met_label_value(struct met_out *o, const char *s)
+char *metrics_label_escape(const char *value, char *buf, size_t cap)
 {
-    for (; *s != '\0'; s++) {
-        if (*s == '"' || *s == '\\')
-            met_printf(o, "\\%c", *s);
-        else if (*s == '\n')
-            met_printf(o, "\\n");
-        else
-            met_printf(o, "%c", *s);
+    size_t k = 0;
+    if (cap == 0)
+        return buf;
+    for (const char *s = value; s != NULL && *s != '\0'; s++) {
+        const char *rep = *s == '"' ? "\\\"" : *s == '\\' ? "\\\\" : *s == '\n' ? "\\n" : NULL;
+        size_t need = rep != NULL ? 2 : 1;
+        if (k + need >= cap)
+            break;
+        if (rep != NULL) {
+            memcpy(buf + k, rep, 2);
+        } else {
+            buf[k] = *s;
+        }
+        k += need;
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
+/* The device's gauges, for those the backend reports. */
+static void met_device(struct met_out *o, const struct convd_backend_stats *dev)
+{
+    if (dev->has_memory) {
+        met_scalar(o, "convd_device_memory_used_bytes", "gauge",
+                   "Device memory in use, by every process on the device (total - free).",
+                   dev->memory_used_bytes);
+        met_scalar(o, "convd_device_memory_total_bytes", "gauge", "The device's memory.",
+                   dev->memory_total_bytes);
+    }
+    if (dev->has_staging)
+        met_scalar(o, "convd_device_staging_bytes", "gauge",
+                   "Device memory the backend holds for staging host tensors and workspace.",
+                   dev->staging_bytes);
+    if (dev->has_utilization) {
+        met_head(o, "convd_device_utilization_ratio", "gauge",
+                 "Fraction of the driver's last sample period in which a kernel ran on the device "
+                 "(any process's).");
+        met_sample_f(o, "convd_device_utilization_ratio", NULL, 3, dev->utilization);
+        met_head(o, "convd_device_memory_utilization_ratio", "gauge",
+                 "Fraction of the driver's last sample period in which device memory was read or "
+                 "written.");
+        met_sample_f(o, "convd_device_memory_utilization_ratio", NULL, 3, dev->memory_utilization);
     }
 }
 
 int metrics_render(const struct metrics *m, const struct met_gauges *g, const char *backend,
-                   const char *device, uint64_t now_ns, char *buf, size_t cap)
+                   const char *device, const char *labels, uint64_t now_ns, char *buf, size_t cap)
 {
     if (buf == NULL || cap == 0)
         return -1;
-    struct met_out o = {buf, cap, 0, 0};
+    struct met_out o = {buf, cap, 0, 0, labels != NULL ? labels : ""};
     buf[0] = '\0';
 
+    char info[512], b_esc[64], d_esc[300];
+    snprintf(info, sizeof(info), "version=\"%s\",backend=\"%s\",device=\"%s\"",
+             CONVD_VERSION_STRING, metrics_label_escape(backend, b_esc, sizeof(b_esc)),
+             metrics_label_escape(device, d_esc, sizeof(d_esc)));
     met_head(&o, "convd_info", "gauge", "Build and backend of this daemon (always 1).");
-    met_printf(&o, "convd_info{version=\"%s\",backend=\"", CONVD_VERSION_STRING);
-    met_label_value(&o, backend);
-    met_printf(&o, "\",device=\"");
-    met_label_value(&o, device);
-    met_printf(&o, "\"} 1\n");
-    met_printf(&o,
-               "# HELP convd_uptime_seconds Seconds since the daemon started.\n"
-               "# TYPE convd_uptime_seconds gauge\nconvd_uptime_seconds %.3f\n",
-               (double)(now_ns - m->start_ns) / 1e9);
+    met_sample(&o, "convd_info", info, "1");
+    met_head(&o, "convd_uptime_seconds", "gauge", "Seconds since the daemon started.");
+    met_sample_f(&o, "convd_uptime_seconds", NULL, 3, (double)(now_ns - m->start_ns) / 1e9);
 
     /* The daemon's own CPU time, every thread: what the serving path costs per request is this
      * over convd_requests_total (convctl bench reports it). */
@@ -179,10 +254,9 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
         double user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6;
         double sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-        met_printf(&o,
-                   "# HELP process_cpu_seconds_total User and system CPU time of the daemon.\n"
-                   "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.6f\n",
-                   user + sys);
+        met_head(&o, "process_cpu_seconds_total", "counter",
+                 "User and system CPU time of the daemon.");
+        met_sample_f(&o, "process_cpu_seconds_total", NULL, 6, user + sys);
     }
 
     met_by_status(&o, "convd_requests_total", "Requests completed, by status.", m->requests);
@@ -218,6 +292,21 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
                g->doorbells);
     met_scalar(&o, "convd_draining", "gauge", "1 while the daemon drains for shutdown.",
                (uint64_t)(g->draining != 0));
+    met_device(&o, &g->device);
+
+    met_head(&o, "convd_config_reloads_total", "counter",
+             "Configuration reloads on SIGHUP: applied, refused (a key that takes a restart "
+             "changed) or failed (the configuration did not parse).");
+    met_sample_u64(&o, "convd_config_reloads_total", "result=\"applied\"", m->reloads_applied);
+    met_sample_u64(&o, "convd_config_reloads_total", "result=\"refused\"", m->reloads_refused);
+    met_sample_u64(&o, "convd_config_reloads_total", "result=\"failed\"", m->reloads_failed);
+    met_scalar(&o, "convd_config_last_reload_successful", "gauge",
+               "0 when the last SIGHUP left the configuration file unapplied, else 1.",
+               (uint64_t)(m->last_reload_ok != 0));
+    met_head(&o, "convd_config_last_reload_success_timestamp_seconds", "gauge",
+             "When the configuration in force was loaded (Unix time), at start or on SIGHUP.");
+    met_sample_f(&o, "convd_config_last_reload_success_timestamp_seconds", NULL, 3,
+                 m->config_loaded_unix);
 
     met_hist(&o, "convd_queue_seconds", "Time from receipt to start of execution.",
              &m->queue_seconds);

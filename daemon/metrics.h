@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 #define MET_HIST_MAX_BUCKETS 24
 /* Status codes run from 0 down to CONVD_EINTERNAL; the slot after them counts unknown codes. */
 #define MET_STATUS_SLOTS 29
@@ -35,6 +37,12 @@ struct metrics {
     struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
     struct met_hist batch_size;     /* requests per backend call */
     uint64_t start_ns;
+    /* Configuration reloads (SIGHUP): applied, refused (a key that takes a restart changed),
+     * failed (the file did not parse); whether the last one was applied, and when (wall clock,
+     * seconds) the configuration in force was loaded, the start included. */
+    uint64_t reloads_applied, reloads_refused, reloads_failed;
+    int last_reload_ok;
+    double config_loaded_unix;
 };
 
 /* Values read from the live daemon when rendering. */
@@ -50,6 +58,7 @@ struct met_gauges {
     uint64_t workers_busy;
     uint64_t doorbells; /* Doorbells sent to sleeping ring clients (a counter) */
     int draining;
+    struct convd_backend_stats device; /* the backend's device gauges, where it has them */
 };
 
 void metrics_init(struct metrics *m, uint64_t now_ns);
@@ -60,9 +69,15 @@ void metrics_request(struct metrics *m, int status, int rejected);
 void metrics_hist_observe(struct met_hist *h, double v);
 
 /* Writes the exposition text (NUL-terminated) into buf. Returns its length, or -1 when cap is too
- * small. backend and device become labels of convd_info. */
+ * small. backend and device become labels of convd_info. labels, when not NULL or empty, is a
+ * label set added to every sample (`socket="/run/convd/gpu0.sock"`, already escaped with
+ * metrics_label_escape): it keeps the samples of several daemons apart where their metrics meet
+ * without a scrape target of their own, as in node_exporter's textfile collector. */
 int metrics_render(const struct metrics *m, const struct met_gauges *g, const char *backend,
-                   const char *device, uint64_t now_ns, char *buf, size_t cap);
+                   const char *device, const char *labels, uint64_t now_ns, char *buf, size_t cap);
+
+/* Escapes a label value for the exposition format ('"', '\\' and newlines). Returns buf. */
+char *metrics_label_escape(const char *value, char *buf, size_t cap);
 
 /* Requests finished with status 0, and with any other status. */
 uint64_t metrics_served(const struct metrics *m);

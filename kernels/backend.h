@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "convd/conv.h"
 
@@ -44,6 +45,20 @@ struct convd_backend_info {
     char device[128];     /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
     unsigned max_workers; /* worker threads the daemon may run run_batch on concurrently */
     unsigned max_slots;   /* asynchronous backends: batches that may be in flight at once */
+};
+
+/* What a backend's device reports about itself, for the daemon's gauges (backend op `stats`).
+ * Each group counts only when its has_* flag is set; a backend sets the groups its device and
+ * driver provide and leaves the rest zero. */
+struct convd_backend_stats {
+    bool has_memory;
+    uint64_t memory_used_bytes;  /* device memory in use, every process's (total - free) */
+    uint64_t memory_total_bytes; /* the device's memory */
+    bool has_staging;
+    uint64_t staging_bytes; /* device memory this backend holds for staging and workspace */
+    bool has_utilization;
+    double utilization;        /* fraction of the driver's last sample period a kernel ran */
+    double memory_utilization; /* fraction of it device memory was being read or written */
 };
 
 enum convd_mem_kind {
@@ -122,6 +137,11 @@ struct convd_backend_ops {
     /* Optional: frees caches and staging memory above what steady serving needs; called from
      * the loop thread when nothing has been in flight for a while. */
     void (*trim)(void *ctx);
+    /* Optional: fills *ret (zeroed by the caller) with what the device reports now. Called from
+     * the loop thread when the metrics are rendered, never per request; it may take a driver
+     * call or two. Returns 0, or a CONVD_E* code when the device cannot say (nothing in *ret
+     * counts then). Backends without a device (CPU, null) leave it NULL: no gauges. */
+    int (*stats)(void *ctx, struct convd_backend_stats *ret);
 };
 
 extern const struct convd_backend_ops convd_cpu_backend_ops;
@@ -183,6 +203,15 @@ static inline void be_trim(struct convd_backend *b)
 {
     if (b->ops->trim != NULL)
         b->ops->trim(b->ctx);
+}
+
+/* The device's gauges; all absent (every has_* false) for a backend without the op or when the
+ * device cannot answer. */
+static inline void be_stats(struct convd_backend *b, struct convd_backend_stats *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (b->ops->stats != NULL && b->ops->stats(b->ctx, ret) != 0)
+        memset(ret, 0, sizeof(*ret));
 }
 
 #endif

@@ -9,6 +9,9 @@ for each problem, back-to-back blocking calls:
   C        convd-bench-call: convd_conv() on plain host memory, the library staging in and out
   C fresh  the same with a newly allocated output buffer each call (malloc/free), as Python's
            calls return a new array each time
+  ctypes   convd_conv() called through ctypes from this process on the same arrays, with a new
+           numpy output array each call: the C client as Python sees it, in the same process,
+           with the same memory placement (the C program's buffers are another process's)
   numpy    Client.conv2d(numpy arrays)
   torch    Client.conv2d(CPU torch tensors)
   Conv2d   convd.torch.Conv2d forward (weight held in the daemon's memory, input staged)
@@ -126,7 +129,18 @@ def main() -> int:
             mod = convd.torch.Conv2d(c, k, (r, s), padding=pad, groups=g, bias=False, client=client)
             with torch.no_grad():
                 mod.weight.copy_(wtt)
+            lib = convd._lib.load()
+            client.conv2d(x, wt, padding=pad, groups=g)
+            plan = next(p for p in client._plans.values() if p.problem.c == c and p.problem.h == h)
+            xa, wa = x.ctypes.data, wt.ctypes.data
+
+            def raw():
+                out = np.empty(plan.out_shape, np.float32)
+                lib.convd_conv(client._h, plan.problem, xa, wa, None, out.ctypes.data)
+                return out
+
             modes = {
+                "ctypes": raw,
                 "numpy": lambda: client.conv2d(x, wt, padding=pad, groups=g),
                 "torch": lambda: client.conv2d(xt, wtt, padding=pad, groups=g),
                 "Conv2d": lambda: mod(xt),
@@ -156,17 +170,20 @@ def main() -> int:
         f"{os.cpu_count()} CPUs; python {platform.python_version()}, torch {torch.__version__}"
     )
     print()
-    print("| problem | mode | us per call (median) | over C (us) | over C fresh (us) |")
-    print("|---|---|---:|---:|---:|")
+    print("| problem | mode | us per call (median) | over C (us) | over C fresh (us) | over ctypes (us) |")
+    print("|---|---|---:|---:|---:|---:|")
+
+    def over(v, base):
+        return f"{statistics.median(a - c for a, c in zip(v, base)):+.2f}"
+
     for name, figs in results.items():
         for m, v in figs.items():
-            med = statistics.median(v)
+            cells = [over(v, figs["C"]), over(v, figs["C fresh"]), over(v, figs["ctypes"])]
             if m in ("C", "C fresh"):
-                over = over_f = ""
-            else:
-                over = f"{statistics.median(a - c for a, c in zip(v, figs['C'])):+.2f}"
-                over_f = f"{statistics.median(a - c for a, c in zip(v, figs['C fresh'])):+.2f}"
-            print(f"| {name} | {m} | {med:.2f} | {over} | {over_f} |")
+                cells = ["", "", ""]
+            elif m == "ctypes":
+                cells[2] = ""
+            print(f"| {name} | {m} | {statistics.median(v):.2f} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": args.backend, "commit": commit, "results": results}, f, indent=1)

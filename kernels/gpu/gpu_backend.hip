@@ -34,6 +34,7 @@
  * dead device) is detected by probing the stream after the failure; from then on the backend
  * refuses all work with the first such sentence, so that the daemon can report it and stop.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -134,6 +135,23 @@ struct gpu_slot {
     uint64_t t_launch;
 };
 
+#ifdef CONVD_GPU_NVIDIA
+/* NVML, for the device's utilisation (the runtime has no call for it). libnvidia-ml comes with
+ * the driver, not the toolkit, so it is loaded at run time like libcuda, and these few
+ * declarations (NVML's documented ABI) stand in for its header. */
+typedef int gpu_nvml_ret; /* nvmlReturn_t: 0 is NVML_SUCCESS */
+typedef struct gpu_nvml_dev_st *gpu_nvml_dev;
+struct gpu_nvml_util {
+    unsigned int gpu, memory; /* nvmlUtilization_t: percent of the last sample period */
+};
+struct gpu_nvml {
+    void *lib; /* NULL: no NVML, no utilisation gauges */
+    gpu_nvml_ret (*shutdown)(void);
+    gpu_nvml_ret (*utilization)(gpu_nvml_dev, struct gpu_nvml_util *);
+    gpu_nvml_dev dev;
+};
+#endif
+
 struct gpu_ctx {
     int device;
     size_t pool_limit;   /* per slot */
@@ -146,6 +164,7 @@ struct gpu_ctx {
     char broken_why[GPU_WHY];
 #ifdef CONVD_GPU_NVIDIA
     PFN_cuMemGetAddressRange_v3020 get_range;
+    struct gpu_nvml nvml;
 #endif
 };
 
@@ -1137,6 +1156,84 @@ static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
     return 0;
 }
 
+/* ---- gauges ---- */
+
+#ifdef CONVD_GPU_NVIDIA
+/* Opens NVML on our device (found by PCI address, which NVML and the runtime agree on, unlike
+ * their ordinals under CUDA_VISIBLE_DEVICES). Any failure leaves it closed: the utilisation
+ * gauges are then absent, and nothing else depends on them. */
+static void gpu_nvml_open(struct gpu_ctx *ctx)
+{
+    struct gpu_nvml *n = &ctx->nvml;
+    char bus[32];
+    if (hipDeviceGetPCIBusId(bus, (int)sizeof bus, ctx->device) != hipSuccess) {
+        (void)hipGetLastError();
+        return;
+    }
+    n->lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!n->lib)
+        return;
+    gpu_nvml_ret (*init)(void) = (gpu_nvml_ret(*)(void))dlsym(n->lib, "nvmlInit_v2");
+    gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *) =
+        (gpu_nvml_ret(*)(const char *, gpu_nvml_dev *))dlsym(n->lib,
+                                                            "nvmlDeviceGetHandleByPciBusId_v2");
+    n->shutdown = (gpu_nvml_ret(*)(void))dlsym(n->lib, "nvmlShutdown");
+    n->utilization = (gpu_nvml_ret(*)(gpu_nvml_dev, struct gpu_nvml_util *))dlsym(
+        n->lib, "nvmlDeviceGetUtilizationRates");
+    if (!init || !by_bus || !n->shutdown || !n->utilization || init() != 0) {
+        dlclose(n->lib);
+        memset(n, 0, sizeof *n);
+        return;
+    }
+    if (by_bus(bus, &n->dev) != 0) {
+        n->shutdown();
+        dlclose(n->lib);
+        memset(n, 0, sizeof *n);
+    }
+}
+
+static void gpu_nvml_close(struct gpu_ctx *ctx)
+{
+    struct gpu_nvml *n = &ctx->nvml;
+    if (n->lib) {
+        n->shutdown();
+        dlclose(n->lib);
+    }
+    memset(n, 0, sizeof *n);
+}
+#endif
+
+/* The device's memory (cudaMemGetInfo: every process's use), the pools this backend holds, and,
+ * with NVML, how busy the device was over the driver's last sample period. Loop thread, when the
+ * metrics are rendered. The pools change only on the loop thread while the daemon launches
+ * batches (run_batch's workers are the tests' and do not render metrics). */
+static int gpu_stats(void *vctx, struct convd_backend_stats *ret)
+{
+    struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
+    if (!ctx || !ret)
+        return CONVD_EINVAL;
+    size_t mem_free = 0, mem_total = 0;
+    if (hipSetDevice(ctx->device) == hipSuccess &&
+        hipMemGetInfo(&mem_free, &mem_total) == hipSuccess && mem_free <= mem_total) {
+        ret->has_memory = true;
+        ret->memory_used_bytes = mem_total - mem_free;
+        ret->memory_total_bytes = mem_total;
+    }
+    (void)hipGetLastError();
+    ret->has_staging = true;
+    for (int i = 0; i < GPU_SLOTS; i++)
+        ret->staging_bytes += ctx->slots[i].pool_cap;
+#ifdef CONVD_GPU_NVIDIA
+    struct gpu_nvml_util u;
+    if (ctx->nvml.lib && ctx->nvml.utilization(ctx->nvml.dev, &u) == 0) {
+        ret->has_utilization = true;
+        ret->utilization = u.gpu / 100.0;
+        ret->memory_utilization = u.memory / 100.0;
+    }
+#endif
+    return 0;
+}
+
 static void gpu_close(struct gpu_ctx *ctx)
 {
     (void)hipSetDevice(ctx->device);
@@ -1162,6 +1259,9 @@ static void gpu_close(struct gpu_ctx *ctx)
         (void)hipIpcCloseMemHandle(ipc->ptr);
         free(ipc);
     }
+#ifdef CONVD_GPU_NVIDIA
+    gpu_nvml_close(ctx);
+#endif
     (void)hipGetLastError();
 }
 
@@ -1220,6 +1320,11 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
     rc = gpu_warm(ctx, why, why_len);
     if (rc != 0)
         return rc;
+#ifdef CONVD_GPU_NVIDIA
+    /* At start, not at the first metrics request: NVML's start-up takes milliseconds that the
+     * loop should not spend while serving. */
+    gpu_nvml_open(ctx);
+#endif
     {
         char arch[32];
 #ifdef CONVD_GPU_AMD
@@ -1319,6 +1424,6 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
 
 extern "C" const struct convd_backend_ops convd_gpu_backend_ops = {
     "gpu",         gpu_init,   gpu_destroy, gpu_supports, gpu_mem_import, gpu_mem_release,
-    gpu_run_batch, gpu_launch, gpu_query,   gpu_notify,   gpu_trim,
+    gpu_run_batch, gpu_launch, gpu_query,   gpu_notify,   gpu_trim,        gpu_stats,
 };
 #endif

@@ -34,6 +34,9 @@
 #ifndef hipMemGetInfo
 #define hipMemGetInfo cudaMemGetInfo
 #endif
+#ifndef hipDeviceGetPCIBusId
+#define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
+#endif
 #ifndef hipStreamCreateWithFlags
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags
 #endif

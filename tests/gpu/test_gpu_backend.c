@@ -1533,6 +1533,45 @@ static void notice_expect_once(struct notice *nt, const char *what)
         fail_msg("%s: the callback was called %d times, expected once", what, notice_calls(nt));
 }
 
+/* stats: the device's memory as the runtime reports it (an allocation of ours shows in it), the
+ * staging pools the backend holds, and, where NVML loads, utilisations between 0 and 1. */
+static void test_device_stats(void **state)
+{
+    (void)state;
+    assert_non_null(ops->stats);
+    struct convd_backend_stats st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(ops->stats(g_ctx, &st), 0);
+    assert_true(st.has_memory);
+    size_t mem_free = 0, mem_total = 0;
+    assert_int_equal(rt_mem_get_info(&mem_free, &mem_total), RT_OK);
+    assert_int_equal(st.memory_total_bytes, mem_total);
+    assert_true(st.memory_used_bytes > 0 && st.memory_used_bytes <= st.memory_total_bytes);
+    assert_true(st.has_staging);
+    assert_true(st.staging_bytes > 0); /* the warm-up grew the pools */
+
+    const size_t big = (size_t)256 << 20;
+    void *p = NULL;
+    assert_int_equal(rt_malloc(&p, big), RT_OK);
+    struct convd_backend_stats more;
+    memset(&more, 0, sizeof more);
+    assert_int_equal(ops->stats(g_ctx, &more), 0);
+    if (more.memory_used_bytes < st.memory_used_bytes + big / 2)
+        fail_msg("256 MiB allocated, but memory in use went from %llu to %llu bytes",
+                 (unsigned long long)st.memory_used_bytes,
+                 (unsigned long long)more.memory_used_bytes);
+    assert_int_equal(rt_free(p), RT_OK);
+
+    if (st.has_utilization) {
+        assert_true(st.utilization >= 0.0 && st.utilization <= 1.0);
+        assert_true(st.memory_utilization >= 0.0 && st.memory_utilization <= 1.0);
+    }
+    printf("stats: %.1f of %.1f GiB in use, %.1f MiB staging, utilisation %s\n",
+           (double)st.memory_used_bytes / (1 << 30), (double)st.memory_total_bytes / (1 << 30),
+           (double)st.staging_bytes / (1 << 20),
+           st.has_utilization ? "from NVML" : "absent (no NVML)");
+}
+
 /* notify: each call's fn runs exactly once, after the batch (its output complete, query then
  * reporting done at once), with no polling in between; at once on an idle slot; soon for a
  * batch that has finished but was not reported yet. */
@@ -1733,6 +1772,7 @@ int main(void)
         cmocka_unit_test(test_async_heavy_query_and_trim),
         cmocka_unit_test(test_async_notify),
         cmocka_unit_test(test_async_bad_jobs),
+        cmocka_unit_test(test_device_stats),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
     peer_stop();

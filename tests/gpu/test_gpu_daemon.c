@@ -1277,6 +1277,13 @@ static void test_still_serving_then_sigterm(void **state)
             (unsigned long long)st.batches, it_count_fds(g_d.pid), g_d.base_fds);
     if (strcmp(st.backend, "gpu") != 0)
         fail_msg("StatusReply.backend is '%s' at the end", st.backend);
+    /* The device's gauges (the backend's stats op): memory in use within the device's total. */
+    double used = -1, total = -1;
+    if (!it_metric(g_d.mon, "convd_device_memory_used_bytes", &used) ||
+        !it_metric(g_d.mon, "convd_device_memory_total_bytes", &total))
+        fail_msg("the GPU daemon's metrics have no device memory gauges");
+    if (!(used > 0 && used <= total))
+        fail_msg("device memory gauges: %.0f used of %.0f", used, total);
     assert_int_equal(convd_ping(g_d.mon, NULL), 0);
     gd_host_conv(g_d.mon, "a host-region request at the end");
     if (g_dev != NULL)

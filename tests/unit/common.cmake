@@ -1,3 +1,4 @@
-# common/: wire conversions and the SOCK_SEQPACKET helpers.
+# common/: wire conversions, the SOCK_SEQPACKET helpers and the typo hints.
 convd_unit_test(test_wire SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_wire.c LIBS convd_common)
 convd_unit_test(test_sock SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sock.c LIBS convd_common)
+convd_unit_test(test_suggest SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_suggest.c LIBS convd_common)

@@ -116,7 +116,13 @@ static void test_bad_lines(void **state)
         const char *words[2];
     } cases[] = {
         {"max_batch = 4\nthis is not an assignment\n", {"test.conf:2", "key = value"}},
-        {"max_batchh = 4\n", {"test.conf:1", "unknown option 'max_batchh'"}},
+        {"max_batchh = 4\n",
+         {"test.conf:1", "unknown key 'max_batchh'; did you mean 'max_batch'?"}},
+        {"max_inflght = 4\n", {"unknown key 'max_inflght'", "did you mean 'max_inflight'?"}},
+        {"max-inflight-per-usr = 4\n", {"unknown key", "did you mean 'max_inflight_per_user'?"}},
+        {"frobnicate = 4\n", {"unknown key 'frobnicate'", "test.conf:1"}},
+        {"metrics_textfile = convd.prom\n", {"metrics_textfile", "not an absolute path"}},
+        {"metrics_textfile_interval_ms = 10\n", {"metrics_textfile_interval_ms", "out of range"}},
         {"= 4\n", {"test.conf:1", "missing key"}},
         {"max batch = 4\n", {"test.conf:1", "character"}},
         {"max_batch = four\n", {"max_batch", "'four'"}},
@@ -222,6 +228,9 @@ static void test_command_line(void **state)
         const char *word;
     } bad[] = {
         {{"convd", "--max-batchh", "3"}, 3, CONVD_EINVAL, "--max-batchh"},
+        {{"convd", "--max-inflght", "3"}, 3, CONVD_EINVAL, "did you mean --max-inflight?"},
+        {{"convd", "--confg", "/x.conf"}, 3, CONVD_EINVAL, "did you mean --config?"},
+        {{"convd", "--frobnicate", "3"}, 3, CONVD_EINVAL, "unknown option --frobnicate (see"},
         {{"convd", "--max-batch"}, 2, CONVD_EINVAL, "needs a value"},
         {{"convd", "--max-batch", "0"}, 3, CONVD_EINVAL, "out of range"},
         {{"convd", "stray"}, 2, CONVD_EINVAL, "unexpected argument 'stray'"},
@@ -302,6 +311,120 @@ static void test_print_round_trip(void **state)
     free(text);
 }
 
+/* A case with no hint must not get one: "unknown option --frobnicate (see --help)". The
+ * metrics textfile: an absolute path, or empty for none. */
+static void test_textfile_keys(void **state)
+{
+    (void)state;
+    struct convd_config c;
+    char why[256];
+    config_defaults(&c);
+    assert_string_equal(c.metrics_textfile, "");
+    assert_int_equal(c.metrics_textfile_interval_ms, 15000);
+    assert_int_equal(parse(&c,
+                           "metrics_textfile = /var/lib/prometheus/node-exporter/convd.prom\n"
+                           "metrics_textfile_interval_ms = 5000\n",
+                           why, sizeof(why)),
+                     0);
+    assert_string_equal(c.metrics_textfile, "/var/lib/prometheus/node-exporter/convd.prom");
+    assert_int_equal(c.metrics_textfile_interval_ms, 5000);
+    assert_int_equal(parse(&c, "metrics_textfile =\n", why, sizeof(why)), 0);
+    assert_string_equal(c.metrics_textfile, "");
+    char longpath[CONFIG_FILE_BYTES + 10];
+    memset(longpath, 'a', sizeof(longpath) - 1);
+    longpath[0] = '/';
+    longpath[sizeof(longpath) - 1] = '\0';
+    assert_int_equal(config_set(&c, "metrics_textfile", longpath, why, sizeof(why)), CONVD_EINVAL);
+    assert_non_null(strstr(why, "too long"));
+    assert_string_equal(c.metrics_textfile, "");
+}
+
+/* config_diff names every option that differs, with both values, and whether SIGHUP can apply
+ * it; the split between live and restart keys is the one docs/operations.md documents. */
+static void test_diff_and_live_keys(void **state)
+{
+    (void)state;
+    struct convd_config a, b;
+    char why[256];
+    config_defaults(&a);
+    config_defaults(&b);
+    struct config_change ch[CONFIG_MAX_OPTIONS];
+    assert_int_equal(config_diff(&a, &b, ch, CONFIG_MAX_OPTIONS), 0);
+
+    assert_int_equal(parse(&b,
+                           "max_inflight = 12\nlog_level = debug\nallow_uids = 0,7\n"
+                           "socket = /tmp/other.sock\nmax_batch = 4\n"
+                           "metrics_textfile = /tmp/m.prom\n",
+                           why, sizeof(why)),
+                     0);
+    size_t n = config_diff(&a, &b, ch, CONFIG_MAX_OPTIONS);
+    assert_int_equal(n, 6);
+    /* the table's order: socket, log_level, max_inflight, max_batch, allow_uids, textfile */
+    const struct {
+        const char *key, *before, *after;
+        bool live;
+    } want[] = {
+        {"socket", "\"" CONVD_DEFAULT_SOCKET "\"", "\"/tmp/other.sock\"", false},
+        {"log_level", "info", "debug", true},
+        {"max_inflight", "256", "12", true},
+        {"max_batch", "32", "4", false},
+        {"allow_uids", "", "0,7", true},
+        {"metrics_textfile", "\"\"", "\"/tmp/m.prom\"", true},
+    };
+    if (getenv("CONVD_SOCKET") != NULL)
+        skip(); /* the default socket is then the environment's */
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(ch[i].key, want[i].key);
+        assert_string_equal(ch[i].before, want[i].before);
+        assert_string_equal(ch[i].after, want[i].after);
+        assert_int_equal(ch[i].live, want[i].live);
+    }
+    /* a smaller buffer still counts them all */
+    assert_int_equal(config_diff(&a, &b, ch, 2), 6);
+    /* a long value is cut to fit, visibly */
+    config_defaults(&b);
+    char longpath[300];
+    memset(longpath, 'p', sizeof(longpath) - 1);
+    longpath[0] = '/';
+    longpath[sizeof(longpath) - 1] = '\0';
+    assert_int_equal(config_set(&b, "metrics_textfile", longpath, why, sizeof(why)), 0);
+    assert_int_equal(config_diff(&a, &b, ch, CONFIG_MAX_OPTIONS), 1);
+    assert_true(strlen(ch[0].after) < sizeof(ch[0].after));
+    assert_non_null(strstr(ch[0].after, "..."));
+
+    /* What SIGHUP applies, and what takes a restart. */
+    static const char *const live[] = {"log_level",
+                                       "max_clients",
+                                       "max_clients_per_user",
+                                       "max_inflight_per_user",
+                                       "idle_timeout_ms",
+                                       "max_inflight",
+                                       "max_regions",
+                                       "max_mapped_bytes",
+                                       "max_queue_delay_us",
+                                       "queue_limit",
+                                       "drain_timeout_ms",
+                                       "allow_uids",
+                                       "allow_gids",
+                                       "max_protocol_errors",
+                                       "max_send_queue_bytes",
+                                       "hello_timeout_ms",
+                                       "ring_stall_timeout_ms",
+                                       "metrics_textfile",
+                                       "metrics_textfile_interval_ms"};
+    static const char *const restart[] = {"socket",    "socket_mode", "socket_group",
+                                          "backend",   "device",      "threads",
+                                          "max_batch", "spin_us",     "doorbell_threads"};
+    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
+        if (!config_key_live(live[i]))
+            fail_msg("%s should be reloadable", live[i]);
+    for (size_t i = 0; i < sizeof(restart) / sizeof(restart[0]); i++)
+        if (config_key_live(restart[i]))
+            fail_msg("%s should take a restart", restart[i]);
+    assert_false(config_key_live("no_such_key"));
+    assert_false(config_key_live(NULL));
+}
+
 static void test_allow_list(void **state)
 {
     (void)state;
@@ -327,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_defaults),         cmocka_unit_test(test_good_file),
         cmocka_unit_test(test_bad_lines),        cmocka_unit_test(test_command_line),
         cmocka_unit_test(test_print_round_trip), cmocka_unit_test(test_allow_list),
+        cmocka_unit_test(test_textfile_keys),    cmocka_unit_test(test_diff_and_live_keys),
     };
     return cmocka_run_group_tests_name("daemon config", tests, NULL, NULL);
 }
