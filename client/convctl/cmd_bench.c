@@ -33,9 +33,9 @@
 
 static const char bench_usage[] =
     "Usage: convctl bench [--clients N] [--depth D] [--duration S | --requests R]\n"
-    "                     [--memory host|gpu [--device N]] [--json]\n"
+    "                     [--memory host|gpu] [--json]\n"
     "                     [shape options | --shape NAME --csv FILE | --all --csv FILE]\n"
-    "                     [--socket PATH] [--timeout MS]\n"
+    "                     [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
     "Load benchmark of the daemon: N client processes (each with its own connection and\n"
     "regions) each keep D requests in flight, for S seconds or R requests in total. Reports\n"
@@ -51,7 +51,9 @@ static const char bench_usage[] =
     "  --memory gpu    tensors in each client's own GPU memory, registered by CUDA IPC handle\n"
     "                  (needs the daemon's GPU backend and libcudart, loaded at run time:\n"
     "                  libcudart.so, .so.13 or .so.12, or the path in $CONVD_CUDART)\n"
-    "  --device N      the GPU the clients allocate on with --memory gpu (default 0)\n"
+    "  --device N      the daemon of GPU N (gpuN.sock, see convctl --help) and, with\n"
+    "                  --memory gpu, the GPU the clients allocate on (default 0); with --socket\n"
+    "                  or $CONVD_SOCKET naming the daemon, only the latter\n"
     "  --json          one JSON object per shape on stdout instead of the report\n"
     "  --shape NAME --csv FILE   a row of a shapes CSV (bench/shapes.csv)\n"
     "  --all --csv FILE          every row of the CSV in turn, one table line each\n"
@@ -174,6 +176,7 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
     o.socket_path = g->socket;
     o.client_name = "convctl-bench";
     o.timeout_ms = g->timeout_ms;
+    o.device = g->device;
     if ((rc = convd_connect(&o, &c)) != 0) {
         bench_note(res, rc, "cannot connect: %s", convd_last_connect_error());
         goto signal;
@@ -697,30 +700,6 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
         printf("  error      %s\n", s->error);
 }
 
-/* A JSON string. */
-static void bench_json_str(const char *v)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)v; *p != '\0'; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
-/* A JSON number (finite; null otherwise). */
-static void bench_json_num(const char *key, double v)
-{
-    if (isfinite(v))
-        printf(",\"%s\":%.6g", key, v);
-    else
-        printf(",\"%s\":null", key);
-}
-
 /* One line of JSON for a measured shape. */
 static void bench_json(const char *name, const struct bench_params *bp, const struct bench_sum *s,
                        const struct convd_server_info *info)
@@ -732,55 +711,38 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
     char hist[256];
     bench_batches(s, hist, sizeof(hist), &mean_batch);
     const bool have_cpu = bench_cpu_per_req(s, &cpu_us, &cpu_reqs);
-    printf("{\"name\":");
-    bench_json_str(name);
-    printf(",\"n\":%d,\"h\":%d,\"w\":%d,\"c\":%d,\"k\":%d,\"r\":%d,\"s\":%d,\"groups\":%d,"
-           "\"stride_h\":%d,\"stride_w\":%d,\"pad_top\":%d,\"pad_bottom\":%d,\"pad_left\":%d,"
-           "\"pad_right\":%d,\"dil_h\":%d,\"dil_w\":%d,\"dtype\":\"%s\",\"layout\":\"%s\","
-           "\"bias\":%s,\"relu\":%s",
-           p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->groups, p->stride_h, p->stride_w,
-           p->pad_top, p->pad_bottom, p->pad_left, p->pad_right, p->dil_h, p->dil_w,
-           convd_dtype_name(p->dtype), convd_layout_name(p->layout), p->has_bias ? "true" : "false",
-           p->relu ? "true" : "false");
-    printf(",\"input_bytes\":%llu,\"weight_bytes\":%llu,\"bias_bytes\":%llu,\"output_bytes\":%llu,"
-           "\"flops\":%llu",
-           (unsigned long long)bp->z.input_bytes, (unsigned long long)bp->z.weight_bytes,
-           (unsigned long long)bp->z.bias_bytes, (unsigned long long)bp->z.output_bytes,
-           (unsigned long long)bp->z.flops);
-    printf(",\"clients\":%d,\"depth\":%d,\"memory\":\"%s\"", bp->clients, bp->depth,
-           bp->memory_gpu ? "gpu" : "host");
+    struct ctl_json j;
+    ctl_json_begin(&j);
+    ctl_json_str(&j, "name", name);
+    ctl_json_problem(&j, p, &bp->z);
+    ctl_json_int(&j, "clients", bp->clients);
+    ctl_json_int(&j, "depth", bp->depth);
+    ctl_json_str(&j, "memory", bp->memory_gpu ? "gpu" : "host");
     if (bp->memory_gpu)
-        printf(",\"gpu_device\":%d", bp->device);
-    printf(",\"backend\":");
-    bench_json_str(info->backend);
-    printf(",\"device\":");
-    bench_json_str(info->device);
-    printf(",\"completed\":%llu,\"failed\":%llu", (unsigned long long)s->completed,
-           (unsigned long long)s->failed);
-    bench_json_num("seconds", s->seconds);
-    bench_json_num("req_per_s", rps);
-    bench_json_num("images_per_s", rps * p->n);
-    bench_json_num("tflops", rps * (double)bp->z.flops / 1e12);
-    bench_json_num("p50_us", bench_percentile(s->lat, s->completed, 0.50) / 1e3);
-    bench_json_num("p99_us", bench_percentile(s->lat, s->completed, 0.99) / 1e3);
-    bench_json_num("p999_us", bench_percentile(s->lat, s->completed, 0.999) / 1e3);
-    bench_json_num("mean_batch", mean_batch);
-    bench_json_num("queue_us",
-                   s->completed > 0 ? (double)s->queue_ns / (double)s->completed / 1e3 : 0);
-    bench_json_num("exec_us",
-                   s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
-    printf(",\"batches\":%llu", (unsigned long long)bench_batch_count(s));
-    bench_json_num("daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
-    bench_json_num("fair_min", s->fair_max > 0 ? s->fair_min : NAN);
-    bench_json_num("fair_max", s->fair_max > 0 ? s->fair_max : NAN);
-    printf(",\"daemon_requests\":%llu", (unsigned long long)cpu_reqs);
-    printf(",\"error\":");
-    if (s->error[0] != '\0')
-        bench_json_str(s->error);
-    else
-        printf("null");
-    printf("}\n");
-    fflush(stdout);
+        ctl_json_int(&j, "gpu_device", bp->device);
+    ctl_json_str(&j, "backend", info->backend);
+    ctl_json_str(&j, "device", info->device);
+    ctl_json_u64(&j, "completed", s->completed);
+    ctl_json_u64(&j, "failed", s->failed);
+    ctl_json_num(&j, "seconds", s->seconds);
+    ctl_json_num(&j, "req_per_s", rps);
+    ctl_json_num(&j, "images_per_s", rps * p->n);
+    ctl_json_num(&j, "tflops", rps * (double)bp->z.flops / 1e12);
+    ctl_json_num(&j, "p50_us", bench_percentile(s->lat, s->completed, 0.50) / 1e3);
+    ctl_json_num(&j, "p99_us", bench_percentile(s->lat, s->completed, 0.99) / 1e3);
+    ctl_json_num(&j, "p999_us", bench_percentile(s->lat, s->completed, 0.999) / 1e3);
+    ctl_json_num(&j, "mean_batch", mean_batch);
+    ctl_json_num(&j, "queue_us",
+                 s->completed > 0 ? (double)s->queue_ns / (double)s->completed / 1e3 : 0);
+    ctl_json_num(&j, "exec_us",
+                 s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
+    ctl_json_u64(&j, "batches", bench_batch_count(s));
+    ctl_json_num(&j, "daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
+    ctl_json_num(&j, "fair_min", s->fair_max > 0 ? s->fair_min : NAN);
+    ctl_json_num(&j, "fair_max", s->fair_max > 0 ? s->fair_max : NAN);
+    ctl_json_u64(&j, "daemon_requests", cpu_reqs);
+    ctl_json_str(&j, "error", s->error[0] != '\0' ? s->error : NULL);
+    ctl_json_end(&j);
 }
 
 int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
@@ -794,7 +756,6 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         B_CSV,
         B_ALL,
         B_MEMORY,
-        B_DEVICE,
         B_JSON
     };
     static const struct option opts[] = {
@@ -808,7 +769,6 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         {"csv", required_argument, NULL, B_CSV},
         {"all", no_argument, NULL, B_ALL},
         {"memory", required_argument, NULL, B_MEMORY},
-        {"device", required_argument, NULL, B_DEVICE},
         {"json", no_argument, NULL, B_JSON},
         {NULL, 0, NULL, 0},
     };
@@ -819,7 +779,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
     bp.depth = 2;
     bp.duration_s = 5;
     const char *shape_name = NULL, *csv = NULL;
-    bool all = false, duration_given = false, json = false, device_given = false;
+    bool all = false, duration_given = false, json = false;
     struct {
         int opt;
         const char *arg;
@@ -891,30 +851,19 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
                 return CTL_EXIT_USAGE;
             }
             break;
-        case B_DEVICE:
-            if (cli_parse_int(optarg, 0, 1023, &v, why, sizeof(why)) != 0) {
-                ctl_err("--device: %s", why);
-                return CTL_EXIT_USAGE;
-            }
-            bp.device = (int)v;
-            device_given = true;
-            break;
         case B_JSON:
             json = true;
             break;
         default:
-            fputs(bench_usage, stderr);
-            return CTL_EXIT_USAGE;
+            return ctl_bad_option(argv, opts, "bench");
         }
     }
     if (optind < argc) {
         ctl_err("unexpected argument '%s'", argv[optind]);
         return CTL_EXIT_USAGE;
     }
-    if (device_given && !bp.memory_gpu) {
-        ctl_err("--device needs --memory gpu");
-        return CTL_EXIT_USAGE;
-    }
+    /* The GPU the clients allocate on is the one whose daemon they talk to. */
+    bp.device = g.device >= 0 ? g.device : 0;
     if (duration_given && bp.requests != 0) {
         ctl_err("--duration and --requests exclude each other");
         return CTL_EXIT_USAGE;

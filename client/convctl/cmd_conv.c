@@ -14,7 +14,7 @@ static const char conv_usage[] =
     "Usage: convctl conv --input X.npy --weight W.npy [--bias B.npy] --output Y.npy\n"
     "                    [--stride S|SH,SW] [--pad P|PH,PW|PT,PB,PL,PR] [--dilation D|DH,DW]\n"
     "                    [--groups G] [--layout nchw|nhwc] [--dtype fp32|fp16|bf16] [--relu]\n"
-    "                    [--socket PATH] [--timeout MS]\n"
+    "                    [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
     "Runs one grouped 2-D convolution on the daemon and writes the result as a .npy file.\n"
     "Shapes come from the arrays:\n"
@@ -279,8 +279,7 @@ int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
             dtype_given |= opt == O_DTYPE;
             break;
         default:
-            fputs(conv_usage, stderr);
-            return CTL_EXIT_USAGE;
+            return ctl_bad_option(argv, opts, "conv");
         }
     }
     if (optind < argc) {

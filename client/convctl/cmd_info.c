@@ -1,17 +1,19 @@
 /* convctl status, ping, metrics: queries answered by the daemon's loop thread. */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "util.h"
 
-/* Parses a command that takes only the common options. Returns -1 to go on, else an exit code. */
+/* Parses a command that takes the common options and `extra` (--count, --json). Returns -1 to
+ * go on, else an exit code. */
 static int info_parse(struct ctl_global *g, int argc, char **argv, const char *usage,
-                      const struct option *extra, int *ret_count)
+                      const struct option *extra, int *ret_count, bool *ret_json)
 {
-    struct option opts[8] = {CTL_COMMON_LONG_OPTIONS};
-    size_t n = 3;
-    for (; extra != NULL && extra->name != NULL; extra++)
+    struct option opts[CTL_COMMON_OPTION_COUNT + 4] = {CTL_COMMON_LONG_OPTIONS};
+    size_t n = CTL_COMMON_OPTION_COUNT;
+    for (; extra != NULL && extra->name != NULL && n + 1 < sizeof(opts) / sizeof(opts[0]); extra++)
         opts[n++] = *extra;
     opts[n] = (struct option){NULL, 0, NULL, 0};
     int opt, code = 0;
@@ -34,9 +36,11 @@ static int info_parse(struct ctl_global *g, int argc, char **argv, const char *u
             }
             *ret_count = (int)v;
             break;
+        case 'j':
+            *ret_json = true;
+            break;
         default:
-            fputs(usage, stderr);
-            return CTL_EXIT_USAGE;
+            return ctl_bad_option(argv, opts, argv[0]);
         }
     }
     if (optind < argc) {
@@ -49,13 +53,20 @@ static int info_parse(struct ctl_global *g, int argc, char **argv, const char *u
 int cmd_status(const struct ctl_global *g0, int argc, char **argv)
 {
     static const char usage[] =
-        "Usage: convctl status [--socket PATH] [--timeout MS]\n"
+        "Usage: convctl status [--json] [--socket PATH | --device N] [--timeout MS]\n"
         "\n"
-        "Prints the daemon's version, backend and device, the limits it gives this client, the\n"
-        "clients connected, the requests queued and in flight, those served and failed, the\n"
-        "batches run and the uptime.\n";
+        "Prints the daemon's socket, version, backend and device, the limits it gives this\n"
+        "client, the clients connected, the requests queued and in flight, those served and\n"
+        "failed, the batches run and the uptime.\n"
+        "\n"
+        "  --json   one JSON object on one line instead: socket, client_version, server_version,\n"
+        "           protocol_version, backend, device, clients, queue_depth, inflight,\n"
+        "           requests_served, requests_failed, batches, uptime_ms, max_inflight,\n"
+        "           max_regions, max_mapped_bytes, max_batch\n";
+    static const struct option extra[] = {{"json", no_argument, NULL, 'j'}, {NULL, 0, NULL, 0}};
     struct ctl_global g = *g0;
-    int code = info_parse(&g, argc, argv, usage, NULL, NULL);
+    bool json = false;
+    int code = info_parse(&g, argc, argv, usage, extra, NULL, &json);
     if (code >= 0)
         return code;
     convd_client *c;
@@ -70,8 +81,35 @@ int cmd_status(const struct ctl_global *g0, int argc, char **argv)
     }
     struct convd_server_info info;
     convd_server_info(c, &info);
+    char path[128];
+    ctl_socket_path(&g, path, sizeof(path));
+    if (json) {
+        struct ctl_json j;
+        ctl_json_begin(&j);
+        ctl_json_str(&j, "socket", path);
+        ctl_json_str(&j, "client_version", convd_version_string());
+        ctl_json_str(&j, "server_version", st.server_version);
+        ctl_json_u64(&j, "protocol_version", info.protocol_version);
+        ctl_json_str(&j, "backend", st.backend);
+        ctl_json_str(&j, "device", st.device);
+        ctl_json_u64(&j, "clients", st.clients);
+        ctl_json_u64(&j, "queue_depth", st.queue_depth);
+        ctl_json_u64(&j, "inflight", st.inflight);
+        ctl_json_u64(&j, "requests_served", st.requests_served);
+        ctl_json_u64(&j, "requests_failed", st.requests_failed);
+        ctl_json_u64(&j, "batches", st.batches);
+        ctl_json_u64(&j, "uptime_ms", st.uptime_ms);
+        ctl_json_u64(&j, "max_inflight", info.max_inflight);
+        ctl_json_u64(&j, "max_regions", info.max_regions);
+        ctl_json_u64(&j, "max_mapped_bytes", info.max_mapped_bytes);
+        ctl_json_u64(&j, "max_batch", info.max_batch);
+        ctl_json_end(&j);
+        convd_close(c);
+        return 0;
+    }
     uint64_t up = st.uptime_ms / 1000;
-    printf("version       convd %s (protocol %u)\n", st.server_version, st.protocol_version);
+    printf("socket        %s\n", path);
+    printf("version       convd %s (protocol %u)\n", st.server_version, info.protocol_version);
     printf("backend       %s\n", st.backend);
     printf("device        %s\n", st.device);
     printf("clients       %u\n", st.clients);
@@ -93,14 +131,16 @@ int cmd_status(const struct ctl_global *g0, int argc, char **argv)
 
 int cmd_ping(const struct ctl_global *g0, int argc, char **argv)
 {
-    static const char usage[] = "Usage: convctl ping [--count N] [--socket PATH] [--timeout MS]\n"
-                                "\n"
-                                "Measures the round trip to the daemon N times (default 1).\n";
+    static const char usage[] =
+        "Usage: convctl ping [--count N] [--socket PATH | --device N] [--timeout MS]\n"
+        "\n"
+        "Measures the round trip to the daemon N times (default 1).\n";
     static const struct option extra[] = {{"count", required_argument, NULL, 'c'},
                                           {NULL, 0, NULL, 0}};
     struct ctl_global g = *g0;
     int count = 1;
-    int code = info_parse(&g, argc, argv, usage, extra, &count);
+    bool json = false;
+    int code = info_parse(&g, argc, argv, usage, extra, &count, &json);
     if (code >= 0)
         return code;
     convd_client *c;
@@ -127,11 +167,12 @@ int cmd_ping(const struct ctl_global *g0, int argc, char **argv)
 int cmd_metrics(const struct ctl_global *g0, int argc, char **argv)
 {
     static const char usage[] =
-        "Usage: convctl metrics [--socket PATH] [--timeout MS]\n"
+        "Usage: convctl metrics [--socket PATH | --device N] [--timeout MS]\n"
         "\n"
         "Prints the daemon's metrics in the Prometheus text format, as the daemon sends them.\n";
     struct ctl_global g = *g0;
-    int code = info_parse(&g, argc, argv, usage, NULL, NULL);
+    bool json = false;
+    int code = info_parse(&g, argc, argv, usage, NULL, NULL, &json);
     if (code >= 0)
         return code;
     convd_client *c;

@@ -4,6 +4,7 @@
  */
 #include <getopt.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@
 
 static const char verify_usage[] =
     "Usage: convctl verify [shape options | --shape NAME --csv FILE] [--repeat N] [--seed S]\n"
-    "                      [--threads T] [--socket PATH] [--timeout MS]\n"
+    "                      [--threads T] [--json] [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
     "Makes fresh random tensors, runs the convolution on the daemon, runs it again here with the\n"
     "CPU reference (convd_cpu_conv) and compares: relative L2 error under 1e-5 for fp32, 1e-2 for\n"
@@ -29,9 +30,13 @@ static const char verify_usage[] =
     "Other options:\n"
     "  --repeat N    run the request N times, checking each output (default 1)\n"
     "  --seed S      random seed (default: fresh; printed for replay)\n"
-    "  --threads T   threads of the CPU reference (default: all)\n";
+    "  --threads T   threads of the CPU reference (default: all)\n"
+    "  --json        one JSON object on one line instead of the report: the problem's fields\n"
+    "                (as bench --json), seed, runs, backend, device, result (PASS or FAIL),\n"
+    "                rel_error, max_abs_error, tolerance, rtt_us, rtt_min_us, queue_us,\n"
+    "                exec_us, reference_us (medians) and error (the daemon's sentence or null)\n";
 
-enum { V_SHAPE = 1, V_CSV, V_REPEAT, V_SEED, V_THREADS };
+enum { V_SHAPE = 1, V_CSV, V_REPEAT, V_SEED, V_THREADS, V_JSON };
 
 static int verify_cmp_u64(const void *a, const void *b)
 {
@@ -49,11 +54,13 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
         {"repeat", required_argument, NULL, V_REPEAT},
         {"seed", required_argument, NULL, V_SEED},
         {"threads", required_argument, NULL, V_THREADS},
+        {"json", no_argument, NULL, V_JSON},
         {NULL, 0, NULL, 0},
     };
     struct ctl_global g = *g0;
     const char *shape_name = NULL, *csv = NULL;
     long long repeat = 1, threads = 0, seed_arg = -1;
+    bool json = false;
     struct {
         int opt;
         const char *arg;
@@ -107,9 +114,11 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
                 return CTL_EXIT_USAGE;
             }
             break;
+        case V_JSON:
+            json = true;
+            break;
         default:
-            fputs(verify_usage, stderr);
-            return CTL_EXIT_USAGE;
+            return ctl_bad_option(argv, opts, "verify");
         }
     }
     if (optind < argc) {
@@ -188,13 +197,16 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
     struct convd_server_info info;
     convd_server_info(c, &info);
     char desc[192];
-    printf("problem   %s\n", convd_problem_str(&p, desc, sizeof(desc)));
-    printf("          %.3g GFLOP, %llu + %llu + %llu bytes in, %llu out, seed %llu\n",
-           (double)z.flops / 1e9, (unsigned long long)z.input_bytes,
-           (unsigned long long)z.weight_bytes, (unsigned long long)z.bias_bytes,
-           (unsigned long long)z.output_bytes, (unsigned long long)seed);
-    printf("daemon    convd %s, %s backend (%s)\n", info.server_version, info.backend, info.device);
-    fflush(stdout);
+    if (!json) {
+        printf("problem   %s\n", convd_problem_str(&p, desc, sizeof(desc)));
+        printf("          %.3g GFLOP, %llu + %llu + %llu bytes in, %llu out, seed %llu\n",
+               (double)z.flops / 1e9, (unsigned long long)z.input_bytes,
+               (unsigned long long)z.weight_bytes, (unsigned long long)z.bias_bytes,
+               (unsigned long long)z.output_bytes, (unsigned long long)seed);
+        printf("daemon    convd %s, %s backend (%s)\n", info.server_version, info.backend,
+               info.device);
+        fflush(stdout);
+    }
 
     /* The reference, here, from the same bytes the daemon reads. */
     struct convd_tensors t = {base, base + w_off, p.has_bias ? base + b_off : NULL, ref};
@@ -217,6 +229,8 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
     double worst_rel = 0, worst_abs = 0;
     bool pass = true;
     char b1[32], b2[32], b3[32];
+    char failure[300] = ""; /* the daemon's sentence for a request it failed */
+    long long runs = 0;
     for (long long i = 0; i < repeat; i++) {
         /* 0xff bytes are NaN in every dtype: an element the daemon does not write fails. */
         memset(base + o_off, 0xff, z.output_bytes);
@@ -231,19 +245,24 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
             goto finish;
         }
         if (done.status != 0) {
-            printf("run %lld   the daemon failed the request: %s (%s)\nresult    FAIL\n", i + 1,
-                   done.error, convd_status_name(done.status));
-            goto finish;
+            snprintf(failure, sizeof(failure), "%s (%s)", done.error,
+                     convd_status_name(done.status));
+            if (!json)
+                printf("run %lld   the daemon failed the request: %s\nresult    FAIL\n", i + 1,
+                       failure);
+            pass = false;
+            break;
         }
         queue[i] = done.queue_us * 1000;
         exec[i] = done.exec_us * 1000;
+        runs = i + 1;
         double max_abs;
         double rel = ctl_rel_error(p.dtype, base + o_off, ref, z.output_elems, &max_abs);
         bool ok = rel <= tol;
         pass = pass && ok;
         worst_rel = fmax(worst_rel, rel);
         worst_abs = fmax(worst_abs, max_abs);
-        if (repeat <= 20 || !ok)
+        if (!json && (repeat <= 20 || !ok))
             printf("run %-5lld max abs error %.3g, relative L2 error %.3g (tolerance %.0e) %s; "
                    "round trip %s, queue %s, exec %s, batch %u\n",
                    i + 1, max_abs, rel, tol, ok ? "PASS" : "FAIL",
@@ -251,18 +270,41 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
                    ctl_fmt_ns((double)queue[i], b2, sizeof(b2)),
                    ctl_fmt_ns((double)exec[i], b3, sizeof(b3)), done.batch_size);
     }
-    qsort(rtt, (size_t)repeat, sizeof(*rtt), verify_cmp_u64);
-    qsort(queue, (size_t)repeat, sizeof(*queue), verify_cmp_u64);
-    qsort(exec, (size_t)repeat, sizeof(*exec), verify_cmp_u64);
-    size_t mid = (size_t)repeat / 2;
-    printf("timing    round trip %s (median of %lld, min %s), daemon queue %s, exec %s; CPU "
-           "reference here %s\n",
-           ctl_fmt_ns((double)rtt[mid], b1, sizeof(b1)), repeat,
-           ctl_fmt_ns((double)rtt[0], b2, sizeof(b2)),
-           ctl_fmt_ns((double)queue[mid], b3, sizeof(b3)), ctl_fmt_ns((double)exec[mid], desc, 32),
-           ctl_fmt_ns((double)ref_ns, desc + 32, 32));
-    printf("result    %s: relative L2 error %.3g, max abs error %.3g, tolerance %.0e (%s)\n",
-           pass ? "PASS" : "FAIL", worst_rel, worst_abs, tol, convd_dtype_name(p.dtype));
+    qsort(rtt, (size_t)runs, sizeof(*rtt), verify_cmp_u64);
+    qsort(queue, (size_t)runs, sizeof(*queue), verify_cmp_u64);
+    qsort(exec, (size_t)runs, sizeof(*exec), verify_cmp_u64);
+    size_t mid = (size_t)runs / 2;
+    if (json) {
+        struct ctl_json j;
+        ctl_json_begin(&j);
+        ctl_json_str(&j, "name", shape_name != NULL ? shape_name : "options");
+        ctl_json_problem(&j, &p, &z);
+        ctl_json_u64(&j, "seed", seed);
+        ctl_json_int(&j, "repeat", repeat);
+        ctl_json_int(&j, "runs", runs);
+        ctl_json_str(&j, "backend", info.backend);
+        ctl_json_str(&j, "device", info.device);
+        ctl_json_str(&j, "result", pass ? "PASS" : "FAIL");
+        ctl_json_num(&j, "rel_error", runs > 0 ? worst_rel : NAN);
+        ctl_json_num(&j, "max_abs_error", runs > 0 ? worst_abs : NAN);
+        ctl_json_num(&j, "tolerance", tol);
+        ctl_json_num(&j, "rtt_us", runs > 0 ? (double)rtt[mid] / 1e3 : NAN);
+        ctl_json_num(&j, "rtt_min_us", runs > 0 ? (double)rtt[0] / 1e3 : NAN);
+        ctl_json_num(&j, "queue_us", runs > 0 ? (double)queue[mid] / 1e3 : NAN);
+        ctl_json_num(&j, "exec_us", runs > 0 ? (double)exec[mid] / 1e3 : NAN);
+        ctl_json_num(&j, "reference_us", (double)ref_ns / 1e3);
+        ctl_json_str(&j, "error", failure[0] != '\0' ? failure : NULL);
+        ctl_json_end(&j);
+    } else if (failure[0] == '\0') {
+        printf("timing    round trip %s (median of %lld, min %s), daemon queue %s, exec %s; CPU "
+               "reference here %s\n",
+               ctl_fmt_ns((double)rtt[mid], b1, sizeof(b1)), repeat,
+               ctl_fmt_ns((double)rtt[0], b2, sizeof(b2)),
+               ctl_fmt_ns((double)queue[mid], b3, sizeof(b3)),
+               ctl_fmt_ns((double)exec[mid], desc, 32), ctl_fmt_ns((double)ref_ns, desc + 32, 32));
+        printf("result    %s: relative L2 error %.3g, max abs error %.3g, tolerance %.0e (%s)\n",
+               pass ? "PASS" : "FAIL", worst_rel, worst_abs, tol, convd_dtype_name(p.dtype));
+    }
     code = pass ? 0 : CTL_EXIT_FAIL;
 finish:
     if (region != NULL)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "suggest.h"
 #include "util.h"
 
 static const struct {
@@ -23,7 +24,7 @@ static const struct {
 
 static void ctl_usage(FILE *out)
 {
-    fprintf(out, "Usage: convctl [--socket PATH] [--timeout MS] COMMAND [OPTIONS]\n"
+    fprintf(out, "Usage: convctl [--socket PATH | --device N] [--timeout MS] COMMAND [OPTIONS]\n"
                  "\n"
                  "Commands:\n");
     for (size_t i = 0; i < sizeof(ctl_commands) / sizeof(ctl_commands[0]); i++)
@@ -33,11 +34,29 @@ static void ctl_usage(FILE *out)
             "\n"
             "Global options (also accepted after the command):\n"
             "  --socket PATH   the daemon's socket (default: $CONVD_SOCKET, else %s)\n"
+            "  --device N      with one daemon per GPU: the daemon of GPU N, listening on\n"
+            "                  gpuN.sock in $CONVD_SOCKET_DIR (default %s); --socket and\n"
+            "                  $CONVD_SOCKET win over it\n"
             "  --timeout MS    for connecting and for the daemon's answers (default 5000)\n"
             "  --version       print convctl's version\n"
             "\n"
+            "status, verify and bench take --json: one JSON object per line on stdout.\n"
             "Exit status: 0 success, 1 failure (or a FAILed check), 2 bad usage.\n",
-            CONVD_DEFAULT_SOCKET);
+            CONVD_DEFAULT_SOCKET, CONVD_DEFAULT_SOCKET_DIR);
+}
+
+/* "unknown command 'stauts'; did you mean 'status'?" */
+static int ctl_unknown_command(const char *name)
+{
+    const char *names[sizeof(ctl_commands) / sizeof(ctl_commands[0]) + 1];
+    size_t n = 0;
+    for (; n < sizeof(ctl_commands) / sizeof(ctl_commands[0]); n++)
+        names[n] = ctl_commands[n].name;
+    names[n++] = "help";
+    char hint[96];
+    ctl_err("unknown command '%s'%s (see convctl --help)", name,
+            suggest_hint(name, names, n, hint, sizeof(hint)));
+    return CTL_EXIT_USAGE;
 }
 
 static ctl_cmd_fn ctl_find(const char *name)
@@ -50,13 +69,15 @@ static ctl_cmd_fn ctl_find(const char *name)
 
 int main(int argc, char **argv)
 {
-    struct ctl_global g = {NULL, 0};
+    struct ctl_global g = CTL_GLOBAL_INIT;
     static const struct option opts[] = {
         CTL_COMMON_LONG_OPTIONS,
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     int opt, code = 0;
+    /* Bad options are reported by ctl_bad_option(), with a hint, rather than by getopt. */
+    opterr = 0;
     /* "+": stop at the command; its options are its own. */
     while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
         if (ctl_common_option(&g, opt, optarg, &code)) {
@@ -69,11 +90,11 @@ int main(int argc, char **argv)
             ctl_usage(stdout);
             return 0;
         case 'V':
-            printf("convctl %s (protocol 1)\n", CONVD_VERSION_STRING);
+            printf("convctl %s (library %s, protocol 1)\n", CONVD_VERSION_STRING,
+                   convd_version_string());
             return 0;
         default:
-            ctl_usage(stderr);
-            return CTL_EXIT_USAGE;
+            return ctl_bad_option(argv, opts, NULL);
         }
     }
     if (optind >= argc) {
@@ -87,19 +108,15 @@ int main(int argc, char **argv)
             return 0;
         }
         ctl_cmd_fn fn = ctl_find(argv[optind + 1]);
-        if (fn == NULL) {
-            ctl_err("unknown command '%s'", argv[optind + 1]);
-            return CTL_EXIT_USAGE;
-        }
+        if (fn == NULL)
+            return ctl_unknown_command(argv[optind + 1]);
         char *hargv[] = {argv[optind + 1], "--help", NULL};
         optind = 0;
         return fn(&g, 2, hargv);
     }
     ctl_cmd_fn fn = ctl_find(cmd);
-    if (fn == NULL) {
-        ctl_err("unknown command '%s' (see convctl --help)", cmd);
-        return CTL_EXIT_USAGE;
-    }
+    if (fn == NULL)
+        return ctl_unknown_command(cmd);
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
     /* Reset getopt for the command's own parse. */

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "suggest.h"
 #include "util.h"
 
 static const char *const ctl_problem_option_names[CTL_PROBLEM_OPTION_COUNT] = {
@@ -25,17 +26,77 @@ void ctl_err(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+void ctl_socket_path(const struct ctl_global *g, char *buf, size_t cap)
+{
+    if (g->socket != NULL)
+        snprintf(buf, cap, "%s", g->socket);
+    else if (convd_socket_path(g->device, buf, cap) != 0)
+        snprintf(buf, cap, "(too long)");
+}
+
 int ctl_connect(const struct ctl_global *g, convd_client **ret_client)
 {
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = g->socket;
     o.client_name = "convctl";
     o.timeout_ms = g->timeout_ms;
+    o.device = g->device;
+    /* $CONVD_SOCKET names the one daemon to use and wins over --device (convd_socket_path()):
+     * say so, or the daemon that answers is not the one asked for. */
+    const char *env = getenv("CONVD_SOCKET");
+    if (g->socket == NULL && g->device >= 0 && env != NULL && env[0] != '\0')
+        ctl_err("note: --device %d is overridden by $CONVD_SOCKET (%s); unset it to reach the "
+                "daemon of GPU %d",
+                g->device, env, g->device);
     int rc = convd_connect(&o, ret_client);
     if (rc != 0)
         ctl_err("cannot connect to the daemon: %s (%s)", convd_last_connect_error(),
                 convd_status_name(rc));
     return rc;
+}
+
+int ctl_bad_option(char **argv, const struct option *opts, const char *cmd)
+{
+    char help[64];
+    if (cmd != NULL)
+        snprintf(help, sizeof(help), "see convctl help %s", cmd);
+    else
+        snprintf(help, sizeof(help), "see convctl --help");
+    const char *arg = optind > 0 ? argv[optind - 1] : NULL;
+    if (arg != NULL && strncmp(arg, "--", 2) == 0 && arg[2] != '\0') {
+        char name[64];
+        const char *eq = strchr(arg + 2, '=');
+        size_t len = eq != NULL ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        snprintf(name, sizeof(name), "%.*s", (int)(len < sizeof(name) ? len : sizeof(name) - 1),
+                 arg + 2);
+        const char *names[128];
+        size_t n = 0, prefixed = 0;
+        for (const struct option *o = opts; o->name != NULL && n < 128; o++) {
+            if (strcmp(o->name, name) == 0) {
+                ctl_err(o->has_arg == required_argument ? "option '--%s' needs a value (%s)"
+                                                        : "option '--%s' takes no value (%s)",
+                        name, help);
+                return CTL_EXIT_USAGE;
+            }
+            prefixed += strncmp(o->name, name, strlen(name)) == 0;
+            names[n++] = o->name;
+        }
+        if (prefixed > 1) {
+            ctl_err("option '--%s' is ambiguous: it begins more than one option (%s)", name, help);
+            return CTL_EXIT_USAGE;
+        }
+        const char *best = suggest_closest(name, names, n);
+        if (best != NULL)
+            ctl_err("unknown option '--%s'; did you mean '--%s'? (%s)", name, best, help);
+        else
+            ctl_err("unknown option '--%s' (%s)", name, help);
+        return CTL_EXIT_USAGE;
+    }
+    if (optopt > 0 && optopt < 128)
+        ctl_err("unknown option '-%c' (%s)", optopt, help);
+    else
+        ctl_err("bad option '%s' (%s)", arg != NULL ? arg : "", help);
+    return CTL_EXIT_USAGE;
 }
 
 bool ctl_common_option(struct ctl_global *g, int opt, const char *arg, int *ret_exit)
@@ -45,6 +106,14 @@ bool ctl_common_option(struct ctl_global *g, int opt, const char *arg, int *ret_
     switch (opt) {
     case CTL_OPT_SOCKET:
         g->socket = arg;
+        return true;
+    case CTL_OPT_DEVICE:
+        if (cli_parse_int(arg, 0, 1023, &v, why, sizeof(why)) != 0) {
+            ctl_err("--device: %s", why);
+            *ret_exit = CTL_EXIT_USAGE;
+        } else {
+            g->device = (int)v;
+        }
         return true;
     case CTL_OPT_TIMEOUT:
         if (cli_parse_int(arg, 1, 3600 * 1000, &v, why, sizeof(why)) != 0) {
@@ -238,4 +307,137 @@ char *ctl_fmt_ns(double ns, char *buf, size_t len)
     else
         snprintf(buf, len, "%.2f s", ns / 1e9);
     return buf;
+}
+
+/*
+ * JSON.
+ */
+
+static void ctl_json_key(struct ctl_json *j, const char *key)
+{
+    printf("%s\"%s\":", j->fields++ == 0 ? "" : ",", key);
+}
+
+/* The length of the valid UTF-8 sequence at p (1-4), or 0 when it is not one. */
+static size_t ctl_utf8_len(const unsigned char *p)
+{
+    size_t n = p[0] < 0x80             ? 1
+               : (p[0] & 0xe0) == 0xc0 ? 2
+               : (p[0] & 0xf0) == 0xe0 ? 3
+               : (p[0] & 0xf8) == 0xf0 ? 4
+                                       : 0;
+    if (n == 0 || (n == 2 && p[0] < 0xc2) || (n == 4 && p[0] > 0xf4))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+static void ctl_json_string(const char *v)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)v; *p != '\0';) {
+        if (*p == '"' || *p == '\\') {
+            printf("\\%c", *p++);
+        } else if (*p < 0x20 || *p == 0x7f) {
+            printf("\\u%04x", *p++);
+        } else {
+            size_t n = ctl_utf8_len(p);
+            if (n == 0) {
+                fputs("\\ufffd", stdout);
+                p++;
+            } else {
+                fwrite(p, 1, n, stdout);
+                p += n;
+            }
+        }
+    }
+    putchar('"');
+}
+
+void ctl_json_begin(struct ctl_json *j)
+{
+    j->fields = 0;
+    putchar('{');
+}
+
+void ctl_json_str(struct ctl_json *j, const char *key, const char *v)
+{
+    ctl_json_key(j, key);
+    if (v != NULL)
+        ctl_json_string(v);
+    else
+        fputs("null", stdout);
+}
+
+void ctl_json_int(struct ctl_json *j, const char *key, long long v)
+{
+    ctl_json_key(j, key);
+    printf("%lld", v);
+}
+
+void ctl_json_u64(struct ctl_json *j, const char *key, uint64_t v)
+{
+    ctl_json_key(j, key);
+    printf("%llu", (unsigned long long)v);
+}
+
+void ctl_json_num(struct ctl_json *j, const char *key, double v)
+{
+    ctl_json_key(j, key);
+    if (isfinite(v))
+        printf("%.6g", v);
+    else
+        fputs("null", stdout);
+}
+
+void ctl_json_bool(struct ctl_json *j, const char *key, bool v)
+{
+    ctl_json_key(j, key);
+    fputs(v ? "true" : "false", stdout);
+}
+
+void ctl_json_problem(struct ctl_json *j, const struct convd_problem *p,
+                      const struct convd_problem_sizes *z)
+{
+    const struct {
+        const char *key;
+        int32_t v;
+    } dims[] = {
+        {"n", p->n},
+        {"h", p->h},
+        {"w", p->w},
+        {"c", p->c},
+        {"k", p->k},
+        {"r", p->r},
+        {"s", p->s},
+        {"groups", p->groups},
+        {"stride_h", p->stride_h},
+        {"stride_w", p->stride_w},
+        {"pad_top", p->pad_top},
+        {"pad_bottom", p->pad_bottom},
+        {"pad_left", p->pad_left},
+        {"pad_right", p->pad_right},
+        {"dil_h", p->dil_h},
+        {"dil_w", p->dil_w},
+    };
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        ctl_json_int(j, dims[i].key, dims[i].v);
+    ctl_json_str(j, "dtype", convd_dtype_name(p->dtype));
+    ctl_json_str(j, "layout", convd_layout_name(p->layout));
+    ctl_json_bool(j, "bias", p->has_bias);
+    ctl_json_bool(j, "relu", p->relu);
+    ctl_json_u64(j, "input_bytes", z->input_bytes);
+    ctl_json_u64(j, "weight_bytes", z->weight_bytes);
+    ctl_json_u64(j, "bias_bytes", z->bias_bytes);
+    ctl_json_u64(j, "output_bytes", z->output_bytes);
+    ctl_json_u64(j, "flops", z->flops);
+}
+
+void ctl_json_end(struct ctl_json *j)
+{
+    (void)j;
+    fputs("}\n", stdout);
+    fflush(stdout);
 }

@@ -17,11 +17,16 @@
 #define CTL_EXIT_FAIL  1
 #define CTL_EXIT_USAGE 2
 
-/* Global options (before the command). */
+/* Global options (before the command, or after it). */
 struct ctl_global {
-    const char *socket; /* NULL: $CONVD_SOCKET, else the default */
+    const char *socket; /* NULL: convd_socket_path(device) */
     int timeout_ms;     /* 0: the library's default */
+    int device;         /* --device N: the daemon of GPU N (gpuN.sock); -1: the default one */
 };
+#define CTL_GLOBAL_INIT                                                                            \
+    {                                                                                              \
+        NULL, 0, -1                                                                                \
+    }
 
 /* A subcommand: argv[0] is its name. Returns the exit code. */
 typedef int (*ctl_cmd_fn)(const struct ctl_global *g, int argc, char **argv);
@@ -39,21 +44,56 @@ void ctl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Connects with the global options; prints the reason and returns non-zero on failure. */
 int ctl_connect(const struct ctl_global *g, convd_client **ret_client);
 
-/* Handles an option every subcommand takes (--socket, --timeout). Returns true if it was one. */
+/* The socket path the global options lead to (--socket, else convd_socket_path(--device)), for
+ * messages and status. */
+void ctl_socket_path(const struct ctl_global *g, char *buf, size_t cap);
+
+/* Handles an option every subcommand takes (--socket, --timeout, --device). Returns true if it
+ * was one. */
 bool ctl_common_option(struct ctl_global *g, int opt, const char *arg, int *ret_exit);
+
+/* For getopt_long's '?' (opterr is off): says which option was wrong and how ("unknown option
+ * '--jsn'; did you mean '--json'?", "option '--csv' needs a value"), naming `cmd`'s help, and
+ * returns CTL_EXIT_USAGE. argv and opts are those given to getopt_long. */
+int ctl_bad_option(char **argv, const struct option *opts, const char *cmd);
 
 /* Option codes of the common and the problem options, for getopt_long tables. */
 enum {
     CTL_OPT_SOCKET = 1000,
     CTL_OPT_TIMEOUT,
+    CTL_OPT_DEVICE,
     CTL_OPT_PROBLEM_FIRST = 1100, /* + index into ctl_problem_option_names */
 };
+#define CTL_COMMON_OPTION_COUNT 4
 #define CTL_COMMON_LONG_OPTIONS                                                                    \
     {"socket", required_argument, NULL, CTL_OPT_SOCKET},                                           \
         {"timeout", required_argument, NULL, CTL_OPT_TIMEOUT},                                     \
+        {"device", required_argument, NULL, CTL_OPT_DEVICE},                                       \
     {                                                                                              \
         "help", no_argument, NULL, 'h'                                                             \
     }
+
+/*
+ * --json: one JSON object on one line of stdout per result (JSON Lines), the same way for
+ * status, verify and bench, built field by field. Strings are escaped (invalid UTF-8 becomes
+ * U+FFFD), numbers that are not finite become null.
+ */
+struct ctl_json {
+    int fields;
+};
+void ctl_json_begin(struct ctl_json *j);
+void ctl_json_str(struct ctl_json *j, const char *key, const char *v); /* NULL: null */
+void ctl_json_int(struct ctl_json *j, const char *key, long long v);
+void ctl_json_u64(struct ctl_json *j, const char *key, uint64_t v);
+void ctl_json_num(struct ctl_json *j, const char *key, double v);
+void ctl_json_bool(struct ctl_json *j, const char *key, bool v);
+/* The problem's fields (n, h, w, c, k, r, s, groups, strides, paddings, dilations, dtype,
+ * layout, bias, relu) and its sizes (input_bytes .. output_bytes, flops), as bench and verify
+ * print them. */
+void ctl_json_problem(struct ctl_json *j, const struct convd_problem *p,
+                      const struct convd_problem_sizes *z);
+/* Ends the object and the line, and flushes stdout. */
+void ctl_json_end(struct ctl_json *j);
 /* The shape options of verify and bench, in cli_problem_option()'s names. */
 #define CTL_PROBLEM_LONG_OPTIONS                                                                   \
     {"n", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 0},                                     \

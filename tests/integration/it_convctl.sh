@@ -74,6 +74,68 @@ check "ping" ctl ping
 out=$(ctl status)
 if grep -q "cpu" <<< "$out" && grep -qi "backend" <<< "$out"; then ok "status names the cpu backend"; else
     bad "status: $out"; fi
+# --json: status, verify and bench print one JSON object per line, with the same names for the
+# same things (backend, device, the problem's fields).
+if command -v python3 > /dev/null; then
+    rc=0
+    out=$(ctl status --json) || rc=$?
+    if [[ $rc -eq 0 ]] && res=$(python3 -c '
+import json, sys
+lines = sys.argv[1].splitlines()
+assert len(lines) == 1, "%d lines on stdout, want 1" % len(lines)
+d = json.loads(lines[0])
+want = {"socket": str, "client_version": str, "server_version": str, "protocol_version": int,
+        "backend": str, "device": str, "clients": int, "queue_depth": int, "inflight": int,
+        "requests_served": int, "requests_failed": int, "batches": int, "uptime_ms": int,
+        "max_inflight": int, "max_regions": int, "max_mapped_bytes": int, "max_batch": int}
+for key, kind in want.items():
+    assert isinstance(d.get(key), kind), "%s: %r" % (key, d.get(key))
+assert set(d) == set(want), "unexpected fields %s" % (set(d) - set(want))
+assert d["socket"] == sys.argv[2], d["socket"]
+assert d["backend"] == "cpu" and d["clients"] >= 1 and d["protocol_version"] == 1, d
+assert d["max_inflight"] == 256 and d["max_batch"] == 32, d
+print("%d fields, %s backend, %d clients" % (len(d), d["backend"], d["clients"]))
+' "$out" "$sock" 2>&1); then
+        ok "status --json: $res"
+    else
+        bad "status --json (exit $rc): ${res:-} $out"
+    fi
+    rc=0
+    vout=$(ctl verify --json --dtype bf16 --layout nhwc --bias --repeat 3 --seed 7) || rc=$?
+    bout=$(ctl bench --json --dtype bf16 --layout nhwc --bias --clients 1 --requests 10) || rc=$?
+    if [[ $rc -eq 0 ]] && res=$(python3 -c '
+import json, sys
+v = [json.loads(l) for l in sys.argv[1].splitlines()]
+b = [json.loads(l) for l in sys.argv[2].splitlines()]
+assert len(v) == 1 and len(b) == 1, "%d and %d objects" % (len(v), len(b))
+v, b = v[0], b[0]
+assert v["result"] == "PASS" and v["runs"] == 3 and v["repeat"] == 3 and v["seed"] == 7, v
+assert v["error"] is None and v["rel_error"] <= v["tolerance"] == 0.01, v
+for key in ("rtt_us", "rtt_min_us", "queue_us", "exec_us", "reference_us", "max_abs_error"):
+    assert isinstance(v[key], (int, float)) and v[key] >= 0, key
+# What both describe is named and valued alike.
+shared = ("name", "n", "h", "w", "c", "k", "r", "s", "groups", "stride_h", "stride_w", "pad_top",
+          "pad_bottom", "pad_left", "pad_right", "dil_h", "dil_w", "dtype", "layout", "bias",
+          "relu", "input_bytes", "weight_bytes", "bias_bytes", "output_bytes", "flops",
+          "backend", "device")
+for key in shared:
+    assert v[key] == b[key], "%s: verify %r, bench %r" % (key, v[key], b[key])
+assert v["dtype"] == "bf16" and v["layout"] == "nhwc" and v["bias"] is True, v
+print("verify PASS (error %.3g), %d fields shared with bench" % (v["rel_error"], len(shared)))
+' "$vout" "$bout" 2>&1); then
+        ok "verify --json and bench --json: $res"
+    else
+        bad "verify/bench --json (exit $rc): ${res:-}"
+        printf '%s\n' "$vout" "$bout" | sed 's/^/       /'
+    fi
+else
+    echo "skip   status/verify --json (no python3)"
+fi
+check_fails "a typo of a command gets a hint" "did you mean 'status'?" "$convctl" --socket "$sock" stauts
+check_fails "a typo of an option gets a hint" "did you mean '--json'?" ctl status --jsn
+check_fails "a typo of a global option gets a hint" "did you mean '--timeout'?" \
+    "$convctl" --timout 5 ping
+check_fails "an option without its value" "needs a value" ctl verify --csv
 out=$(ctl metrics)
 if grep -q "^convd_regions " <<< "$out" && grep -q "^# TYPE" <<< "$out"; then ok "metrics"; else
     bad "metrics: $out"; fi
@@ -264,7 +326,7 @@ else
     bad "bench --memory gpu on the cpu backend (exit $rc, want 1 and a sentence)"
     printf '%s\n' "$out" | sed 's/^/       /'
 fi
-check_fails "bench --device needs --memory gpu" "memory gpu" ctl bench --device 1
+check_fails "--device takes a GPU ordinal" "--device" ctl --device gpu1 ping
 check_fails "bench --memory names its choices" "host or gpu" ctl bench --memory disk
 check_fails "no daemon at a path" "connect" "$convctl" --socket "$tmp/none.sock" ping
 check_fails "unknown command" "unknown" "$convctl" --socket "$sock" frobnicate
