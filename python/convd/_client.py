@@ -850,20 +850,26 @@ class Client:
             a.priority = prio
             plan.where = None
             segs = []
-            for t, ref, nbytes in (
-                (x, a.input, plan.x_bytes),
-                (w, a.weight, plan.w_bytes),
-                (b, a.bias, plan.b_bytes),
-                (out, a.output, plan.o_bytes),
-            ):
-                if t is None:
-                    continue
-                seg, off = cr.locate(t.data_ptr(), nbytes)
-                ref.region, ref.offset, ref.bytes = seg.region, off, nbytes
-                segs.append(seg)
-            req = self._submit(a)
-            for s in segs:
-                s.inflight += 1
+            try:
+                for t, ref, nbytes in (
+                    (x, a.input, plan.x_bytes),
+                    (w, a.weight, plan.w_bytes),
+                    (b, a.bias, plan.b_bytes),
+                    (out, a.output, plan.o_bytes),
+                ):
+                    if t is None:
+                        continue
+                    seg, off = cr.locate(t.data_ptr(), nbytes)
+                    # Counted at once: registering the next tensor's allocation may evict idle
+                    # ones, and this one must stay.
+                    seg.inflight += 1
+                    segs.append(seg)
+                    ref.region, ref.offset, ref.bytes = seg.region, off, nbytes
+                req = self._submit(a)
+            except BaseException:
+                for s in segs:
+                    s.inflight -= 1
+                raise
             req.segments = segs
             req.out = None
             req.out_ret = ret

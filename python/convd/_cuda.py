@@ -50,6 +50,8 @@ class _Driver:
         lib.cuIpcGetMemHandle.restype = c_int
         lib.cuCtxGetCurrent.argtypes = [POINTER(c_void_p)]
         lib.cuCtxGetCurrent.restype = c_int
+        lib.cuCtxGetDevice.argtypes = [POINTER(c_int)]
+        lib.cuCtxGetDevice.restype = c_int
         lib.cuDevicePrimaryCtxRetain.argtypes = [POINTER(c_void_p), c_int]
         lib.cuDevicePrimaryCtxRetain.restype = c_int
         self.release = getattr(lib, "cuDevicePrimaryCtxRelease_v2", None) or getattr(
@@ -105,11 +107,15 @@ class _Driver:
 
     def ipc_handle(self, base: int, device: int) -> bytes:
         """cuIpcGetMemHandle for the allocation at base, with the device's primary context
-        current (a thread that never touched CUDA has none)."""
+        current (a thread that never touched CUDA has none, and another may have another
+        device's)."""
         cur = c_void_p()
         self.lib.cuCtxGetCurrent(byref(cur))
+        cur_dev = c_int(-1)
+        if cur.value:
+            self.lib.cuCtxGetDevice(byref(cur_dev))
         pushed = False
-        if not cur.value:
+        if not cur.value or cur_dev.value != device:
             ctx = c_void_p()
             rc = self.lib.cuDevicePrimaryCtxRetain(byref(ctx), device)
             if rc != 0:
