@@ -730,11 +730,9 @@ class Client:
             rc = self._lib.convd_conv(h, plan.problem, xa, wa, ba, oa)
             if rc != 0:
                 err = self._error(rc)
-                if self._pending:
-                    self._drain_queued()
+                self._after_wait()
                 raise err
-            if self._pending:
-                self._drain_queued()
+            self._after_wait()
 
     def _host_request(self, plan, xa, wa, ba, held, oa, ret, keep, prio, wait):
         """Submits a request on host memory: tensors in a region are named in place, the rest
@@ -818,8 +816,7 @@ class Client:
             else:
                 err = Error(status, comp.error.decode(errors="replace"))
             self._slabs.give(slab)
-            if self._pending:
-                self._drain_queued()
+            self._after_wait()
             if status != 0:
                 raise err
             return ret
@@ -887,7 +884,9 @@ class Client:
         flight, submitted and not yet taken, is what _pending holds). Under the lock, before a
         plan's args are filled: completions handed out here may run callbacks that call in."""
         lib, h = self._lib, self._h
+        waited = False
         while len(self._pending) >= self._max_inflight:
+            waited = True
             rc = lib.convd_wait_any(h, _WAIT_SLICE_MS, self._comp_ref)
             if rc == 0:
                 self._dispatch(self._comp)
@@ -895,6 +894,8 @@ class Client:
                 self._trouble(rc)
                 if rc == _ECLOSED:
                     raise self._error(rc)
+        if waited:
+            self._after_wait()
 
     def _submit(self, a) -> _Request:
         """convd_conv_submit of filled args. Under the lock, after _room()."""
@@ -958,6 +959,18 @@ class Client:
         if req is not None:
             self._finish(req, comp)
 
+    def _after_wait(self) -> None:
+        """After a wait of this thread: hands out the completions the library queued for other
+        requests. With an event loop watching the socket, the rings are read too: a completion
+        the daemon posted while this thread's wait was spinning (the library clears the ring's
+        WAITING flag then) came without a doorbell, and none will come for it. Under the lock."""
+        if self._watching and self._h is not None:
+            rc = self._lib.convd_client_process(self._h)
+            if rc != 0:
+                self._trouble(rc)
+        if self._pending:
+            self._drain_queued()
+
     def _drain_queued(self) -> None:
         """Hands every completion the library has queued to its request. Under the lock."""
         lib, h, comp, ref = self._lib, self._h, self._comp, self._comp_ref
@@ -990,8 +1003,7 @@ class Client:
                     # The request stays in flight; its completion will settle it (and give its
                     # slab back); the caller gets the failure now.
                     raise err
-        if self._pending:
-            self._drain_queued()
+        self._after_wait()
 
     def _wait_request(self, req, timeout) -> None:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
@@ -1021,8 +1033,7 @@ class Client:
                     pass
                 elif rc != _ETIMEDOUT:
                     self._trouble(rc)
-                if self._pending:
-                    self._drain_queued()
+                self._after_wait()
             finally:
                 lock.release()
 
