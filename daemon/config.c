@@ -108,7 +108,9 @@ static const struct cfg_option cfg_options[] = {
     {"ring_stall_timeout_ms", CFG_U64, OFF(ring_stall_timeout_ms), 10, 3600000, "MS",
      "time a client's completion ring may stay full and unread before it is disconnected", LIVE},
     {"metrics_textfile", CFG_FILE, OFF(metrics_textfile), 0, 0, "FILE",
-     "write the metrics there, for node_exporter's textfile collector (a .prom file; empty: none)",
+     "write the metrics there, for node_exporter's textfile collector (a .prom file; "
+     "{device} becomes the device option's value, so that per-GPU daemons sharing this file "
+     "write one each; empty: none)",
      LIVE},
     {"metrics_textfile_interval_ms", CFG_U64, OFF(metrics_textfile_interval_ms), 1000, 3600000,
      "MS", "how often metrics_textfile is rewritten", LIVE},
@@ -549,6 +551,36 @@ out:
     return rc;
 }
 
+/* metrics_textfile with "{device}" replaced by the device option's value ("any" for -1), once
+ * the file and the command line are both applied: the daemons of convd@.service read one
+ * convd.conf and get --device on their command lines, and each must write a file of its own. */
+static void cfg_expand_textfile(struct convd_config *c)
+{
+    static const char mark[] = "{device}";
+    char *at = strstr(c->metrics_textfile, mark);
+    if (at == NULL)
+        return;
+    char dev[16], out[CONFIG_FILE_BYTES];
+    if (c->device >= 0)
+        snprintf(dev, sizeof(dev), "%d", c->device);
+    else
+        snprintf(dev, sizeof(dev), "any");
+    /* The value (at most 4 characters: device <= 1023) is shorter than the mark, so the result
+     * always fits where the template did. */
+    size_t len = 0;
+    for (const char *p = c->metrics_textfile; *p != '\0';) {
+        if (strncmp(p, mark, sizeof(mark) - 1) == 0) {
+            memcpy(out + len, dev, strlen(dev));
+            len += strlen(dev);
+            p += sizeof(mark) - 1;
+        } else {
+            out[len++] = *p++;
+        }
+    }
+    out[len] = '\0';
+    memcpy(c->metrics_textfile, out, len + 1);
+}
+
 /* One command-line option that waits to be applied after the file. */
 struct cfg_arg {
     const char *key_src; /* as written, without the leading dashes and any "=value" */
@@ -650,6 +682,7 @@ int config_from_args(int argc, char *const argv[], struct convd_config *ret_conf
             goto out;
         }
     }
+    cfg_expand_textfile(&c);
     *ret_config = c;
     *ret_action = action;
     rc = 0;

@@ -77,15 +77,16 @@ unset CONVD_SOCKET
 mkdir -p "$CONVD_SOCKET_DIR" "$tmp/prom"
 conf=$tmp/gpu0.conf
 prom=$tmp/prom/convd-gpu0.prom
+# {device} becomes the daemon's --device: one file per GPU from a shared file.
 cat > "$conf" << EOF2
 max_inflight = 100
-metrics_textfile = $prom
+metrics_textfile = $tmp/prom/convd-gpu{device}.prom
 metrics_textfile_interval_ms = 1000
 EOF2
 
 # Two daemons, as for two GPUs; the CPU backend stands in for each.
-"$convd" --backend cpu --threads 1 --config "$conf" --socket "$CONVD_SOCKET_DIR/gpu0.sock" \
-    --log-level notice 2> "$tmp/gpu0.log" &
+"$convd" --backend cpu --threads 1 --device 0 --config "$conf" \
+    --socket "$CONVD_SOCKET_DIR/gpu0.sock" --log-level notice 2> "$tmp/gpu0.log" &
 pids+=($!)
 pid0=$!
 "$convd" --backend cpu --threads 1 --config /dev/null --max-inflight 7 \

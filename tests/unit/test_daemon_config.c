@@ -337,6 +337,20 @@ static void test_textfile_keys(void **state)
     assert_int_equal(config_set(&c, "metrics_textfile", longpath, why, sizeof(why)), CONVD_EINVAL);
     assert_non_null(strstr(why, "too long"));
     assert_string_equal(c.metrics_textfile, "");
+
+    /* {device}: the device option's value once file and command line are applied, so that the
+     * per-GPU daemons that share a configuration file write a file each. */
+    enum config_action act;
+    char *per_gpu[] = {
+        "convd",    "--config", "/dev/null", "--metrics-textfile", "/prom/convd-gpu{device}.prom",
+        "--device", "3",        NULL};
+    assert_int_equal(config_from_args(7, per_gpu, &c, &act, why, sizeof(why)), 0);
+    assert_string_equal(c.metrics_textfile, "/prom/convd-gpu3.prom");
+    char *single[] = {
+        "convd", "--config", "/dev/null", "--metrics-textfile", "/prom/{device}/x{device}.prom",
+        NULL};
+    assert_int_equal(config_from_args(5, single, &c, &act, why, sizeof(why)), 0);
+    assert_string_equal(c.metrics_textfile, "/prom/any/xany.prom");
 }
 
 /* config_diff names every option that differs, with both values, and whether SIGHUP can apply
