@@ -78,6 +78,14 @@ static const struct cfg_option cfg_options[] = {
      LIVE},
     {"max_mapped_bytes", CFG_BYTES, OFF(max_mapped_bytes), 1, (uint64_t)1 << 50, "BYTES",
      "bytes of regions one client may register (suffixes K, M, G, T)", LIVE},
+    {"max_regions_per_user", CFG_U32, OFF(max_regions_per_user), 1, 1048576, "N",
+     "regions one user may register over all its connections", LIVE},
+    {"max_mapped_bytes_per_user", CFG_BYTES, OFF(max_mapped_bytes_per_user), 1, (uint64_t)1 << 50,
+     "BYTES", "bytes of regions one user may register over all its connections", LIVE},
+    {"max_pinned_bytes", CFG_BYTES, OFF(max_pinned_bytes), 0, (uint64_t)1 << 50, "BYTES",
+     "bytes of host-memory regions all clients together may register; the GPU backend pins them "
+     "(0: half of the machine's memory)",
+     LIVE},
     {"max_batch", CFG_U32, OFF(max_batch), 1, 1024, "N", "requests per backend call"},
     {"max_queue_delay_us", CFG_U64, OFF(max_queue_delay_us), 0, 10000000, "US",
      "time an idle worker may wait for a batch to fill (0: dispatch at once)", LIVE},
@@ -140,6 +148,11 @@ void config_defaults(struct convd_config *c)
     c->max_inflight = 256;
     c->max_regions = 256;
     c->max_mapped_bytes = (uint64_t)16 << 30;
+    /* Per user, four clients' bytes and sixteen clients' regions; max_pinned_bytes bounds
+     * everyone's host memory together. */
+    c->max_regions_per_user = 4096;
+    c->max_mapped_bytes_per_user = (uint64_t)64 << 30;
+    c->max_pinned_bytes = 0;
     c->max_batch = 32;
     c->max_queue_delay_us = 0;
     c->queue_limit = 4096;

@@ -43,10 +43,13 @@ struct convd_config {
     uint32_t max_clients;           /* connections that completed or await their handshake */
     uint32_t max_clients_per_user;  /* of those, held by one uid */
     uint32_t max_inflight_per_user; /* requests queued or running, one uid's connections together */
-    uint64_t idle_timeout_ms;    /* a full daemon closes a client idle this long for a newcomer */
-    uint32_t max_inflight;       /* per client: requests queued or running */
-    uint32_t max_regions;        /* per client */
-    uint64_t max_mapped_bytes;   /* per client: bytes of registered regions */
+    uint64_t idle_timeout_ms;      /* a full daemon closes a client idle this long for a newcomer */
+    uint32_t max_inflight;         /* per client: requests queued or running */
+    uint32_t max_regions;          /* per client */
+    uint64_t max_mapped_bytes;     /* per client: bytes of registered regions */
+    uint32_t max_regions_per_user; /* one uid's connections together */
+    uint64_t max_mapped_bytes_per_user; /* one uid's connections together */
+    uint64_t max_pinned_bytes;   /* host-memory regions of all clients; 0: half the machine's RAM */
     uint32_t max_batch;          /* requests per backend call */
     uint64_t max_queue_delay_us; /* how long an idle worker may wait for a batch to grow */
     uint32_t queue_limit;        /* requests waiting, all clients together */

@@ -1104,6 +1104,7 @@ void conn_accept(struct convd_daemon *d, int fd)
         close(fd);
         return;
     }
+    region_table_set_account(&c->regions, &c->user->regions);
     if (!config_peer_allowed(&d->cfg, c->uid, gids, n_gids)) {
         c->refuse_status = CONVD_EPERM;
         snprintf(c->refuse_why, sizeof(c->refuse_why),

@@ -245,6 +245,8 @@ static void dmn_ring_doorbells(struct convd_daemon *d)
         conn_ring_doorbell(list_entry(d->ring_notify.next, struct conn, notify_link));
 }
 
+static void dmn_begin_drain(struct convd_daemon *d, const char *cause);
+
 static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
 {
     struct convd_daemon *d = p->data;
@@ -269,9 +271,20 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
         conn_request_done(r, status, job->error[0] ? job->error : convd_strerror(status),
                           queue_ns / 1000, exec_ns / 1000, (uint32_t)b->n);
     }
+    bool lost = b->rc == CONVD_EDEVICE;
     free(b);
     d->activity++;
     dmn_ring_doorbells(d);
+    if (lost && !d->device_lost) {
+        /* The backend says its device is gone for good (a lost context): every later request
+         * would fail the same way. Drain, failing what is queued with the backend's sentence,
+         * and exit non-zero so that the service manager starts a fresh daemon. */
+        d->device_lost = true;
+        d->exit_code = 1;
+        log_err("%s backend: the device is unusable; stopping so that convd can be restarted",
+                d->backend.info.name);
+        dmn_begin_drain(d, "device lost");
+    }
     daemon_dispatch(d);
     daemon_check_drained(d);
 }
@@ -473,6 +486,8 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .running = d->running,
         .regions = d->region_stats.regions,
         .mapped_bytes = d->region_stats.mapped_bytes,
+        .host_bytes = d->region_stats.host_bytes,
+        .max_pinned_bytes = d->region_limits.max_pinned_bytes,
         .workers = d->pool.n,
         .workers_busy = d->pool.busy,
         .doorbells = doorbell_count(&d->doorbells),
@@ -572,6 +587,22 @@ static int dmn_init_handles(struct convd_daemon *d, char *why, size_t why_len)
     return 0;
 }
 
+void daemon_apply_region_limits(struct convd_daemon *d)
+{
+    struct region_limits *l = &d->region_limits;
+    l->max_regions = d->cfg.max_regions;
+    l->max_mapped_bytes = d->cfg.max_mapped_bytes;
+    l->max_regions_per_user = d->cfg.max_regions_per_user;
+    l->max_mapped_bytes_per_user = d->cfg.max_mapped_bytes_per_user;
+    l->max_pinned_bytes = d->cfg.max_pinned_bytes;
+    if (l->max_pinned_bytes == 0) {
+        /* Pinned pages cannot be swapped or reclaimed: half of the machine leaves the rest of
+         * it to everything else, LimitMEMLOCK=infinity notwithstanding. */
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        l->max_pinned_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
+    }
+}
+
 int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, char *why,
                   size_t why_len)
 {
@@ -589,8 +620,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     list_init(&d->ring_notify);
     users_init(&d->users);
     metrics_init(&d->metrics, d->start_ns);
-    d->region_limits.max_regions = cfg->max_regions;
-    d->region_limits.max_mapped_bytes = cfg->max_mapped_bytes;
+    daemon_apply_region_limits(d);
     sched_init(&d->sched, cfg->queue_limit, cfg->max_batch);
     /* a client that vanishes must not kill the daemon with SIGPIPE; sends use MSG_NOSIGNAL too */
     signal(SIGPIPE, SIG_IGN);

@@ -76,6 +76,7 @@ struct convd_daemon {
     uint64_t watchdog_usec;
     char last_status[256];
 
+    bool device_lost; /* the backend failed a batch with CONVD_EDEVICE: draining to exit 1 */
     bool draining;
     bool drain_expired;
     bool finishing;
@@ -107,6 +108,10 @@ void daemon_request_stop(struct convd_daemon *d);
 
 /* Closes everything daemon_create() opened and frees d. Accepts NULL. */
 void daemon_destroy(struct convd_daemon *d);
+
+/* Derives the region limits (per connection, per user, the daemon-wide pinned cap) from the
+ * config; again after a reload. */
+void daemon_apply_region_limits(struct convd_daemon *d);
 
 /* Loop-thread entry points used by the connections. */
 

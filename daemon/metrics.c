@@ -284,6 +284,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_scalar(&o, "convd_regions", "gauge",
                "Regions mapped, including released ones still in use.", g->regions);
     met_scalar(&o, "convd_mapped_bytes", "gauge", "Bytes of regions mapped.", g->mapped_bytes);
+    met_scalar(&o, "convd_host_region_bytes", "gauge",
+               "Bytes of host-memory regions (pinned by the GPU backend).", g->host_bytes);
+    met_scalar(&o, "convd_host_region_bytes_limit", "gauge",
+               "The cap on them, all clients together (max_pinned_bytes).", g->max_pinned_bytes);
     met_scalar(&o, "convd_workers", "gauge", "Worker threads.", g->workers);
     met_scalar(&o, "convd_workers_busy", "gauge", "Worker threads running a batch.",
                g->workers_busy);

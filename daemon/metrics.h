@@ -54,6 +54,8 @@ struct met_gauges {
     uint64_t running;
     uint64_t regions;
     uint64_t mapped_bytes;
+    uint64_t host_bytes;       /* of which host memory (pinned by a GPU backend) */
+    uint64_t max_pinned_bytes; /* the cap on host_bytes */
     uint64_t workers;
     uint64_t workers_busy;
     uint64_t doorbells; /* Doorbells sent to sleeping ring clients (a counter) */

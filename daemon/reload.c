@@ -61,8 +61,7 @@ int daemon_reload(struct convd_daemon *d, const struct convd_config *next, char 
     d->cfg = *next;
     /* What the daemon keeps outside cfg; everything else is read from cfg where it is used. */
     convd_log_level = d->cfg.log_level;
-    d->region_limits.max_regions = d->cfg.max_regions;
-    d->region_limits.max_mapped_bytes = d->cfg.max_mapped_bytes;
+    daemon_apply_region_limits(d);
     d->sched.limit = d->cfg.queue_limit;
     mfile_configure(&d->mfile, d->cfg.metrics_textfile, d->cfg.metrics_textfile_interval_ms);
     return 0;

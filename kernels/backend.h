@@ -125,7 +125,12 @@ struct convd_backend_ops {
      * in flight, every job's status is set, and the slot is free again.
      *
      * query never blocks: it returns 1 when the slot's batch has finished (every job's status,
-     * error and exec_ns set; the slot is free), 0 while it runs.
+     * error and exec_ns set; the slot is free), 0 while it runs, and a CONVD_E* code instead of
+     * 1 when the batch finished and the backend is broken since.
+     *
+     * A backend is broken when its device is lost for good (a GPU context after an illegal
+     * address): it reports CONVD_EDEVICE from run_batch, launch or query, and the daemon then
+     * drains and exits non-zero to be restarted.
      *
      * notify arranges for fn(arg) to be called once, from any thread (the backend's or the
      * runtime's), after the slot's batch has finished, or soon if it has already; the daemon's

@@ -765,8 +765,7 @@ static int gpu_query(void *vctx, unsigned slot)
         (void)hipGetLastError();
         return 0;
     }
-    (void)gpu_slot_finish(ctx, s, e);
-    return 1;
+    return gpu_slot_finish(ctx, s, e) ? CONVD_EDEVICE : 1;
 }
 
 /* What notify hands to the runtime: one per call, owned and freed by the callback, so that a

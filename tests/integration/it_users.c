@@ -5,8 +5,8 @@
  * children, so these tests need root and are skipped without it.
  *
  * The daemon runs with max_clients 4, max_clients_per_user 3, max_inflight and
- * max_inflight_per_user 8 and idle_timeout_ms 300; the monitor connection is the first of
- * root's three.
+ * max_inflight_per_user 8, idle_timeout_ms 300, max_mapped_bytes_per_user 48M and
+ * max_pinned_bytes 200M; the monitor connection is the first of root's three.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +40,10 @@ static int group_setup(void **state)
         "8",
         "--idle-timeout-ms",
         "300",
+        "--max-mapped-bytes-per-user",
+        "48M",
+        "--max-pinned-bytes",
+        "200M",
         "--socket-mode",
         "0666",
         NULL,
@@ -268,6 +272,48 @@ static void test_inflight_share_per_user(void **state)
     convd_close(h); /* cancels what is still queued */
 }
 
+/* Region bytes are charged to the user over all its connections; another user has its own
+ * account. The daemon-wide cap on host memory is the configured one. */
+static void test_mapped_bytes_per_user(void **state)
+{
+    (void)state;
+    need_root();
+    double cap = 0;
+    assert_true(it_metric(daemon_.mon, "convd_host_region_bytes_limit", &cap));
+    assert_true(cap == 200.0 * 1024 * 1024);
+    /* The heavy request of the test before may still be running, its region still charged. */
+    uint64_t until = it_now_ms() + IT_TIMEOUT_MS;
+    double regions = -1;
+    while (it_metric(daemon_.mon, "convd_regions", &regions) && regions != 0 && it_now_ms() < until)
+        it_sleep_ms(20);
+    assert_true(regions == 0);
+    convd_client *a = it_connect(&daemon_, "it-root-bytes-a");
+    convd_client *b = it_connect(&daemon_, "it-root-bytes-b");
+    convd_region *ra = NULL, *rb = NULL;
+    if (convd_region_create(a, (size_t)32 << 20, &ra) != 0)
+        fail_msg("32M on the first connection: %s", convd_errstr(a));
+    /* 32M + 20M > 48M: refused on the second connection, although each is far under its own
+     * max_mapped_bytes. */
+    assert_int_equal(convd_region_create(b, (size_t)20 << 20, &rb), CONVD_ELIMIT);
+    if (strstr(convd_errstr(b), "max_mapped_bytes_per_user") == NULL)
+        fail_msg("refusal does not name the per-user limit: %s", convd_errstr(b));
+    double host = 0;
+    assert_true(it_metric(daemon_.mon, "convd_host_region_bytes", &host));
+    assert_true(host >= 32.0 * 1024 * 1024);
+
+    /* The other user registers and is served meanwhile. */
+    struct other conv = other_start('c');
+    other_finish(&conv);
+
+    /* Released bytes are the user's again. */
+    assert_int_equal(convd_region_free(ra), 0);
+    if (convd_region_create(b, (size_t)20 << 20, &rb) != 0)
+        fail_msg("20M after the 32M were freed: %s", convd_errstr(b));
+    assert_int_equal(convd_region_free(rb), 0);
+    convd_close(a);
+    convd_close(b);
+}
+
 static void test_zz_no_leaks_and_clean_exit(void **state)
 {
     (void)state;
@@ -280,6 +326,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_connections_per_user_and_idle_eviction),
         cmocka_unit_test(test_inflight_share_per_user),
+        cmocka_unit_test(test_mapped_bytes_per_user),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
     };
     return cmocka_run_group_tests_name("integration: limits per user", tests, group_setup,

@@ -60,6 +60,9 @@ static void test_good_file(void **state)
                        "max_inflight = 9\n"
                        "max_regions = 11\n"
                        "max_mapped_bytes = 2G\n"
+                       "max_regions_per_user = 33\n"
+                       "max_mapped_bytes_per_user = 5G\n"
+                       "max_pinned_bytes = 300M\n"
                        "max_batch = 16\n"
                        "max_queue_delay_us = 250\n"
                        "queue_limit = 100\n"
@@ -83,6 +86,9 @@ static void test_good_file(void **state)
     assert_int_equal(c.max_inflight, 9);
     assert_int_equal(c.max_regions, 11);
     assert_true(c.max_mapped_bytes == (uint64_t)2 << 30);
+    assert_int_equal(c.max_regions_per_user, 33);
+    assert_true(c.max_mapped_bytes_per_user == (uint64_t)5 << 30);
+    assert_true(c.max_pinned_bytes == (uint64_t)300 << 20);
     assert_int_equal(c.max_batch, 8);
     assert_int_equal(c.max_queue_delay_us, 250);
     assert_int_equal(c.queue_limit, 100);
