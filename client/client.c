@@ -342,9 +342,13 @@ int cl_pump(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline
     int rc;
     while ((rc = cl_pump_once(c, done, arg, deadline, &spin_end)) == CONVD_EAGAIN)
         ;
-    /* Back to the default for whatever the caller does next: its own poll loop must be woken. */
-    if (c->has_ring && spin_end != 0)
+    /* Back to the default for whatever the caller does next: its own poll loop must be woken.
+     * A completion posted after the last look at the ring, while the flag was still clear, rang
+     * no doorbell; take it into the queue now, where convd_poll() finds it. */
+    if (c->has_ring && spin_end != 0) {
         cl_ring_set_waiting(c, true);
+        cl_ring_drain(c);
+    }
     return rc;
 }
 

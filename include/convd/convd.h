@@ -259,7 +259,10 @@ size_t convd_inflight(const convd_client *c);
 
 /*
  * Event-loop integration: add convd_client_fd() to your poll set for reading; when it is
- * readable call convd_client_process(), then convd_poll() until it returns CONVD_EAGAIN.
+ * readable call convd_client_process(), then convd_poll() until it returns CONVD_EAGAIN. A
+ * caller that also waits with convd_wait() or convd_conv() calls convd_poll() after them too:
+ * completions of other requests that arrived during the wait are queued, and announce nothing
+ * on the socket.
  */
 
 /* The socket descriptor; do not read from or close it. */
