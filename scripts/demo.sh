@@ -25,7 +25,8 @@ die() {
 step "building convd and convctl in ${build}"
 if [[ ! -f $build/CMakeCache.txt ]]; then
     if command -v ninja > /dev/null; then gen=(-G Ninja); else gen=(-G "Unix Makefiles"); fi
-    cmake -S "$root" -B "$build" "${gen[@]}" > "$build.configure.log" 2>&1 ||
+    cmake -S "$root" -B "$build" "${gen[@]}" "$(deps_cuda_arch_arg "$build")" \
+        > "$build.configure.log" 2>&1 ||
         { cat "$build.configure.log"; die "cmake configure failed"; }
     rm -f "$build.configure.log"
 fi

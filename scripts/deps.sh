@@ -65,3 +65,17 @@ deps_ensure() {
         return 1
     fi
 }
+
+# The CUDA architectures the README's commands build, to stay fast: the machine's own GPU when
+# nvidia-smi lists one ("native"), else sm_90 alone (a compile check; nothing here runs it). A
+# plain cmake configure builds every generation from Ampere on (CONVD_CUDA_ARCH). Prints the
+# cmake argument; nothing when the caller's build folder is already configured.
+deps_cuda_arch_arg() {
+    local build_dir=$1
+    [[ -f $build_dir/CMakeCache.txt ]] && return 0
+    if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L 2> /dev/null | grep -q '^GPU '; then
+        echo "-DCONVD_CUDA_ARCH=native"
+    else
+        echo "-DCONVD_CUDA_ARCH=90"
+    fi
+}

@@ -49,6 +49,8 @@ if [[ ! -f $build_dir/CMakeCache.txt ]]; then
 fi
 jobs=$(nproc 2> /dev/null || echo 2)
 
+arch_arg=$(deps_cuda_arch_arg "$build_dir")
+[[ -n $arch_arg ]] && cmake_args+=("$arch_arg")
 cmake -S "$root" -B "$build_dir" "${generator[@]}" "${cmake_args[@]}"
 cmake --build "$build_dir" --parallel "$jobs"
 

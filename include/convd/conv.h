@@ -148,6 +148,12 @@ int convd_cpu_conv(const struct convd_problem *p, const struct convd_tensors *t,
  * default stream. The functions are asynchronous with respect to the host, like a kernel launch.
  */
 
+/* Returns 0 when this build's kernels can run on GPU `device` (and makes it current), else
+ * CONVD_EUNSUPPORTED for a device older than sm_80 or one the binary has no code for, or
+ * CONVD_EDEVICE, with a sentence naming the device, its architecture and the build option in
+ * why. */
+int convd_gpu_device_check(int device, char *why, size_t why_len);
+
 /* Returns 0 when the GPU kernels run this problem, else CONVD_EUNSUPPORTED (or the problem's
  * check error) with the reason in why. */
 int convd_gpu_check(const struct convd_problem *p, char *why, size_t why_len);

@@ -1609,8 +1609,8 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
         return CONVD_EDEVICE;
     }
 
-    /* Tensor copies: sm_90, NHWC in and out, 16-byte pixel strides, the encoder found. */
-    const bool tma_ok = mma_tma_mode != 0 && dev.cc_major >= 9 && !nchw_out && g.c % 8 == 0 &&
+    /* Tensor copies: sm_90 code, NHWC in and out, 16-byte pixel strides, the encoder found. */
+    const bool tma_ok = mma_tma_mode != 0 && dev.code_cc >= 90 && !nchw_out && g.c % 8 == 0 &&
                         g.k % 8 == 0 && mma_encoder() != NULL;
 
     double best = 0.0;

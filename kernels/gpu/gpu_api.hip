@@ -29,6 +29,58 @@ static int gpu_devs_ok[GPU_MAX_DEVICES];
 static pthread_mutex_t gpu_devs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int convd_gpu_pdl_mode = -1; /* vendor.h's convd_launch */
+int convd_gpu_pdl_code = 0;   /* vendor.h: 1 sm_90 code everywhere, -1 not, 0 not known yet */
+
+/* Empty: its attributes tell which of the binary's code images a device runs, if any. */
+__global__ void gpu_probe_kernel(void) {}
+
+#ifndef CONVD_CUDA_ARCHS
+#define CONVD_CUDA_ARCHS "?"
+#endif
+
+extern "C" int convd_gpu_device_check(int device, char *why, size_t why_len)
+{
+    if (why && why_len)
+        why[0] = '\0';
+    hipError_t e = hipSetDevice(device);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        if (why)
+            snprintf(why, why_len, "GPU %d cannot be selected: %s", device, hipGetErrorString(e));
+        return CONVD_EDEVICE;
+    }
+#ifdef CONVD_GPU_NVIDIA
+    int major = 0, minor = 0;
+    if (hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device) !=
+            hipSuccess ||
+        hipDeviceGetAttribute(&minor, hipDeviceAttributeComputeCapabilityMinor, device) !=
+            hipSuccess) {
+        (void)hipGetLastError();
+        if (why)
+            snprintf(why, why_len, "GPU %d: cannot read its compute capability", device);
+        return CONVD_EDEVICE;
+    }
+    if (major < 8) {
+        if (why)
+            snprintf(why, why_len,
+                     "GPU %d is sm_%d%d; convd's kernels need sm_80 (Ampere) or newer", device,
+                     major, minor);
+        return CONVD_EUNSUPPORTED;
+    }
+    hipFuncAttributes fa;
+    e = hipFuncGetAttributes(&fa, gpu_probe_kernel);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        if (why)
+            snprintf(why, why_len,
+                     "GPU %d is sm_%d%d and this convd has no code for it (built for CUDA "
+                     "architectures %s); rebuild with -DCONVD_CUDA_ARCH=%d%d (or native)",
+                     device, major, minor, CONVD_CUDA_ARCHS, major, minor);
+        return CONVD_EUNSUPPORTED;
+    }
+#endif
+    return 0;
+}
 thread_local int convd_launch_plain;
 
 extern "C" int convd_gpu_tune_pdl(int mode)
@@ -61,7 +113,17 @@ int gpu_device_info_get(struct gpu_device_info *ret)
                                           hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, dev));
     CONVD_GPU_CHECK(
         hipDeviceGetAttribute(&info.cc_major, hipDeviceAttributeComputeCapabilityMajor, dev));
+    info.code_cc = 0;
+#ifdef CONVD_GPU_NVIDIA
+    hipFuncAttributes fa;
+    CONVD_GPU_CHECK(hipFuncGetAttributes(&fa, gpu_probe_kernel));
+    info.code_cc = fa.ptxVersion;
+#endif
     pthread_mutex_lock(&gpu_devs_lock);
+    if (info.code_cc < 90)
+        convd_gpu_pdl_code = -1;
+    else if (convd_gpu_pdl_code == 0)
+        convd_gpu_pdl_code = 1;
     gpu_devs[dev] = info;
     gpu_devs_ok[dev] = 1;
     pthread_mutex_unlock(&gpu_devs_lock);

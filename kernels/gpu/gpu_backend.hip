@@ -1280,6 +1280,9 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
         gpu_say(why, why_len, "the device's compute mode is Prohibited");
         return CONVD_EDEVICE;
     }
+    rc = convd_gpu_device_check(dev, why, why_len);
+    if (rc != 0)
+        return rc;
     GPU_TRY(hipGetDeviceProperties(&prop, dev), "reading the device properties");
     /* The first call that needs a context creates it; this is where an exclusive-process device
      * held by another process answers no. */
@@ -1353,6 +1356,36 @@ static void gpu_destroy(void *vctx)
     free(ctx);
 }
 
+/* Why the runtime found no device. The CUDA runtime answers "driver version is insufficient"
+ * both where the driver is too old and where there is none at all; tell them apart. */
+static void gpu_say_no_runtime(hipError_t e, char *why, size_t why_len)
+{
+#ifdef CONVD_GPU_NVIDIA
+    if (e == cudaErrorNoDevice) {
+        gpu_say(why, why_len, "no NVIDIA GPU found (the driver is installed)");
+        return;
+    }
+    if (e == cudaErrorInsufficientDriver) {
+        void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (lib == NULL) {
+            gpu_say(why, why_len, "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
+            return;
+        }
+        dlclose(lib);
+        int have = 0;
+        (void)cudaDriverGetVersion(&have);
+        (void)hipGetLastError();
+        gpu_say(why, why_len,
+                "the NVIDIA driver is too old: it supports CUDA %d.%d, and this convd was built "
+                "with CUDA %d.%d",
+                have / 1000, have % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        return;
+    }
+#endif
+    gpu_say(why, why_len, "the GPU runtime cannot start: %s (%s)", hipGetErrorString(e),
+            hipGetErrorName(e));
+}
+
 static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
                     struct convd_backend_info *ret_info, char *why, size_t why_len)
 {
@@ -1364,7 +1397,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     hipError_t e = hipGetDeviceCount(&count);
     if (e != hipSuccess) {
         (void)hipGetLastError();
-        gpu_say(why, why_len, "no usable GPU: %s (%s)", hipGetErrorString(e), hipGetErrorName(e));
+        gpu_say_no_runtime(e, why, why_len);
         return CONVD_EDEVICE;
     }
     if (count <= 0) {

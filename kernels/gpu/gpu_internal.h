@@ -273,6 +273,10 @@ struct gpu_device_info {
     int smem_optin; /* most dynamic shared memory one block may ask for */
     int smem_per_sm;
     int cc_major; /* compute capability (NVIDIA) or GCN major (AMD) */
+    /* NVIDIA: the architecture the running code was built for, as the runtime reports it
+     * (80 for compute_80 PTX, even on an sm_90 device); what the kernels may use is bounded by
+     * it, not by cc_major. 0 on AMD. */
+    int code_cc;
 };
 int gpu_device_info_get(struct gpu_device_info *ret);
 

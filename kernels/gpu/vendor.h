@@ -30,10 +30,14 @@ typedef cudaFuncAttributes hipFuncAttributes;
 #define hipGetLastError                          cudaGetLastError
 #define hipGetErrorString                        cudaGetErrorString
 #define hipGetDevice                             cudaGetDevice
+#define hipSetDevice                             cudaSetDevice
 #define hipGetDeviceCount                        cudaGetDeviceCount
 #define hipDeviceGetAttribute                    cudaDeviceGetAttribute
 #define hipDeviceAttributeMultiprocessorCount    cudaDevAttrMultiProcessorCount
 #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
+#define hipFuncGetAttributes(attr, f)            cudaFuncGetAttributes(attr, (const void *)(f))
+#define hipErrorInvalidDeviceFunction            cudaErrorInvalidDeviceFunction
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipDeviceAttributeMaxSharedMemoryPerMultiprocessor                                         \
     cudaDevAttrMaxSharedMemoryPerMultiprocessor
@@ -59,6 +63,10 @@ typedef cudaFuncAttributes hipFuncAttributes;
  * What overlaps is the launch and the block scheduling, about 1.5 us a kernel on the H200. An
  * error is left for the caller's hipGetLastError(). */
 extern int convd_gpu_pdl_mode;
+/* 1 once every device in use runs code built for sm_90 or newer (whose kernels wait on
+ * griddepcontrol); the attribute is never set otherwise: a kernel built for an older
+ * architecture would not wait for its predecessor. Set by gpu_device_info_get(). */
+extern int convd_gpu_pdl_code;
 /* Set by a caller around one launch (this thread only): that launch goes plainly. */
 extern thread_local int convd_launch_plain;
 template <typename... KArgs, typename... Args>
@@ -74,7 +82,7 @@ static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = at;
-    lc.numAttrs = convd_gpu_pdl_mode != 0 && !convd_launch_plain ? 1 : 0;
+    lc.numAttrs = convd_gpu_pdl_mode != 0 && convd_gpu_pdl_code > 0 && !convd_launch_plain ? 1 : 0;
     (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Args &&>(args)...);
 }
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...)                                \
