@@ -6,7 +6,7 @@
 #   scripts/pack-gpu-build.sh [BUILD]      (default build-gpu)
 set -euo pipefail
 BUILD=${1:-build-gpu}
-keep="convd convctl test_gpu_kernels test_gpu_backend test_gpu_daemon convd-bench-kernels convd-bench-launch"
+keep="convd convctl test_gpu_kernels test_gpu_backend test_gpu_daemon fault_gpu convd-bench-kernels convd-bench-launch"
 mkdir -p "$BUILD/hostbin"
 for f in "$BUILD"/bin/*; do
     name=$(basename "$f")
@@ -15,5 +15,6 @@ for f in "$BUILD"/bin/*; do
     *) mv "$f" "$BUILD/hostbin/" ;;
     esac
 done
-(cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt)
+# The shared client library: fault_gpu and the Python package (CONVD_CLIENT_LIB) load it.
+(cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt lib/libconvd-client.so*)
 ls -l "$BUILD/pack.tgz"

@@ -67,9 +67,11 @@ if(CONVD_GPU_KIND STREQUAL "nvidia" AND TARGET convd_fault)
     target_link_options(fault_gpu PRIVATE -Wl,--wrap=${fn})
   endforeach()
   add_test(NAME fault_gpu COMMAND fault_gpu)
-  set_tests_properties(fault_gpu PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900)
+  # Each run opens a GPU backend (a context, streams, the warm-up): at most 24 runs per call.
+  set(fault_gpu_env "CONVD_FAULT_MAX=24")
   if(CONVD_SANITIZE)
-    set_tests_properties(fault_gpu PROPERTIES
-                         ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0")
+    list(APPEND fault_gpu_env "ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0")
   endif()
+  set_tests_properties(fault_gpu PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 900
+                                            ENVIRONMENT "${fault_gpu_env}")
 endif()
