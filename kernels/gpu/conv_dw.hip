@@ -387,7 +387,7 @@ GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_g
  */
 template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool SPLIT, int MINB,
           bool HINT, bool FLAT>
-__global__ void __launch_bounds__(256, MINB)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
     dw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cvn, int bands)
 {
     convd_grid_dependency();
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(256, MINB)
  * kernel's one block per plane, whose blocks each waited for one plane's load behind a barrier.
  */
 template <class DT, int KS, int SH, int TH, int MINB>
-__global__ void __launch_bounds__(256, MINB)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
     dw_nchw_direct_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands)
 {
     convd_grid_dependency();
@@ -666,7 +666,7 @@ GPU_D void dw_nchw_strip(const struct gpu_geom &g, const float *in_s, const floa
  * chose unbounded: at 32 the 7-wide window lost 10%, unbounded with min 1 it took 56).
  */
 template <class DT, int SMAX, int SW>
-__global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, SMAX == 3 ? 8 : 6))
     dw_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int th, int sx, int tiles_h,
                    int ir, int icols)
 {
@@ -739,7 +739,7 @@ __global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
  * contiguous run in NCHW: the block reads its inputs coalesced, over a zeroed tile.
  */
 template <class DT, int SMAX, int SW>
-__global__ void __launch_bounds__(256, SMAX == 3 ? 8 : 6)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, SMAX == 3 ? 8 : 6))
     dw_nchw_planes_kernel(const struct gpu_geom g, const struct gpu_batch b, int th, int sx, int pp,
                           int ir, int icols)
 {

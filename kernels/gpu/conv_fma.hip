@@ -179,7 +179,7 @@ struct fma_args {
 };
 
 template <class DT, int NHWC, int TN, int KS>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     fma_kernel(const struct fma_args a, const struct gpu_batch b)
 {
     convd_grid_dependency();

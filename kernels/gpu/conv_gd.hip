@@ -57,7 +57,7 @@ extern "C" int convd_gpu_tune_direct(int mode)
 }
 
 template <class DT, int SH, int KT, int TH, bool PF>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     gd_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands,
                    int ktiles)
 {

@@ -782,7 +782,8 @@ GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const
  * registers, an 8-byte spill) was measured slower: resnext50_l3 fp16 18.1 -> 22.6 us,
  * cpg2_hero 36.0 -> 40.4 us, resnext50_l2 unchanged (bench/gpu/NOTES.md, round 2). */
 template <class DT, int NHWC, int MT, int NT, int WM, int WN>
-__global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
+__global__ void __launch_bounds__(WM *WN * 32,
+                                  CONVD_MIN_BLOCKS(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3))
     mma_kernel(const struct mma_args a, const struct gpu_batch b)
 {
     convd_grid_dependency();
@@ -956,7 +957,8 @@ __global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
  * earlier), which is the buffer the next item stages into.
  */
 template <class DT, int MT, int NT, int WM, int WN>
-__global__ void __launch_bounds__(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3)
+__global__ void __launch_bounds__(WM *WN * 32,
+                                  CONVD_MIN_BLOCKS(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3))
     mma_tma_kernel(const struct mma_args a, const struct gpu_batch b,
                    const __grid_constant__ struct mma_tmaps tm)
 {

@@ -71,7 +71,7 @@ int gpu_pw_applies(const struct convd_problem *p)
  * or with VEC 4 pixels of a plane).
  */
 template <class DT, int NHWC, int VEC>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     pw_kernel(const struct gpu_geom g, const struct gpu_batch b, int tch, int tpx, int ctiles,
               int ptiles, int vec_out, int out_nchw)
 {

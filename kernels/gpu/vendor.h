@@ -91,6 +91,12 @@ static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define CONVD_DEVICE_SM80 1
 #endif
+/* Threads an SM holds: 1536 on sm_86, sm_87 and sm_89, 2048 on sm_80 and sm_90. A
+ * __launch_bounds__ minimum of blocks beyond it is a ptxas error, so kernels ask through
+ * CONVD_MIN_BLOCKS, which lowers the minimum to what fits. */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
+#define CONVD_SM_THREADS 1536
+#endif
 /* Hopper's tensor copies (cp.async.bulk.tensor) and transaction-counted mbarriers. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define CONVD_DEVICE_SM90 1
@@ -106,6 +112,12 @@ static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 #define CONVD_DEVICE_PASS 1
 #endif
+
+#ifndef CONVD_SM_THREADS
+#define CONVD_SM_THREADS 2048
+#endif
+#define CONVD_MIN_BLOCKS(threads, n)                                                               \
+    ((n) * (threads) <= CONVD_SM_THREADS ? (n) : CONVD_SM_THREADS / (threads))
 
 /* The first statement of every kernel (see convd_launch): waits until the grids this one depends
  * on have completed and their memory is visible, then lets the next kernel in the stream start
