@@ -6,9 +6,8 @@
  * channels into shared memory with 16-byte cp.async, then each lane owns 1 or 2 channels and a
  * strip of P output pixels along W and produces their kpg outputs. With unit stride and dilation
  * along W, a filter row's input columns are read once into a register window and reused by every
- * tap (SMAX is the widest filter the window serves). The first version read global memory
- * straight into registers and ran at 1-2 blocks per SM for lack of registers (0.05-0.4 of the
- * bandwidth); the shared-memory tile keeps many loads in flight with few registers.
+ * tap (SMAX is the widest filter the window serves). The shared-memory tile keeps many loads in
+ * flight with few registers, where reading global memory straight into registers did not.
  *
  * NHWC direct (3x3, 5x5 and 7x7 filters; equal strides of 1 or 2, no dilation; kpg = 2 for 3x3
  * stride 1): no shared memory and no barrier. A thread owns CPT adjacent channels (and their
@@ -23,9 +22,9 @@
  *
  * NCHW direct (3x3, 5x5 and 7x7 with "same" padding on the left, strides 1 and 2, kpg = 1,
  * W and Wo multiples of 4): the same idea along the plane's rows, 4 adjacent columns of one
- * channel per thread read as aligned 4-element chunks. 2-4x faster than the tiled NCHW kernel and
- * faster than the NHWC direct kernel on the same shapes (effnet_dw5 fp16 18.5 against 25.5 us:
- * a quarter of the registers for the filter, so 24 warps per SM instead of 16).
+ * channel per thread read as aligned 4-element chunks. Faster than the tiled NCHW kernel and than
+ * the NHWC direct kernel on the same shapes: a quarter of the registers for the filter, so 24
+ * warps per SM instead of 16.
  *
  * NCHW tiled (everything else): one block per (image, channel) plane and tile of output rows.
  * The input rows the tile needs go to shared memory as fp32 (converted once, zero padded), then
@@ -312,9 +311,8 @@ template <class DT, int CPT> GPU_D void dw_direct_store(typename DT::T *p, const
         *(uint32_t *)p = u[0];
 }
 
-/* A direct thread's filter taps for its CPT outputs (channels times kpg), as fp32. (Kept as stored,
- * two 16-bit channels per register, and converted per use, they measured slower: effnet_dw5
- * fp16 20.4 against 19.8 us, convnext_dw7 77.3 against 74.1; bench/gpu/NOTES.md, round 8.) */
+/* A direct thread's filter taps for its CPT outputs (channels times kpg), as fp32: kept as
+ * stored and converted per use, they measured slower. */
 template <class DT, int CPT, int KS> struct dw_filt {
     float w[KS * KS][CPT];
     GPU_D void load(const typename DT::T *wp)
@@ -661,9 +659,9 @@ GPU_D void dw_nchw_strip(const struct gpu_geom &g, const float *in_s, const floa
 /*
  * NCHW. Block: one (image, input channel) plane and `th` output rows; threads th x sx, each a
  * strip of DW_P outputs of one row, for each of the kpg output planes of the channel. 3-wide
- * windows at eight blocks per SM (32 registers): the bf16 stride-2 instance had taken 44 (5
- * blocks) and ran 91.7 us against 85.7 at 32; the others at six (40 registers, what ptxas
- * chose unbounded: at 32 the 7-wide window lost 10%, unbounded with min 1 it took 56).
+ * windows at eight blocks per SM (32 registers; the bf16 stride-2 instance is slower at the 44
+ * it takes unbounded); the others at six (40 registers, what ptxas chooses unbounded; 32 costs
+ * the wider windows time).
  */
 template <class DT, int SMAX, int SW>
 __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, SMAX == 3 ? 8 : 6))
@@ -800,26 +798,11 @@ static int dw_smax(const struct convd_problem *p)
  *   router's choice for); NCHW rows use only the filter, stride, rows and min blocks (one channel,
  *   kpg 1, 4 columns, always flat). The router takes the first row of the problem's layout,
  * filter, stride and kpg whose dtype mask holds its dtype; every row is reachable through
- * convd_gpu_tune_dw_direct for tests and `convd-bench-kernels --sweep-dw`. Chosen from sweeps on
- * the H200 (bench/gpu/NOTES.md, rounds 3, 5 and 6): among 14 shapes for NHWC 3x3 stride 1, 4 rows x
- * 4 columns x 2 channels was fastest or within 2% in every dtype (fp16 mbv2_dw_s1 26.3 us; 2 x 8, 8
- * x 2, 8 x 4, 4 x 6 and 4 channels per thread were 2-30% slower; one channel with 2-byte
- * loads 42.1); the 256-byte hint gave 0-4%; splitting off the interior helped some shapes and hurt
- * others; the flat grid costs the 3x3 instances spills (29.3 against 26.4). For 5x5, 4 rows x 4
- * columns on the flat grid (effnet_dw5 fp16 25.5 us, bf16 26.9, fp32 31.5; 27.8, 30.1, 33.7 on rows
- * of blocks) beat the tiled kernel (34.8, 36.5, 44.1) and every other direct shape (2 x
- * 4: 38.7, 36.5, 43.4; 4 x 2: 38.2, 40.0, 44.6; one channel: 33.5, 34.4, 32.7). With 32-bit offsets
- * and mask tests in the loads (round 8) the same shapes ran effnet_dw5 19.8, 22.3, 25.8 and
- * mbv2_dw_s1 23.8, 27.2, 36.5. 7x7 (round 8): 6 rows x 4 columns at 1 block/SM (254 registers) took
- * convnext_dw7 62.4, 66.8, 64.3 against 4 rows 73.6, 76.7, 75.0, 2 rows 123-130 and the tiled
- * kernel 117, 120, 112. Round 9: one channel per thread (2-byte loads in 16-bit types) frees half
- * of the filter's registers for 2 blocks/SM: convnext_dw7 6 x 4 55.6, 57.8, 57.7 against 62.6,
- * 65.1, 64.7 with two channels (4 x 4 one channel 64.0, 62.9, 65.1; 2 rows of two 126-129), while
- * 5x5 with one channel lost in 16-bit (effnet_dw5 25.7, 26.4, 25.5 against 20.0, 22.1, 26.1).
- * Channel multiplier 2 (cpg1_kpg2): 4 x 4 on the flat grid 17.7, 20.8, 25.8 and on rows of
- * blocks 19.8, 22.9, 25.4 (2 x 4: 19.1-19.2, 22.0-23.1, 27.1-29.8; 4 x 2: 22.2, 25.4, 28.3; the
- * tiled kernel 26.7, 29.7, 35.9). NCHW: 4 rows beat 8 (effnet_dw5 fp16 18.5 against 20.5) except
- * for 3x3 bf16 (mbv2_dw_s1 25.9 against 30.1).
+ * convd_gpu_tune_dw_direct for tests and `convd-bench-kernels --sweep-dw`. Each row is the
+ * fastest shape (or within 2% of it) of the H200 sweeps for its filter, stride and dtypes
+ * (bench/gpu/NOTES.md, "depthwise"): NHWC 3x3 with kpg 1 on rows of blocks, since the flat
+ * grid makes it spill; 5x5 on the flat grid; 7x7 as 6 rows at one channel per thread, which
+ * frees the filter's registers for 2 blocks per SM; NCHW mostly at 4 rows (8 for 3x3 bf16).
  */
 #define DW_F32  (1 << CONVD_DTYPE_FP32)
 #define DW_F16  (1 << CONVD_DTYPE_FP16)
@@ -894,7 +877,7 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
         return 0;
     /* Bands that overrun a small image by more than a fifth of it (6-row bands on a 7-row
      * output compute 12 rows): the same shape of work with the band that wastes least, when the
-     * router chooses (convnext_dw7_l4, 7x7: 4 rows 11.2 us against 6 rows 14.0 in fp16). */
+     * router chooses. */
     const int ho = g->ho;
     for (int i = 0; dw_direct_mode < 0 && i < DW_NDCFG; i++) {
         const struct dw_dcfg *a = &dw_dcfgs[ci], *e = &dw_dcfgs[i];

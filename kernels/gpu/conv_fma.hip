@@ -545,9 +545,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     }
 
     /* Outputs per thread: the largest of 8, 4, 2 that divides kpg, else 3 where it divides kpg
-     * (NHWC input), else 1. One output reads 10 window and 3 weight values per 24 FMAs; three
-     * ran cpg3_kpg3 fp16 in 133 us against 155 and fp32 in 82 against 112, while 5 (cpg5_kpg5
-     * 124 against 119) and 3 in place of 2 (cpg3_kpg6 110 against 77) lost (NOTES round 12). */
+     * (NHWC input), else 1. One output reads 10 window and 3 weight values per 24 FMAs; 3 won
+     * where kpg is an odd multiple of 3, while 5, and 3 in place of 2, lost. */
     pl.tn = g->kpg % 8 == 0 ? 8 : g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
     if (p->layout == CONVD_LAYOUT_NHWC && fma_tn3_mode && pl.tn == 1 && g->kpg % 3 == 0)
         pl.tn = 3;

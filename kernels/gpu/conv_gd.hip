@@ -10,10 +10,9 @@
  * taps sit in shared memory as fp32 [c][tap][KT]: one broadcast read of KT weights per tap and
  * row, 4 * KT FMA.
  *
- * Why: the NHWC kernels reach NCHW through transposed copies and an NCHW epilogue, which costs
- * more than the convolution itself for small cpg (resnext50_l1 fp16: 82 us against 55.6 in
- * NHWC; latency_b1 18.3 us against cuDNN's 11.9). Here NCHW is native: the input is read where it
- * lies, the output leaves as 4-element runs of its rows, and nothing is staged but the filter.
+ * Why: the NHWC kernels reach NCHW through transposed copies and an NCHW epilogue, which for
+ * small cpg cost more than the convolution itself. Here NCHW is native: the input is read where
+ * it lies, the output leaves as 4-element runs of its rows, and nothing is staged but the filter.
  */
 #include "gpu_internal.h"
 
@@ -240,13 +239,10 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
 }
 
 /*
- * Where the router sends a problem the kernel takes (gd_mode -1), from --sweep-direct against
- * the routes it replaced (H200, N = 32 unless said): fp32 wins at every cpg measured, 4 to 64
- * (resnext50_l1 59.7 against 138.7 us; regnety16_l2, cpg 24, 64.1 against the implicit GEMM's
- * 86.7; dense, cpg 64, 282 against 300), so it takes cpg <= 64. In 16-bit the tensor cores win from
- * cpg 8 at stride 1 (resnext50_l2 fp16: mma 42.1, here 49.1) but not at stride 2, where the mma
- * route first transposes an input four times the output (resnext50_l2_down fp16: 79.7
- * against 54.6); cpg <= 4 wins everywhere (cpg2_hero 52.7 -> 20.7, latency_b1 18.3 -> 5.1).
+ * Where the router sends a problem the kernel takes (gd_mode -1), as measured with
+ * --sweep-direct against the routes it replaced (bench/gpu/NOTES.md, "direct"): fp32 at every
+ * cpg up to 64; 16-bit at cpg <= 4, and at cpg 8 only at stride 2, where the mma route would
+ * first transpose an input four times the size of the output.
  */
 /* Whether the tensor-core kernel refuses p's NHWC form (16-bit cpg 5, 7, ...; on AMD, all). */
 static int gd_no_mma(const struct convd_problem *p)
@@ -265,21 +261,17 @@ static int gd_routes(const struct convd_problem *p, const struct gpu_geom *g)
     if (g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2))
         return 1;
     /* 16-bit channel counts the tensor-core kernel cannot take would go to the fma family on
-     * transposed copies: cpg5_kpg5 fp16 99.4 us there, fp32 on this kernel 34.0. */
+     * transposed copies, which is slower than this kernel up to cpg 64. */
     return g->cpg <= 64 && gd_no_mma(p);
 }
 
 /*
  * NHWC problems on this kernel through NCHW copies (input and weights in, output back), where
- * they would otherwise go to the fma family's direct kernel and it measured slower
- * (`--sweep-direct`, bench/gpu/NOTES.md round 12, NHWC us without / with the copies):
- * - 16-bit channel counts the tensor-core kernel cannot take: cpg5_kpg5 fp16 118.9 / 48.0,
- *   cpg3_kpg6 77.1 / 32.6, cpg3_kpg3 134.8 / 81.7, cpg1_kpg4 64.1 / 25.2;
- * - fp32 below the implicit GEMM's kpg (24), at stride 2 (cpg2_s2 52.7 / 31.6, resnext50_l2_down
- *   173.2 / 135.2, cpg4_kpg8_s2 94.3 / 81.8) or with kpg not a multiple of 4 (cpg2_hero 78.5 /
- *   53.4, cpg5_kpg5 87.3 / 53.7), except odd multiples of 3, where the fma kernel's 3 outputs per
- *   thread win (cpg3_kpg3 82.0 / 104.4). Stride 1 with kpg 4 or 8 is even (resnext50_l1 117.0 /
- *   120.5, resnext50_l2 83.6 / 80.4) and stays.
+ * they would otherwise go to the fma family's direct kernel and that measured slower with
+ * `--sweep-direct` (bench/gpu/NOTES.md, "direct"): 16-bit channel counts the tensor-core kernel
+ * cannot take; fp32 below the implicit GEMM's kpg (24) at stride 2 or with kpg not a multiple
+ * of 4, except odd multiples of 3, where the fma kernel's 3 outputs per thread win. Stride 1
+ * with kpg 4 or 8 is even and stays on the fma family.
  */
 int gpu_gd_routes_nhwc(const struct convd_problem *p)
 {
@@ -311,9 +303,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
         return CONVD_EUNSUPPORTED;
     }
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
-    /* 8 outputs (one row) where kpg allows pay in fp32 (resnext50_l2_down 73.3 -> 64.7 us,
-     * regnety16_l2 69.2 -> 64.1, dense 311 -> 282) and not in 16-bit (+-2%: the window's loads
-     * cost less there than the accumulators' registers). */
+    /* 8 outputs (one row) where kpg allows pay in fp32 and not in 16-bit, where the window's loads
+     * cost less than the accumulators' registers. */
     if (g->kpg % 8 == 0 && (gd_outputs8 > 0 || (gd_outputs8 < 0 && p->dtype == CONVD_DTYPE_FP32)))
         pl.kt = 8;
     pl.ktiles = g->kpg / pl.kt;
@@ -347,10 +338,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
                 break;
             }
         }
-    /* Prefetch pays where a plane's window is a few rows of several threads' work (2 or 4 rows:
-     * resnext50_l1 fp32 63.3 -> 59.7 us, l2_down fp16 66.5 -> 54.6, cpg2_hero 21.9 -> 20.7) and
-     * costs where it is not (1 row: l1 fp16 53.4 -> 67.9); fp32 at stride 2 with 4 outputs
-     * spills with it (l2_down 73.1 -> 94.6). */
+    /* Prefetch pays where a plane's window is a few rows of several threads' work (2 or 4 rows)
+     * and costs where it is not (1 row); fp32 at stride 2 with 4 outputs spills with it. */
     if (gd_prefetch >= 0)
         pl.prefetch = gd_prefetch;
     else

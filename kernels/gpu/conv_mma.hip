@@ -26,7 +26,7 @@
  *
  * On sm_90, NHWC problems whose block channels are one chunk run mma_tma_kernel instead: the halo
  * and the output tile each move as one tensor copy per item (see its comment), which measured
- * 1.1-1.5x faster on the suite's NHWC shapes (bench/gpu/NOTES.md, round 10).
+ * faster on every NHWC shape of the suite.
  */
 #include <pthread.h>
 
@@ -465,8 +465,8 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
 /*
  * B for merged groups of CPG = 4 or 2 channels (8 per super-group, one chunk): each 16-byte
  * octet of a row is one tap of the super-group, whose only non-zero part is the output's own
- * group, CPG contiguous weights; one 8- or 4-byte load and one 16-byte store per octet (the
- * element-wise loader spent about 50 instructions per element; bench/gpu/NOTES.md, round 8).
+ * group, CPG contiguous weights; one 8- or 4-byte load and one 16-byte store per octet, where an
+ * element-wise loader spends tens of instructions per element.
  */
 template <class T, int CPG>
 GPU_D void mma_load_b_merged(const struct mma_args &a, const struct mma_item &it, const T *w,
@@ -730,8 +730,7 @@ GPU_D void mma_abase(const struct mma_args &a, int wm, int wn, int lane, int (&a
     }
     /* Opaque from here on: the compiler otherwise recomputes the bases (two divisions each) in
      * front of every item's k loop and again for its odd last step rather than keep MT registers
-     * live across the item loop: about 370 of the 680 instructions a warp issued per item in the
-     * tensor-copy kernel (resnext50_l2, Nsight Compute source counters, bench/gpu/NOTES.md). */
+     * live across the item loop, which was about half of the instructions a warp issued. */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
         asm volatile("" : "+r"(abase[mt]));
@@ -778,9 +777,8 @@ GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const
 
 /* 256-thread configurations are held to 128 registers (2 blocks per SM), smaller ones to 255/3:
  * the persistent grid relies on a second resident block to overlap one block's epilogue and
- * barriers with another's tensor-core work. Holding the 256-thread ones to 3 blocks (80
- * registers, an 8-byte spill) was measured slower: resnext50_l3 fp16 18.1 -> 22.6 us,
- * cpg2_hero 36.0 -> 40.4 us, resnext50_l2 unchanged (bench/gpu/NOTES.md, round 2). */
+ * barriers with another's tensor-core work; a third block, at 80 registers, spills and is
+ * slower. */
 template <class DT, int NHWC, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32,
                                   CONVD_MIN_BLOCKS(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3))
@@ -1021,8 +1019,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
     } while (0)
     /* Only the first item's halo now: the others follow once it has landed (below). Every block
      * starts at once, and with all of their first nst halos requested together the first ones
-     * arrived only when nearly all had (3-4 us after the dependency resolved on resnext50_l1-l3,
-     * globaltimer stamps; bench/gpu/NOTES.md round 11). */
+     * arrived only when nearly all had. */
     if (tid == 0)
         MMA_TMA_HALO(it_begin, 0);
     mma_load_b<DT, 1>(a, b, first, 0, smem + a.off_b0, tid, nthr);
@@ -1408,10 +1405,9 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
             : 0;
     a.off_stage1 = pl->off_stage1;
     a.nst = pl->nst;
-    /* Measured (bench/gpu/NOTES.md round 11): 0.3-1.5 us faster where a block's weights are a
-     * few KB and its items many (resnext50_l1 19.3 -> 18.3, cpg2_hero 11.8 -> 11.3, shufflenet
-     * 10.7 -> 10.2), 0.3-0.4 us slower with 36-74 KB of weights per block (resnext50_l4,
-     * dense_resnet50_l1), whose early reads compete with the previous kernel's. */
+    /* Weights read before the previous kernel ends pay where a block's weights are a few KB and
+     * its items many, and cost with tens of KB per block, whose early reads compete with the
+     * previous kernel's. */
     a.prefetch = mma_prefetch_mode == 1 ||
                  (mma_prefetch_mode == -1 &&
                   (int64_t)pl->bn * pl->g.r * pl->g.s * pl->g.cpg * 2 <= 24 * 1024);
@@ -1639,11 +1635,9 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
          * most 256 elements; boxes are checked per tile below. Rows of 32, 64 or 128 bytes are
          * swizzled; other rows of an even number of 16-byte units (48, 80, 128 channels) are
          * padded to an odd one, the box taking 8 channels past the block's (the next block's,
-         * or zeros past C) that no octet reads: conflict-free ldmatrix. Measured (round 11):
-         * regnety16_l2 13.5 -> 11.8 us, regnety16_l3 11.7 -> 10.0 (96-byte rows, 2-way
-         * conflicts before); padding the swizzled rows as well, to drop the two swizzle
-         * instructions per A fragment, lost more to the larger halo (resnext50_l1 18.4 ->
-         * 20.7, l4 7.8 -> 10.1). */
+         * or zeros past C) that no octet reads: conflict-free ldmatrix. Swizzled rows stay
+         * unpadded: their two swizzle instructions per A fragment cost less than a larger
+         * halo. */
         const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
         int ps = cbc * 2;
         if ((ps / 16) % 2 == 0 && (!tma_cfg || (mma_swizzle_mask(ps) == 0 && cbc + 8 <= 256)))
@@ -1651,9 +1645,8 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
         struct mma_tile tiles[8];
         const int nt = mma_tiles(&g, bm, tiles, 8);
         /* NCHW output: prefer tiles that divide the width and fill the block's bm pixel slots
-         * (the write term below favours wide tiles, and wide tiles that wasted columns or
-         * slots were measured slower: dense_resnet50_l1 60.2 -> 66.8 us on 2x28 tiles of 64
-         * slots, 2x32 tiles on 56 columns). */
+         * (the write term below favours wide tiles, and wide tiles that waste columns or slots
+         * are slower). */
         int want = 0;
         for (int ti = 0; ti < nt && nchw_out; ti++) {
             const int lvl = mma_tile_fit(&g, &tiles[ti], bm);
@@ -1690,18 +1683,15 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             /* Fragment reads from shared memory: every warp reads its A (16x16) and B (16x8)
              * fragments for each k16 step, so warps that share a row of the block tile re-read
              * the same A. At ~33 TB/s (128 B per clock per SM) this is what separates
-             * configurations of equal mma count: resnext50_l4 ran 16.9 us with 8 warps of
-             * 112x8 and 11.6 us with 4 warps of 64x32, same items and bytes. */
+             * configurations of equal mma count. */
             const int nwarps = c->wm * c->wn;
             const double lds_bytes =
                 (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
             double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12 + lds_bytes / 33e12;
             /* NCHW output writes: a run is a tile row of one channel (or th whole rows when
              * the tile spans the width), and each run touches about one partial 32-byte sector
-             * more than its bytes fill. Rated at 4.6 TB/s from two measurements: resnext50_l1
-             * NCHW ran 77.7 us on 14x8 tiles (16-byte runs) against 55.6 us writing NHWC, and
-             * 2x56 tiles took it to ~61 us; dense_resnet50_l1's 8x8 tiles cost at most 11 us
-             * over NHWC. (NHWC writes whole pixels, the same bytes in every configuration.) */
+             * more than its bytes fill; rated at 4.6 TB/s, fitted to two H200 measurements.
+             * (NHWC writes whole pixels, the same bytes in every configuration.) */
             if (nchw_out) {
                 const double run = (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * 2.0;
                 cost += (double)g.n * g.ho * g.wo * g.k * 2.0 * (ceil(run / 32.0) + 1.0) * 32.0 /
@@ -1713,17 +1703,13 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
                 per_sm = 2048 / threads;
             if (per_sm < 2)
                 cost *= 1.3;
-            /* Tensor copies: faster than the cp.async halo on every layout that takes them
-             * (0.7-0.95 of its time; bench/gpu/NOTES.md round 10), and more so with more blocks
-             * resident: resnext50_l1 ran 24.7 us on 112x32 at 4 blocks/SM against 25.8 on
-             * 112x64 at 2, which the terms above rate equal (resnext50_l2 16.9 against 17.8). */
+            /* Tensor copies: faster than the cp.async halo on every layout that takes them, and
+             * more so with more blocks resident, which the terms above rate equal. */
             if (tma)
                 cost *= 0.85 * (1.0 + 0.2 / (per_sm > 1 ? per_sm : 1));
             /* A grid smaller than the GPU: the cost grows with the idle share. At most two
              * resident blocks per SM count here: spreading a small problem over more SMs
-             * beats stacking more blocks on fewer (latency_b1_resnext, 56 items of 256 threads
-             * against 112 of 128: 14.0 -> 12.6 us), which a count of all slots, capped at 4x,
-             * did not see. */
+             * beats stacking more blocks on fewer, which a count of all slots did not see. */
             const int counted = per_sm > 2 ? 2 : (per_sm > 0 ? per_sm : 1);
             const double slots = (double)dev.sm_count * counted;
             if ((double)items < slots)
@@ -1773,9 +1759,9 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
     bp.out_nchw = out_nchw;
     if (bp.tma) {
-        /* Two halo buffers: rings of 3 and 4 (convd_gpu_tune_mma_stages) were measured no
-         * faster where they kept every resident block, and slower where they cost one
-         * (bench/gpu/NOTES.md round 10): the loads are not what the items wait for. */
+        /* Two halo buffers: deeper rings (convd_gpu_tune_mma_stages) were no faster where
+         * they kept every resident block, and slower where they cost one: the loads are not
+         * what the items wait for. */
         const int a_stride = mma_round1k(bp.a_bytes);
         bp.nst = 2;
         if (mma_forced_nst == 1 ||

@@ -17,9 +17,8 @@
  * planner expects its tiles to use the GPU well (PW_MIN_EFF); the rest stays on the direct
  * kernel. NCHW problems with other filters run on the NHWC copies the router makes (input and
  * weights transposed) and leave through an NCHW epilogue; NCHW gathers for general filters (one
- * element per load) measured 1.4-1.9x slower than the direct kernel on transposed copies
- * (resnext50_l4 172.7 against 108.9 us) and are not built. NHWC weights are [K][R][S][cpg],
- * already tap-major.
+ * element per load) measured slower than the direct kernel on transposed copies and are not
+ * built. NHWC weights are [K][R][S][cpg], already tap-major.
  */
 #include "gpu_internal.h"
 
@@ -29,9 +28,8 @@
 #define PW_U       16 /* staged elements per thread and operand: PW_KC * 128 / 128 threads */
 #define PW_UV      4  /* the same in 4-element vectors */
 #define PW_MIN_KPG 24 /* smallest kpg that takes the GEMM for filters other than 1x1 */
-/* Least useful fraction of tile work x waves for general filters (pw_mode 1). Measured against
- * the direct kernel (--sweep-fma): regnety16_l2 at 0.70 ran 80.2 against 116.9 us, resnext50_l4
- * at 0.79 53.0 against 91.5, regnety16_l3 at 0.49 64.4 against 58.6. */
+/* Least useful fraction of tile work x waves for general filters (pw_mode 1): the point below
+ * which the direct kernel won in `--sweep-fma` (bench/gpu/NOTES.md, "fma"). */
 #define PW_MIN_EFF 0.6
 
 /* 0: never; 1: where it applies and the planner expects it to fill the GPU (PW_MIN_EFF); 2:
@@ -108,11 +106,10 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     /* Staging registers: each K step's elements, at most PW_U (PW_UV vectors) per thread and
      * operand, loaded one step ahead so that step k + 1's loads are in flight while step k is
      * multiplied (loading straight into shared memory serialised a global-memory latency per
-     * element row: shufflenet fp32 109-164 us). A thread's elements are affine in u, and what a
-     * pixel needs (its image's offset and window origin) is decoded once per tile: NCHW pixel
-     * p0 + tid, rows u; NHWC and weights: k quad (or k) tid % 4 (16), rows tid / 4 (16) + u *
-     * nthr / 4 (16). The vector loaders took the pointwise shapes from 33% FFMA in the issued
-     * instructions (integer pipe busiest) to 0.4-0.55 of the FMA rate. */
+     * element row). A thread's elements are affine in u, and what a pixel needs (its image's
+     * offset and window origin) is decoded once per tile: NCHW pixel p0 + tid, rows u; NHWC and
+     * weights: k quad (or k) tid % 4 (16), rows tid / 4 (16) + u * nthr / 4 (16). Vector loads
+     * keep the integer pipe from bounding the pointwise shapes. */
     const int lk = tid & (PW_KC - 1), lr = tid >> 4, lstep = nthr >> 4;
     const int vk = tid & 3, vr = tid >> 2, vstep = nthr >> 2;
     const int qsh = VEC && !NHWC ? __ffs(tpx / 4) - 1 : 0; /* log2(quads per pixel row) */

@@ -663,9 +663,8 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             if (rc != 0)
                 return rc;
         }
-        /* Launched early beside the transposes' last wave, the kernel after them ran up to 1.26x
-         * slower on small images (regnety16_l3 fp16 37.1 us against 29.3 launched plainly;
-         * bench/gpu/NOTES.md, round 11): by default it waits for them the ordinary way. */
+        /* Launched early beside the transposes' last wave, the kernel after them ran slower on
+         * small images than launched plainly: by default it waits for them the ordinary way. */
         convd_launch_plain = (pl.transposed || pl.via_nchw || pl.padded_c) &&
                              (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
         rc = plan_launch(&pl, &b, n, s);

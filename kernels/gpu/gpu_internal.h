@@ -91,7 +91,7 @@ struct dt_bf16 {
     }
     /* NVIDIA sm_80 and later convert in hardware (cvt.rn: round to nearest even, NaN to the
      * canonical quiet NaN); elsewhere the same rounding in integer arithmetic, about six
-     * instructions a value (bf16 epilogues ran 10-20% behind fp16 ones with it). */
+     * instructions a value. */
     static GPU_D T store(float f)
     {
 #if defined(CONVD_DEVICE_SM80)

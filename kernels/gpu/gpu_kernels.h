@@ -86,9 +86,9 @@ int convd_gpu_tune_mma_cfg(int cfg);
 int convd_gpu_tune_mma_tma(int mode);
 /* Tests and benchmark only: whether kernels are launched with programmatic stream serialization
  * (sm_90: a kernel's blocks start while the previous one finishes and wait for it before touching
- * memory; about 1.5 us a kernel): 1 yes, 0 no; 2 and 3 yes, except (NCHW through transposed
- * copies) for the transposes (2) or the kernel after them (3); -1, the default, is 3.
- * Process-global; CONVD_EINVAL for other values. */
+ * memory): 1 yes, 0 no; 2 and 3 yes, except (NCHW through transposed copies) for the transposes
+ * (2) or the kernel after them (3); -1, the default, is 3. Process-global; CONVD_EINVAL for
+ * other values. */
 int convd_gpu_tune_pdl(int mode);
 /* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) two; 1, or 3
  * or 4 where shared memory holds them, forces that many. Process-global; CONVD_EINVAL for other

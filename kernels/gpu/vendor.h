@@ -60,8 +60,8 @@ typedef cudaFuncAttributes hipFuncAttributes;
  * serialization (unless switched off by convd_gpu_tune_pdl): the kernel's blocks may start while
  * the previous kernel in the stream finishes, and every kernel of ours begins with
  * convd_grid_dependency(), which waits for that kernel (memory included) before anything else.
- * What overlaps is the launch and the block scheduling, about 1.5 us a kernel on the H200. An
- * error is left for the caller's hipGetLastError(). */
+ * What overlaps is the launch and the block scheduling. An error is left for the caller's
+ * hipGetLastError(). */
 extern int convd_gpu_pdl_mode;
 /* 1 once every device in use runs code built for sm_90 or newer (whose kernels wait on
  * griddepcontrol); the attribute is never set otherwise: a kernel built for an older
@@ -123,9 +123,8 @@ static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
  * on have completed and their memory is visible, then lets the next kernel in the stream start
  * launching. Nothing of the kernel's may touch global memory before it. In that order, a launch
  * runs at most one kernel ahead: with the trigger first, each kernel's waiting blocks released
- * the next one's, and kernels queued up resident and idle on the SMs the running one needed
- * (latency_b1_resnext fp32 NHWC 9.6 -> 17.4 us, bench/gpu/NOTES.md round 10). A no-op before
- * sm_90, on AMD, and for a launch without the attribute. */
+ * the next one's, and kernels queued up resident and idle on the SMs the running one needed. A
+ * no-op before sm_90, on AMD, and for a launch without the attribute. */
 __device__ __forceinline__ void convd_grid_dependency(void)
 {
 #if defined(CONVD_DEVICE_SM90)
