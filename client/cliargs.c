@@ -7,36 +7,23 @@
 #include <string.h>
 
 #include "cliargs.h"
-
-static int cli_fail(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int cli_fail(char *why, size_t why_len, const char *fmt, ...)
-{
-    if (why != NULL && why_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_len, fmt, ap);
-        va_end(ap);
-    }
-    return CONVD_EINVAL;
-}
+#include "why.h"
 
 int cli_parse_int(const char *s, long long lo, long long hi, long long *ret, char *why,
                   size_t why_len)
 {
     if (s == NULL || *s == '\0')
-        return cli_fail(why, why_len, "expected a number, got nothing");
+        return why_fail(why, why_len, CONVD_EINVAL, "expected a number, got nothing");
     /* strtoll skips leading blanks and accepts "+"; be strict about what a user typed. */
     if (!(*s >= '0' && *s <= '9') && !(*s == '-' && s[1] >= '0' && s[1] <= '9'))
-        return cli_fail(why, why_len, "'%s' is not a whole number", s);
+        return why_fail(why, why_len, CONVD_EINVAL, "'%s' is not a whole number", s);
     errno = 0;
     char *end;
     long long v = strtoll(s, &end, 10);
     if (*end != '\0')
-        return cli_fail(why, why_len, "'%s' is not a whole number", s);
+        return why_fail(why, why_len, CONVD_EINVAL, "'%s' is not a whole number", s);
     if (errno == ERANGE || v < lo || v > hi)
-        return cli_fail(why, why_len, "%s is out of range (%lld to %lld)", s, lo, hi);
+        return why_fail(why, why_len, CONVD_EINVAL, "%s is out of range (%lld to %lld)", s, lo, hi);
     *ret = v;
     return 0;
 }
@@ -44,14 +31,14 @@ int cli_parse_int(const char *s, long long lo, long long hi, long long *ret, cha
 int cli_parse_double(const char *s, double lo, double hi, double *ret, char *why, size_t why_len)
 {
     if (s == NULL || *s == '\0')
-        return cli_fail(why, why_len, "expected a number, got nothing");
+        return why_fail(why, why_len, CONVD_EINVAL, "expected a number, got nothing");
     errno = 0;
     char *end;
     double v = strtod(s, &end);
     if (*end != '\0' || end == s || *s == ' ' || !isfinite(v))
-        return cli_fail(why, why_len, "'%s' is not a number", s);
+        return why_fail(why, why_len, CONVD_EINVAL, "'%s' is not a number", s);
     if (v < lo || v > hi)
-        return cli_fail(why, why_len, "%s is out of range (%g to %g)", s, lo, hi);
+        return why_fail(why, why_len, CONVD_EINVAL, "%s is out of range (%g to %g)", s, lo, hi);
     *ret = v;
     return 0;
 }
@@ -62,7 +49,7 @@ static int cli_split_ints(const char *s, int max, int32_t lo, int32_t hi, int32_
 {
     char buf[128];
     if (s == NULL || strlen(s) >= sizeof(buf)) {
-        cli_fail(why, why_len, "'%s' is not a list of numbers", s != NULL ? s : "");
+        why_fail(why, why_len, CONVD_EINVAL, "'%s' is not a list of numbers", s != NULL ? s : "");
         return -1;
     }
     strcpy(buf, s);
@@ -75,7 +62,7 @@ static int cli_split_ints(const char *s, int max, int32_t lo, int32_t hi, int32_
             *comma = '\0';
         long long v;
         if (n == max) {
-            cli_fail(why, why_len, "'%s' has more than %d values", s, max);
+            why_fail(why, why_len, CONVD_EINVAL, "'%s' has more than %d values", s, max);
             return -1;
         }
         if (cli_parse_int(p, lo, hi, &v, why, why_len) != 0)
@@ -117,7 +104,7 @@ int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len)
         memcpy(ret, v, sizeof(v));
         return 0;
     }
-    return cli_fail(why, why_len, "padding '%s' must be P, PH,PW or PT,PB,PL,PR", s);
+    return why_fail(why, why_len, CONVD_EINVAL, "padding '%s' must be P, PH,PW or PT,PB,PL,PR", s);
 }
 
 int cli_problem_option(struct convd_problem *p, const char *name, const char *value, char *why,
@@ -145,7 +132,7 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
         return 0;
     }
     if (value == NULL)
-        return cli_fail(why, why_len, "--%s needs a value", name);
+        return why_fail(why, why_len, CONVD_EINVAL, "--%s needs a value", name);
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
         if (strcmp(name, dims[i].name) != 0)
             continue;
@@ -180,15 +167,17 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
     }
     if (strcmp(name, "dtype") == 0) {
         if (convd_dtype_parse(value, &p->dtype) != 0)
-            return cli_fail(why, why_len, "unknown dtype '%s' (fp32, fp16 or bf16)", value);
+            return why_fail(why, why_len, CONVD_EINVAL, "unknown dtype '%s' (fp32, fp16 or bf16)",
+                            value);
         return 0;
     }
     if (strcmp(name, "layout") == 0) {
         if (convd_layout_parse(value, &p->layout) != 0)
-            return cli_fail(why, why_len, "unknown layout '%s' (nchw or nhwc)", value);
+            return why_fail(why, why_len, CONVD_EINVAL, "unknown layout '%s' (nchw or nhwc)",
+                            value);
         return 0;
     }
-    return cli_fail(why, why_len, "unknown problem option --%s", name);
+    return why_fail(why, why_len, CONVD_EINVAL, "unknown problem option --%s", name);
 }
 
 /*
@@ -249,11 +238,11 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
     int col[CLI_NCOLS];
     bool have_header = false;
     if (copy == NULL)
-        return cli_fail(why, why_len, "out of memory");
+        return why_fail(why, why_len, CONVD_EINVAL, "out of memory");
     memcpy(copy, text, len);
     copy[len] = '\0';
     if (memchr(copy, '\0', len) != NULL) {
-        cli_fail(why, why_len, "the CSV contains a NUL byte");
+        why_fail(why, why_len, CONVD_EINVAL, "the CSV contains a NUL byte");
         goto finish;
     }
 
@@ -272,7 +261,8 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
         char *f[MAX_FIELDS];
         size_t nf = cli_csv_fields(cur, f, MAX_FIELDS);
         if (nf > MAX_FIELDS) {
-            cli_fail(why, why_len, "line %zu has more than %d columns", lineno, MAX_FIELDS);
+            why_fail(why, why_len, CONVD_EINVAL, "line %zu has more than %d columns", lineno,
+                     MAX_FIELDS);
             goto finish;
         }
         if (!have_header) {
@@ -282,7 +272,7 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
                     if (strcmp(f[i], cli_col_names[c]) == 0)
                         col[c] = (int)i;
                 if (col[c] < 0) {
-                    cli_fail(why, why_len, "the header line lacks the column '%s'",
+                    why_fail(why, why_len, CONVD_EINVAL, "the header line lacks the column '%s'",
                              cli_col_names[c]);
                     goto finish;
                 }
@@ -296,14 +286,15 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
                                     &row.r, &row.s, &row.stride, &row.pad, &row.dil, &row.groups};
         for (int c = 0; c < CLI_NCOLS; c++) {
             if ((size_t)col[c] >= nf) {
-                cli_fail(why, why_len, "line %zu has no value for column '%s'", lineno,
-                         cli_col_names[c]);
+                why_fail(why, why_len, CONVD_EINVAL, "line %zu has no value for column '%s'",
+                         lineno, cli_col_names[c]);
                 goto finish;
             }
             const char *v = f[col[c]];
             if (c == CLI_COL_NAME) {
                 if (*v == '\0' || strlen(v) >= sizeof(row.name)) {
-                    cli_fail(why, why_len, "line %zu: the name is empty or too long", lineno);
+                    why_fail(why, why_len, CONVD_EINVAL, "line %zu: the name is empty or too long",
+                             lineno);
                     goto finish;
                 }
                 strcpy(row.name, v);
@@ -316,20 +307,22 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
                            : c == CLI_COL_STRIDE || c == CLI_COL_DIL ? CONVD_MAX_STRIDE
                                                                      : CONVD_MAX_DIM;
             if (cli_parse_int(v, lo, hi, &x, sub, sizeof(sub)) != 0) {
-                cli_fail(why, why_len, "line %zu, column '%s': %s", lineno, cli_col_names[c], sub);
+                why_fail(why, why_len, CONVD_EINVAL, "line %zu, column '%s': %s", lineno,
+                         cli_col_names[c], sub);
                 goto finish;
             }
             *vals[c] = (int32_t)x;
         }
         if (cli_shapes_find(rows, count, row.name) != NULL) {
-            cli_fail(why, why_len, "line %zu: shape '%s' appears twice", lineno, row.name);
+            why_fail(why, why_len, CONVD_EINVAL, "line %zu: shape '%s' appears twice", lineno,
+                     row.name);
             goto finish;
         }
         if (count == cap) {
             size_t ncap = cap > 0 ? cap * 2 : 16;
             struct cli_shape *nrows = realloc(rows, ncap * sizeof(*nrows));
             if (nrows == NULL) {
-                cli_fail(why, why_len, "out of memory");
+                why_fail(why, why_len, CONVD_EINVAL, "out of memory");
                 goto finish;
             }
             rows = nrows;
@@ -338,7 +331,7 @@ int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, 
         rows[count++] = row;
     }
     if (!have_header) {
-        cli_fail(why, why_len, "the CSV has no header line");
+        why_fail(why, why_len, CONVD_EINVAL, "the CSV has no header line");
         goto finish;
     }
     *ret_rows = rows;

@@ -10,22 +10,9 @@
 
 #include "convd/status.h"
 #include "npy.h"
+#include "why.h"
 
 static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
-
-static int npy_fail(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int npy_fail(char *why, size_t why_len, const char *fmt, ...)
-{
-    if (why != NULL && why_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_len, fmt, ap);
-        va_end(ap);
-    }
-    return CONVD_EINVAL;
-}
 
 int npy_header_length(const void *buf, size_t len, size_t *ret_total, char *why, size_t why_len)
 {
@@ -34,11 +21,11 @@ int npy_header_length(const void *buf, size_t len, size_t *ret_total, char *why,
     uint32_t hlen;
 
     if (memcmp(b, npy_magic, len < sizeof(npy_magic) ? len : sizeof(npy_magic)) != 0)
-        return npy_fail(why, why_len, "not a .npy file (no \\x93NUMPY magic)");
+        return why_fail(why, why_len, CONVD_EINVAL, "not a .npy file (no \\x93NUMPY magic)");
     if (len < 8)
         return CONVD_EAGAIN;
     if (b[6] < 1 || b[6] > 3 || b[7] != 0)
-        return npy_fail(why, why_len,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "unsupported .npy format version %u.%u (known: 1.0, 2.0, 3.0)", b[6], b[7]);
     prefix = b[6] == 1 ? 10 : 12;
     if (len < prefix)
@@ -48,7 +35,8 @@ int npy_header_length(const void *buf, size_t len, size_t *ret_total, char *why,
     else
         hlen = (uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24;
     if (hlen > NPY_MAX_HEADER_BYTES)
-        return npy_fail(why, why_len, "header of %u bytes is longer than the %u accepted", hlen,
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "header of %u bytes is longer than the %u accepted", hlen,
                         NPY_MAX_HEADER_BYTES);
     *ret_total = prefix + hlen;
     return 0;
@@ -82,20 +70,22 @@ static int npy_string(struct npy_lex *x, char *out, size_t cap, const char *what
 {
     npy_ws(x);
     if (x->p >= x->end || (*x->p != '\'' && *x->p != '"'))
-        return npy_fail(x->why, x->why_len, "expected a quoted string for %s", what);
+        return why_fail(x->why, x->why_len, CONVD_EINVAL, "expected a quoted string for %s", what);
     char q = *x->p++;
     const char *s = x->p;
     while (x->p < x->end && *x->p != q) {
         if (*x->p == '\\' || *x->p == '\n' || *x->p == '\0')
-            return npy_fail(x->why, x->why_len, "unsupported character in the string of %s", what);
+            return why_fail(x->why, x->why_len, CONVD_EINVAL,
+                            "unsupported character in the string of %s", what);
         x->p++;
     }
     if (x->p >= x->end)
-        return npy_fail(x->why, x->why_len, "unterminated string in %s", what);
+        return why_fail(x->why, x->why_len, CONVD_EINVAL, "unterminated string in %s", what);
     size_t n = (size_t)(x->p - s);
     x->p++;
     if (n >= cap)
-        return npy_fail(x->why, x->why_len, "the string of %s is too long (%zu bytes)", what, n);
+        return why_fail(x->why, x->why_len, CONVD_EINVAL,
+                        "the string of %s is too long (%zu bytes)", what, n);
     memcpy(out, s, n);
     out[n] = '\0';
     return 0;
@@ -128,20 +118,21 @@ static int npy_bool(struct npy_lex *x, bool *ret)
         *ret = false;
         return 0;
     }
-    return npy_fail(x->why, x->why_len, "fortran_order must be True or False");
+    return why_fail(x->why, x->why_len, CONVD_EINVAL, "fortran_order must be True or False");
 }
 
 static int npy_uint(struct npy_lex *x, uint64_t *ret)
 {
     npy_ws(x);
     if (x->p >= x->end || *x->p < '0' || *x->p > '9')
-        return npy_fail(x->why, x->why_len,
+        return why_fail(x->why, x->why_len, CONVD_EINVAL,
                         "shape holds something other than a non-negative "
                         "integer");
     uint64_t v = 0;
     while (x->p < x->end && *x->p >= '0' && *x->p <= '9') {
         if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, *x->p - '0', &v))
-            return npy_fail(x->why, x->why_len, "a dimension of shape overflows 64 bits");
+            return why_fail(x->why, x->why_len, CONVD_EINVAL,
+                            "a dimension of shape overflows 64 bits");
         x->p++;
     }
     if (x->p < x->end && (*x->p == 'L' || *x->p == 'l'))
@@ -155,14 +146,15 @@ static int npy_uint(struct npy_lex *x, uint64_t *ret)
 static int npy_shape(struct npy_lex *x, struct npy_header *h)
 {
     if (!npy_eat(x, '('))
-        return npy_fail(x->why, x->why_len, "shape must be a tuple");
+        return why_fail(x->why, x->why_len, CONVD_EINVAL, "shape must be a tuple");
     h->ndim = 0;
     if (npy_eat(x, ')'))
         return 0;
     bool comma = false;
     for (;;) {
         if (h->ndim == NPY_MAX_DIMS)
-            return npy_fail(x->why, x->why_len, "shape has more than %d dimensions", NPY_MAX_DIMS);
+            return why_fail(x->why, x->why_len, CONVD_EINVAL, "shape has more than %d dimensions",
+                            NPY_MAX_DIMS);
         int rc = npy_uint(x, &h->shape[h->ndim]);
         if (rc != 0)
             return rc;
@@ -171,10 +163,11 @@ static int npy_shape(struct npy_lex *x, struct npy_header *h)
         if (npy_eat(x, ')'))
             break;
         if (!comma)
-            return npy_fail(x->why, x->why_len, "shape tuple is malformed");
+            return why_fail(x->why, x->why_len, CONVD_EINVAL, "shape tuple is malformed");
     }
     if (h->ndim == 1 && !comma)
-        return npy_fail(x->why, x->why_len, "shape is a parenthesised integer, not a tuple");
+        return why_fail(x->why, x->why_len, CONVD_EINVAL,
+                        "shape is a parenthesised integer, not a tuple");
     return 0;
 }
 
@@ -183,24 +176,26 @@ static int npy_descr(struct npy_header *h, char *why, size_t why_len)
 {
     const char *d = h->descr;
     if (d[0] == '[' || d[0] == '(' || d[0] == '{')
-        return npy_fail(why, why_len, "structured dtype %s is not supported", d);
+        return why_fail(why, why_len, CONVD_EINVAL, "structured dtype %s is not supported", d);
     h->byteorder = '=';
     if (*d == '<' || *d == '>' || *d == '|' || *d == '=')
         h->byteorder = *d++;
     if (!((*d >= 'a' && *d <= 'z') || (*d >= 'A' && *d <= 'Z')))
-        return npy_fail(why, why_len, "descr '%s' is not a numpy type string", h->descr);
+        return why_fail(why, why_len, CONVD_EINVAL, "descr '%s' is not a numpy type string",
+                        h->descr);
     h->kind = *d++;
     if (*d < '1' || *d > '9')
-        return npy_fail(why, why_len, "descr '%s' has no item size", h->descr);
+        return why_fail(why, why_len, CONVD_EINVAL, "descr '%s' has no item size", h->descr);
     uint32_t size = 0;
     while (*d >= '0' && *d <= '9') {
         size = size * 10 + (uint32_t)(*d++ - '0');
         if (size > 1u << 20)
-            return npy_fail(why, why_len, "descr '%s' has an absurd item size", h->descr);
+            return why_fail(why, why_len, CONVD_EINVAL, "descr '%s' has an absurd item size",
+                            h->descr);
     }
     if (*d != '\0')
-        return npy_fail(why, why_len, "descr '%s' is not supported (units or extra characters)",
-                        h->descr);
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "descr '%s' is not supported (units or extra characters)", h->descr);
     h->itemsize = size;
     return 0;
 }
@@ -210,7 +205,7 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
     size_t total;
     int rc = npy_header_length(buf, len, &total, why, why_len);
     if (rc == CONVD_EAGAIN || (rc == 0 && total > len))
-        return npy_fail(why, why_len, "truncated header: %zu bytes given", len);
+        return why_fail(why, why_len, CONVD_EINVAL, "truncated header: %zu bytes given", len);
     if (rc != 0)
         return rc;
 
@@ -225,7 +220,7 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
     /* Versions 1.0 and 2.0 are latin-1, 3.0 UTF-8; the grammar below is ASCII either way, so
      * any other byte fails to parse where it stands. */
     if (!npy_eat(&x, '{'))
-        return npy_fail(why, why_len, "header is not a dict");
+        return why_fail(why, why_len, CONVD_EINVAL, "header is not a dict");
     bool seen_descr = false, seen_fortran = false, seen_shape = false;
     for (;;) {
         if (npy_eat(&x, '}'))
@@ -234,13 +229,13 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
         if ((rc = npy_string(&x, key, sizeof(key), "a key")) != 0)
             return rc;
         if (!npy_eat(&x, ':'))
-            return npy_fail(why, why_len, "expected ':' after key '%s'", key);
+            return why_fail(why, why_len, CONVD_EINVAL, "expected ':' after key '%s'", key);
         bool *seen;
         if (strcmp(key, "descr") == 0) {
             seen = &seen_descr;
             npy_ws(&x);
             if (x.p < x.end && (*x.p == '[' || *x.p == '('))
-                return npy_fail(why, why_len, "structured dtypes are not supported");
+                return why_fail(why, why_len, CONVD_EINVAL, "structured dtypes are not supported");
             rc = npy_string(&x, h.descr, sizeof(h.descr), "descr");
         } else if (strcmp(key, "fortran_order") == 0) {
             seen = &seen_fortran;
@@ -249,24 +244,26 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
             seen = &seen_shape;
             rc = npy_shape(&x, &h);
         } else {
-            return npy_fail(why, why_len, "unknown key '%s' in the header", key);
+            return why_fail(why, why_len, CONVD_EINVAL, "unknown key '%s' in the header", key);
         }
         if (rc != 0)
             return rc;
         if (*seen)
-            return npy_fail(why, why_len, "key '%s' appears twice", key);
+            return why_fail(why, why_len, CONVD_EINVAL, "key '%s' appears twice", key);
         *seen = true;
         if (npy_eat(&x, ','))
             continue;
         if (npy_eat(&x, '}'))
             break;
-        return npy_fail(why, why_len, "expected ',' or '}' after the value of '%s'", key);
+        return why_fail(why, why_len, CONVD_EINVAL, "expected ',' or '}' after the value of '%s'",
+                        key);
     }
     npy_ws(&x);
     if (x.p != x.end)
-        return npy_fail(why, why_len, "unexpected characters after the header's dict");
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "unexpected characters after the header's dict");
     if (!seen_descr || !seen_fortran || !seen_shape)
-        return npy_fail(why, why_len, "header lacks the key '%s'",
+        return why_fail(why, why_len, CONVD_EINVAL, "header lacks the key '%s'",
                         !seen_descr     ? "descr"
                         : !seen_fortran ? "fortran_order"
                                         : "shape");
@@ -276,9 +273,10 @@ int npy_parse_header(const void *buf, size_t len, struct npy_header *ret, char *
     h.count = 1;
     for (uint32_t i = 0; i < h.ndim; i++)
         if (__builtin_mul_overflow(h.count, h.shape[i], &h.count))
-            return npy_fail(why, why_len, "the shape's element count overflows 64 bits");
+            return why_fail(why, why_len, CONVD_EINVAL,
+                            "the shape's element count overflows 64 bits");
     if (__builtin_mul_overflow(h.count, (uint64_t)h.itemsize, &h.data_bytes))
-        return npy_fail(why, why_len, "the array's size overflows 64 bits");
+        return why_fail(why, why_len, CONVD_EINVAL, "the array's size overflows 64 bits");
     h.data_offset = total;
     *ret = h;
     return 0;

@@ -10,20 +10,7 @@
 
 #include "convd/conv.h"
 #include "conv_math.h"
-
-static int why_set(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int why_set(char *why, size_t len, int code, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+#include "why.h"
 
 void convd_problem_init(struct convd_problem *p, int32_t n, int32_t h, int32_t w, int32_t c,
                         int32_t k, int32_t r, int32_t s, int32_t groups)
@@ -86,7 +73,7 @@ struct dim_rule {
 int convd_problem_check(const struct convd_problem *p, char *why, size_t why_len)
 {
     if (p == NULL)
-        return why_set(why, why_len, CONVD_EINVAL, "problem is NULL");
+        return why_fail(why, why_len, CONVD_EINVAL, "problem is NULL");
 
     const struct dim_rule rules[] = {
         {"n", p->n, 1, CONVD_MAX_DIM},
@@ -109,43 +96,43 @@ int convd_problem_check(const struct convd_problem *p, char *why, size_t why_len
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++) {
         const struct dim_rule *d = &rules[i];
         if (d->value < d->lo || d->value > d->hi)
-            return why_set(why, why_len, CONVD_EBADSHAPE,
-                           "field %s is %d, must be between %d and %d", d->name, (int)d->value,
-                           (int)d->lo, (int)d->hi);
+            return why_fail(why, why_len, CONVD_EBADSHAPE,
+                            "field %s is %d, must be between %d and %d", d->name, (int)d->value,
+                            (int)d->lo, (int)d->hi);
     }
     if (p->dtype != CONVD_DTYPE_FP32 && p->dtype != CONVD_DTYPE_FP16 &&
         p->dtype != CONVD_DTYPE_BF16)
-        return why_set(why, why_len, CONVD_EBADSHAPE,
-                       "field dtype is %d, must be fp32 (1), fp16 (2) or bf16 (3)", (int)p->dtype);
+        return why_fail(why, why_len, CONVD_EBADSHAPE,
+                        "field dtype is %d, must be fp32 (1), fp16 (2) or bf16 (3)", (int)p->dtype);
     if (p->layout != CONVD_LAYOUT_NCHW && p->layout != CONVD_LAYOUT_NHWC)
-        return why_set(why, why_len, CONVD_EBADSHAPE,
-                       "field layout is %d, must be nchw (1) or nhwc (2)", (int)p->layout);
+        return why_fail(why, why_len, CONVD_EBADSHAPE,
+                        "field layout is %d, must be nchw (1) or nhwc (2)", (int)p->layout);
     if (p->c % p->groups != 0)
-        return why_set(why, why_len, CONVD_EGROUPS,
-                       "input channels c=%d are not divisible by groups=%d", (int)p->c,
-                       (int)p->groups);
+        return why_fail(why, why_len, CONVD_EGROUPS,
+                        "input channels c=%d are not divisible by groups=%d", (int)p->c,
+                        (int)p->groups);
     if (p->k % p->groups != 0)
-        return why_set(why, why_len, CONVD_EGROUPS,
-                       "output channels k=%d are not divisible by groups=%d", (int)p->k,
-                       (int)p->groups);
+        return why_fail(why, why_len, CONVD_EGROUPS,
+                        "output channels k=%d are not divisible by groups=%d", (int)p->k,
+                        (int)p->groups);
     if (p->allow_tf32 && p->dtype != CONVD_DTYPE_FP32)
-        return why_set(why, why_len, CONVD_EBADSHAPE, "field allow_tf32 applies to fp32 only");
+        return why_fail(why, why_len, CONVD_EBADSHAPE, "field allow_tf32 applies to fp32 only");
 
     int64_t oh = convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h, p->dil_h);
     if (oh <= 0)
-        return why_set(why, why_len, CONVD_EBADSHAPE,
-                       "filter height r=%d with dil_h=%d does not fit input height h=%d "
-                       "padded by %d+%d",
-                       (int)p->r, (int)p->dil_h, (int)p->h, (int)p->pad_top, (int)p->pad_bottom);
+        return why_fail(why, why_len, CONVD_EBADSHAPE,
+                        "filter height r=%d with dil_h=%d does not fit input height h=%d "
+                        "padded by %d+%d",
+                        (int)p->r, (int)p->dil_h, (int)p->h, (int)p->pad_top, (int)p->pad_bottom);
     int64_t ow = convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w, p->dil_w);
     if (ow <= 0)
-        return why_set(why, why_len, CONVD_EBADSHAPE,
-                       "filter width s=%d with dil_w=%d does not fit input width w=%d "
-                       "padded by %d+%d",
-                       (int)p->s, (int)p->dil_w, (int)p->w, (int)p->pad_left, (int)p->pad_right);
+        return why_fail(why, why_len, CONVD_EBADSHAPE,
+                        "filter width s=%d with dil_w=%d does not fit input width w=%d "
+                        "padded by %d+%d",
+                        (int)p->s, (int)p->dil_w, (int)p->w, (int)p->pad_left, (int)p->pad_right);
     if (oh > CONVD_MAX_DIM || ow > CONVD_MAX_DIM)
-        return why_set(why, why_len, CONVD_EBADSHAPE, "output of %lldx%lld is too large",
-                       (long long)oh, (long long)ow);
+        return why_fail(why, why_len, CONVD_EBADSHAPE, "output of %lldx%lld is too large",
+                        (long long)oh, (long long)ow);
 
     const uint64_t esz = convd_dtype_size(p->dtype);
     const struct {
@@ -160,11 +147,11 @@ int convd_problem_check(const struct convd_problem *p, char *why, size_t why_len
         uint64_t elems, bytes;
         if (product(&elems, 4, tensors[i].f) != 0 || mul_u64(elems, esz, &bytes) != 0 ||
             bytes > CONVD_MAX_TENSOR_BYTES)
-            return why_set(why, why_len, CONVD_EBADSHAPE,
-                           "%s tensor of %lld x %lld x %lld x %lld elements exceeds %llu bytes",
-                           tensors[i].name, (long long)tensors[i].f[0], (long long)tensors[i].f[1],
-                           (long long)tensors[i].f[2], (long long)tensors[i].f[3],
-                           (unsigned long long)CONVD_MAX_TENSOR_BYTES);
+            return why_fail(why, why_len, CONVD_EBADSHAPE,
+                            "%s tensor of %lld x %lld x %lld x %lld elements exceeds %llu bytes",
+                            tensors[i].name, (long long)tensors[i].f[0], (long long)tensors[i].f[1],
+                            (long long)tensors[i].f[2], (long long)tensors[i].f[3],
+                            (unsigned long long)CONVD_MAX_TENSOR_BYTES);
     }
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "gpumem.h"
+#include "why.h"
 
 /* The few CUDA runtime types used here, declared as the runtime's ABI has them. */
 typedef int cuda_error_t; /* cudaError_t; 0 is cudaSuccess */
@@ -34,26 +35,12 @@ static struct {
     cuda_get_error_string_fn get_error_string;
 } rt;
 
-static int gm_fail(char *why, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int gm_fail(char *why, size_t len, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* A failed runtime call as a sentence. */
 static int gm_cuda_fail(cuda_error_t e, char *why, size_t len, const char *call)
 {
     const char *s = rt.get_error_string != NULL ? rt.get_error_string(e) : NULL;
-    return gm_fail(why, len, "%s failed: %s (CUDA error %d, runtime %s)", call,
-                   s != NULL ? s : "no description", e, rt.name);
+    return why_fail(why, len, -1, "%s failed: %s (CUDA error %d, runtime %s)", call,
+                    s != NULL ? s : "no description", e, rt.name);
 }
 
 static void *gm_sym(const char *name, char *why, size_t len)
@@ -62,8 +49,8 @@ static void *gm_sym(const char *name, char *why, size_t len)
     void *p = dlsym(rt.lib, name);
     if (p == NULL) {
         const char *e = dlerror();
-        gm_fail(why, len, "the CUDA runtime %s has no %s: %s", rt.name, name,
-                e != NULL ? e : "symbol not found");
+        why_fail(why, len, -1, "the CUDA runtime %s has no %s: %s", rt.name, name,
+                 e != NULL ? e : "symbol not found");
     }
     return p;
 }
@@ -83,8 +70,9 @@ int gpumem_open(char *why, size_t why_len)
         lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (lib == NULL) {
             const char *e = dlerror();
-            return gm_fail(why, why_len, "cannot load the CUDA runtime that CONVD_CUDART names: %s",
-                           e != NULL ? e : env);
+            return why_fail(why, why_len, -1,
+                            "cannot load the CUDA runtime that CONVD_CUDART names: %s",
+                            e != NULL ? e : env);
         }
     }
     for (size_t i = 0; lib == NULL && i < sizeof(names) / sizeof(names[0]); i++) {
@@ -97,10 +85,10 @@ int gpumem_open(char *why, size_t why_len)
         }
     }
     if (lib == NULL)
-        return gm_fail(why, why_len,
-                       "cannot load the CUDA runtime (%s); install it, add its directory to "
-                       "LD_LIBRARY_PATH, or set CONVD_CUDART to its path",
-                       tried);
+        return why_fail(why, why_len, -1,
+                        "cannot load the CUDA runtime (%s); install it, add its directory to "
+                        "LD_LIBRARY_PATH, or set CONVD_CUDART to its path",
+                        tried);
     rt.lib = lib;
     snprintf(rt.name, sizeof(rt.name), "%s", name);
     /* On a missing symbol the library is closed again and rt left unopened. */

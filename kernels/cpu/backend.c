@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "cpu_internal.h"
+#include "why.h"
 
 /* Jobs below this many FLOPs run one per thread when a batch has several of them. */
 #define CPUB_SMALL_JOB_FLOPS (8u * 1000u * 1000u)
@@ -24,21 +25,6 @@ struct cpub_ctx {
     struct cpu_pool *pool;
     int threads;
 };
-
-static int cpub_why(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Writes the reason for a failure into why (which may be NULL) and returns code. */
-static int cpub_why(char *why, size_t len, int code, const char *fmt, ...)
-{
-    if (why != NULL && len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static void cpub_cpu_model(char *buf, size_t len)
 {
@@ -68,11 +54,11 @@ static int cpub_init(const struct convd_backend_config *cfg, void **ret_ctx,
                      struct convd_backend_info *ret_info, char *why, size_t why_len)
 {
     if (cfg == NULL || ret_ctx == NULL || ret_info == NULL) {
-        return cpub_why(why, why_len, CONVD_EINVAL,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "cpu backend: init called with a NULL argument");
     }
     if (cfg->threads < 0) {
-        return cpub_why(why, why_len, CONVD_EINVAL,
+        return why_fail(why, why_len, CONVD_EINVAL,
                         "cpu backend: threads is %d, must be 0 (one per CPU) or more",
                         cfg->threads);
     }
@@ -80,12 +66,12 @@ static int cpub_init(const struct convd_backend_config *cfg, void **ret_ctx,
 
     struct cpub_ctx *be = calloc(1, sizeof(*be));
     if (be == NULL) {
-        return cpub_why(why, why_len, CONVD_ENOMEM, "cpu backend: out of memory");
+        return why_fail(why, why_len, CONVD_ENOMEM, "cpu backend: out of memory");
     }
     int rc = cpu_pool_create(threads, &be->pool);
     if (rc != 0) {
         free(be);
-        return cpub_why(why, why_len, rc, "cpu backend: cannot start %d threads: %s", threads,
+        return why_fail(why, why_len, rc, "cpu backend: cannot start %d threads: %s", threads,
                         convd_strerror(rc));
     }
     be->threads = threads;
@@ -122,12 +108,12 @@ static int cpub_supports(void *ctx, const struct convd_problem *p, char *why, si
     struct cpu_plan plan;
     rc = cpu_plan_init(p, NULL, 0, &plan);
     if (rc == CONVD_ETOOBIG)
-        return cpub_why(why, why_len, rc,
+        return why_fail(why, why_len, rc,
                         "the cpu backend would need more than %zu MiB of scratch per thread for "
                         "one output row of this problem",
                         CPU_SCRATCH_MAX >> 20);
     if (rc != 0)
-        return cpub_why(why, why_len, rc, "the cpu backend cannot plan this problem: %s",
+        return why_fail(why, why_len, rc, "the cpu backend cannot plan this problem: %s",
                         convd_strerror(rc));
     return 0;
 }
@@ -136,21 +122,21 @@ static int cpub_mem_import(void *ctx, struct convd_mem *m, char *why, size_t why
 {
     (void)ctx;
     if (m == NULL) {
-        return cpub_why(why, why_len, CONVD_EINVAL, "cpu backend: memory is NULL");
+        return why_fail(why, why_len, CONVD_EINVAL, "cpu backend: memory is NULL");
     }
     switch (m->kind) {
     case CONVD_MEM_HOST:
         if (m->host == NULL && m->size > 0) {
-            return cpub_why(why, why_len, CONVD_EINVAL,
+            return why_fail(why, why_len, CONVD_EINVAL,
                             "cpu backend: host memory of %llu bytes has no mapping",
                             (unsigned long long)m->size);
         }
         return 0;
     case CONVD_MEM_DEVICE:
-        return cpub_why(why, why_len, CONVD_EUNSUPPORTED,
+        return why_fail(why, why_len, CONVD_EUNSUPPORTED,
                         "the cpu backend cannot access GPU memory");
     }
-    return cpub_why(why, why_len, CONVD_EINVAL, "cpu backend: unknown memory kind %d",
+    return why_fail(why, why_len, CONVD_EINVAL, "cpu backend: unknown memory kind %d",
                     (int)m->kind);
 }
 

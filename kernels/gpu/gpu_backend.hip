@@ -47,6 +47,7 @@
 
 extern "C" {
 #include "backend.h"
+#include "why.h"
 }
 
 #ifdef CONVD_GPU_NVIDIA
@@ -175,24 +176,12 @@ static uint64_t gpu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void gpu_say(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void gpu_say(char *why, size_t why_len, const char *fmt, ...)
-{
-    if (!why || why_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-}
-
 /* Writes "<what>: <runtime sentence> (<error name>)" and returns the status a caller reports:
  * CONVD_ENOMEM for an allocation failure, CONVD_EDEVICE for everything else. */
 static int gpu_fail(hipError_t e, char *why, size_t why_len, const char *what)
 {
-    gpu_say(why, why_len, "%s: %s (%s)", what, hipGetErrorString(e), hipGetErrorName(e));
-    return e == hipErrorOutOfMemory ? CONVD_ENOMEM : CONVD_EDEVICE;
+    return why_fail(why, why_len, e == hipErrorOutOfMemory ? CONVD_ENOMEM : CONVD_EDEVICE,
+                    "%s: %s (%s)", what, hipGetErrorString(e), hipGetErrorName(e));
 }
 
 /* Checks one runtime call inside a function that has `int rc`, `char *why`, `size_t why_len`
@@ -218,7 +207,7 @@ static bool gpu_is_broken(struct gpu_ctx *ctx, char *why, size_t why_len)
     if (!__atomic_load_n(&ctx->broken, __ATOMIC_ACQUIRE))
         return false;
     pthread_mutex_lock(&ctx->broken_lock);
-    gpu_say(why, why_len, "%s", ctx->broken_why);
+    (void)why_fail(why, why_len, 0, "%s", ctx->broken_why);
     pthread_mutex_unlock(&ctx->broken_lock);
     return true;
 }
@@ -370,36 +359,34 @@ static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, size
 {
     const struct convd_mem *m = v->mem;
     if (!m || !m->be_priv) {
-        gpu_say(why, why_len, "the %s tensor's memory is not imported into the GPU backend", name);
-        return CONVD_EINVAL;
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "the %s tensor's memory is not imported into the GPU backend", name);
     }
     if ((m->kind == CONVD_MEM_HOST && !m->host) ||
         (m->kind == CONVD_MEM_DEVICE && !m->device_ptr) ||
         (m->kind != CONVD_MEM_HOST && m->kind != CONVD_MEM_DEVICE)) {
-        gpu_say(why, why_len, "the %s tensor's memory has no usable mapping", name);
-        return CONVD_EINVAL;
+        return why_fail(why, why_len, CONVD_EINVAL, "the %s tensor's memory has no usable mapping",
+                        name);
     }
     if (v->bytes < need) {
-        gpu_say(why, why_len, "the %s tensor has %llu bytes, the problem needs %llu", name,
-                (unsigned long long)v->bytes, (unsigned long long)need);
-        return CONVD_ESIZE;
+        return why_fail(why, why_len, CONVD_ESIZE,
+                        "the %s tensor has %llu bytes, the problem needs %llu", name,
+                        (unsigned long long)v->bytes, (unsigned long long)need);
     }
     if (v->offset > m->size || need > m->size - v->offset) {
-        gpu_say(why, why_len,
-                "the %s tensor (offset %llu, %llu bytes) exceeds its %llu-byte region", name,
-                (unsigned long long)v->offset, (unsigned long long)need,
-                (unsigned long long)m->size);
-        return CONVD_EBOUNDS;
+        return why_fail(why, why_len, CONVD_EBOUNDS,
+                        "the %s tensor (offset %llu, %llu bytes) exceeds its %llu-byte region",
+                        name, (unsigned long long)v->offset, (unsigned long long)need,
+                        (unsigned long long)m->size);
     }
     /* Kernels read whole elements in place from device memory: a misaligned address there would
      * be a misaligned-access fault, which kills the context for every client. Host tensors are
      * staged into aligned pool buffers, so they may sit anywhere. */
     if (m->kind == CONVD_MEM_DEVICE && ((uintptr_t)m->device_ptr + v->offset) % esz != 0) {
-        gpu_say(why, why_len,
-                "the %s tensor in device memory (region offset %llu) is not aligned to its "
-                "%zu-byte elements",
-                name, (unsigned long long)v->offset, esz);
-        return CONVD_EINVAL;
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "the %s tensor in device memory (region offset %llu) is not aligned to its "
+                        "%zu-byte elements",
+                        name, (unsigned long long)v->offset, esz);
     }
     return 0;
 }
@@ -572,10 +559,10 @@ static int gpu_enqueue_chunk(struct gpu_slot *s, const struct gpu_chunk *c, char
             if (rc == CONVD_EDEVICE && e != hipSuccess)
                 rc = gpu_fail(e, why, why_len, "launching the convolution kernel");
             else if (rc == CONVD_EDEVICE)
-                gpu_say(why, why_len, "launching the convolution kernel failed");
+                (void)why_fail(why, why_len, 0, "launching the convolution kernel failed");
             else if (convd_gpu_check(p, why, why_len) == 0)
-                gpu_say(why, why_len, "the GPU kernels refused the problem: %s",
-                        convd_strerror(rc));
+                (void)why_fail(why, why_len, 0, "the GPU kernels refused the problem: %s",
+                               convd_strerror(rc));
             goto finish;
         }
     }
@@ -881,17 +868,17 @@ static int gpu_alloc_avail(struct gpu_ctx *ctx, char *ptr, uint64_t *ret_avail, 
     size_t size = 0;
     CUresult cr = ctx->get_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr);
     if (cr != CUDA_SUCCESS) {
-        gpu_say(why, why_len,
-                "finding the size of the opened IPC allocation: cuMemGetAddressRange failed "
-                "with driver error %d",
-                (int)cr);
-        return CONVD_EDEVICE;
+        return why_fail(
+            why, why_len, CONVD_EDEVICE,
+            "finding the size of the opened IPC allocation: cuMemGetAddressRange failed "
+            "with driver error %d",
+            (int)cr);
     }
     char *b = (char *)(uintptr_t)base;
 #endif
     if (ptr < b || ptr >= b + size) {
-        gpu_say(why, why_len, "the opened IPC allocation is not where the runtime says it is");
-        return CONVD_EDEVICE;
+        return why_fail(why, why_len, CONVD_EDEVICE,
+                        "the opened IPC allocation is not where the runtime says it is");
     }
     *ret_avail = (uint64_t)(b + size - ptr);
     return 0;
@@ -928,8 +915,7 @@ static int gpu_ipc_get(struct gpu_ctx *ctx, const uint8_t *handle, struct gpu_ip
     }
     ipc = (struct gpu_ipc *)calloc(1, sizeof *ipc);
     if (!ipc) {
-        gpu_say(why, why_len, "out of host memory for an IPC cache entry");
-        rc = CONVD_ENOMEM;
+        rc = why_fail(why, why_len, CONVD_ENOMEM, "out of host memory for an IPC cache entry");
         goto finish;
     }
     rc = gpu_alloc_avail(ctx, (char *)ptr, &ipc->avail, why, why_len);
@@ -979,9 +965,10 @@ static int gpu_import_host(struct gpu_mem *gm, struct convd_mem *m, char *why, s
     /* Pageable copies are slower (staged through the driver's own pinned buffers) but correct,
      * so a region that cannot be pinned (a locked-memory limit, a read-only mapping, memory
      * registered already) stays usable. Success with a sentence: the caller may log it. */
-    gpu_say(why, why_len,
-            "host region of %llu bytes not pinned (%s: %s); its copies will be pageable and slower",
-            (unsigned long long)m->size, hipGetErrorName(e), hipGetErrorString(e));
+    (void)why_fail(
+        why, why_len, 0,
+        "host region of %llu bytes not pinned (%s: %s); its copies will be pageable and slower",
+        (unsigned long long)m->size, hipGetErrorName(e), hipGetErrorString(e));
     return 0;
 }
 
@@ -993,10 +980,11 @@ static int gpu_import_device(struct gpu_ctx *ctx, struct gpu_mem *gm, struct con
     if (rc != 0)
         return rc;
     if (m->ipc_offset > ipc->avail || m->size > ipc->avail - m->ipc_offset) {
-        gpu_say(why, why_len,
-                "device region at offset %llu of %llu bytes exceeds its %llu-byte allocation",
-                (unsigned long long)m->ipc_offset, (unsigned long long)m->size,
-                (unsigned long long)ipc->avail);
+        (void)why_fail(
+            why, why_len, 0,
+            "device region at offset %llu of %llu bytes exceeds its %llu-byte allocation",
+            (unsigned long long)m->ipc_offset, (unsigned long long)m->size,
+            (unsigned long long)ipc->avail);
         gpu_ipc_put(ctx, ipc);
         return CONVD_EBOUNDS;
     }
@@ -1012,8 +1000,8 @@ static int gpu_mem_import(void *vctx, struct convd_mem *m, char *why, size_t why
         why[0] = '\0';
     if (!ctx || !m || m->size == 0 || (m->kind == CONVD_MEM_HOST && !m->host) ||
         (m->kind != CONVD_MEM_HOST && m->kind != CONVD_MEM_DEVICE)) {
-        gpu_say(why, why_len, "invalid memory description for the GPU backend");
-        return CONVD_EINVAL;
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "invalid memory description for the GPU backend");
     }
     if (gpu_is_broken(ctx, why, why_len))
         return CONVD_EDEVICE;
@@ -1022,8 +1010,7 @@ static int gpu_mem_import(void *vctx, struct convd_mem *m, char *why, size_t why
         return gpu_fail(e, why, why_len, "selecting the device");
     struct gpu_mem *gm = (struct gpu_mem *)calloc(1, sizeof *gm);
     if (!gm) {
-        gpu_say(why, why_len, "out of host memory");
-        return CONVD_ENOMEM;
+        return why_fail(why, why_len, CONVD_ENOMEM, "out of host memory");
     }
     int rc = m->kind == CONVD_MEM_HOST ? gpu_import_host(gm, m, why, why_len)
                                        : gpu_import_device(ctx, gm, m, why, why_len);
@@ -1081,8 +1068,8 @@ static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size
     if (rc == 0)
         rc = convd_gpu_workspace(p, count, &ws);
     if (rc != 0) {
-        gpu_say(why, why_len, "warm-up: the workspace query failed: %s", convd_strerror(rc));
-        return CONVD_EDEVICE;
+        return why_fail(why, why_len, CONVD_EDEVICE, "warm-up: the workspace query failed: %s",
+                        convd_strerror(rc));
     }
     size_t one = gpu_round_up(sz.input_bytes, GPU_ALIGN) +
                  gpu_round_up(sz.weight_bytes, GPU_ALIGN) + gpu_round_up(sz.bias_bytes, GPU_ALIGN) +
@@ -1106,11 +1093,11 @@ static int gpu_warm_one(struct gpu_ctx *ctx, const struct convd_problem *p, size
     if (rc != 0) {
         char ps[160];
         hipError_t e = hipGetLastError();
-        gpu_say(why, why_len, "warm-up of the %s kernel on %s failed: %s%s%s",
-                misalign ? "generic" : convd_gpu_kernel_name(p),
-                convd_problem_str(p, ps, sizeof ps), convd_strerror(rc),
-                e != hipSuccess ? ": " : "", e != hipSuccess ? hipGetErrorString(e) : "");
-        return CONVD_EDEVICE;
+        return why_fail(why, why_len, CONVD_EDEVICE,
+                        "warm-up of the %s kernel on %s failed: %s%s%s",
+                        misalign ? "generic" : convd_gpu_kernel_name(p),
+                        convd_problem_str(p, ps, sizeof ps), convd_strerror(rc),
+                        e != hipSuccess ? ": " : "", e != hipSuccess ? hipGetErrorString(e) : "");
     }
     GPU_TRY(hipStreamSynchronize(s->stream), "warm-up: running the kernels");
 finish:
@@ -1175,7 +1162,7 @@ static void gpu_nvml_open(struct gpu_ctx *ctx)
     gpu_nvml_ret (*init)(void) = (gpu_nvml_ret(*)(void))dlsym(n->lib, "nvmlInit_v2");
     gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *) =
         (gpu_nvml_ret(*)(const char *, gpu_nvml_dev *))dlsym(n->lib,
-                                                            "nvmlDeviceGetHandleByPciBusId_v2");
+                                                             "nvmlDeviceGetHandleByPciBusId_v2");
     n->shutdown = (gpu_nvml_ret(*)(void))dlsym(n->lib, "nvmlShutdown");
     n->utilization = (gpu_nvml_ret(*)(gpu_nvml_dev, struct gpu_nvml_util *))dlsym(
         n->lib, "nvmlDeviceGetUtilizationRates");
@@ -1277,8 +1264,7 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
     GPU_TRY(hipDeviceGetAttribute(&mode, hipDeviceAttributeComputeMode, dev),
             "reading the compute mode");
     if (mode == hipComputeModeProhibited) {
-        gpu_say(why, why_len, "the device's compute mode is Prohibited");
-        return CONVD_EDEVICE;
+        return why_fail(why, why_len, CONVD_EDEVICE, "the device's compute mode is Prohibited");
     }
     rc = convd_gpu_device_check(dev, why, why_len);
     if (rc != 0)
@@ -1312,9 +1298,8 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
                                                  cudaEnableDefault, &q),
                 "looking up cuMemGetAddressRange");
         if (!fn || q != cudaDriverEntryPointSuccess) {
-            gpu_say(why, why_len, "the driver has no cuMemGetAddressRange (query result %d)",
-                    (int)q);
-            return CONVD_EDEVICE;
+            return why_fail(why, why_len, CONVD_EDEVICE,
+                            "the driver has no cuMemGetAddressRange (query result %d)", (int)q);
         }
         ctx->get_range = (PFN_cuMemGetAddressRange_v3020)fn;
     }
@@ -1362,36 +1347,37 @@ static void gpu_say_no_runtime(hipError_t e, char *why, size_t why_len)
 {
 #ifdef CONVD_GPU_NVIDIA
     if (e == cudaErrorNoDevice) {
-        gpu_say(why, why_len, "no NVIDIA GPU found (the driver is installed)");
+        (void)why_fail(why, why_len, 0, "no NVIDIA GPU found (the driver is installed)");
         return;
     }
     if (e == cudaErrorInsufficientDriver) {
         void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
         if (lib == NULL) {
-            gpu_say(why, why_len, "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
+            (void)why_fail(why, why_len, 0,
+                           "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
             return;
         }
         dlclose(lib);
         int have = 0;
         (void)cudaDriverGetVersion(&have);
         (void)hipGetLastError();
-        gpu_say(why, why_len,
-                "the NVIDIA driver is too old: it supports CUDA %d.%d, and this convd was built "
-                "with CUDA %d.%d",
-                have / 1000, have % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        (void)why_fail(
+            why, why_len, 0,
+            "the NVIDIA driver is too old: it supports CUDA %d.%d, and this convd was built "
+            "with CUDA %d.%d",
+            have / 1000, have % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
         return;
     }
 #endif
-    gpu_say(why, why_len, "the GPU runtime cannot start: %s (%s)", hipGetErrorString(e),
-            hipGetErrorName(e));
+    (void)why_fail(why, why_len, 0, "the GPU runtime cannot start: %s (%s)", hipGetErrorString(e),
+                   hipGetErrorName(e));
 }
 
 static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
                     struct convd_backend_info *ret_info, char *why, size_t why_len)
 {
     if (!cfg || !ret_ctx || !ret_info) {
-        gpu_say(why, why_len, "invalid arguments to the GPU backend's init");
-        return CONVD_EINVAL;
+        return why_fail(why, why_len, CONVD_EINVAL, "invalid arguments to the GPU backend's init");
     }
     int count = 0;
     hipError_t e = hipGetDeviceCount(&count);
@@ -1401,18 +1387,15 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
         return CONVD_EDEVICE;
     }
     if (count <= 0) {
-        gpu_say(why, why_len, "no GPU found");
-        return CONVD_EDEVICE;
+        return why_fail(why, why_len, CONVD_EDEVICE, "no GPU found");
     }
     if (cfg->device >= count || cfg->device < -1) {
-        gpu_say(why, why_len, "GPU %d requested, but the devices are 0 to %d", cfg->device,
-                count - 1);
-        return CONVD_EDEVICE;
+        return why_fail(why, why_len, CONVD_EDEVICE,
+                        "GPU %d requested, but the devices are 0 to %d", cfg->device, count - 1);
     }
     struct gpu_ctx *ctx = (struct gpu_ctx *)calloc(1, sizeof *ctx);
     if (!ctx) {
-        gpu_say(why, why_len, "out of host memory");
-        return CONVD_ENOMEM;
+        return why_fail(why, why_len, CONVD_ENOMEM, "out of host memory");
     }
     pthread_mutex_init(&ctx->ipc_lock, NULL);
     pthread_mutex_init(&ctx->broken_lock, NULL);
@@ -1436,7 +1419,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
         }
     }
     if (rc != 0) {
-        gpu_say(why, why_len, "%s", reasons);
+        (void)why_fail(why, why_len, 0, "%s", reasons);
         gpu_destroy(ctx);
         return rc;
     }
@@ -1444,7 +1427,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     ctx->scratch_keep = cfg->max_batch > 64 ? cfg->max_batch : 64;
     for (int i = 0; i < GPU_SLOTS; i++) {
         if (cfg->max_batch && gpu_scratch_reserve(&ctx->slots[i], cfg->max_batch) != 0) {
-            gpu_say(why, why_len, "out of host memory");
+            (void)why_fail(why, why_len, 0, "out of host memory");
             gpu_destroy(ctx);
             return CONVD_ENOMEM;
         }
@@ -1456,6 +1439,6 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
 
 extern "C" const struct convd_backend_ops convd_gpu_backend_ops = {
     "gpu",         gpu_init,   gpu_destroy, gpu_supports, gpu_mem_import, gpu_mem_release,
-    gpu_run_batch, gpu_launch, gpu_query,   gpu_notify,   gpu_trim,        gpu_stats,
+    gpu_run_batch, gpu_launch, gpu_query,   gpu_notify,   gpu_trim,       gpu_stats,
 };
 #endif
