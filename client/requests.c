@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "client_priv.h"
+#include "mix.h"
 #include "wire.h"
 
 /*
@@ -14,17 +15,12 @@
  * may come in any order, finds its request in constant time whatever the depth of the pipeline.
  */
 
-static size_t cl_home(uint64_t id, size_t cap)
-{
-    return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
-}
-
 int32_t cl_slot_find(const convd_client *c, uint64_t id)
 {
     if (c->index_cap == 0)
         return -1;
     size_t mask = c->index_cap - 1;
-    for (size_t i = cl_home(id, c->index_cap);; i = (i + 1) & mask) {
+    for (size_t i = mix_id_slot(id, c->index_cap);; i = (i + 1) & mask) {
         int32_t s = c->index[i];
         if (s < 0)
             return -1;
@@ -36,7 +32,7 @@ int32_t cl_slot_find(const convd_client *c, uint64_t id)
 static void cl_index_insert(convd_client *c, uint64_t id, int32_t s)
 {
     size_t mask = c->index_cap - 1;
-    size_t i = cl_home(id, c->index_cap);
+    size_t i = mix_id_slot(id, c->index_cap);
     while (c->index[i] >= 0)
         i = (i + 1) & mask;
     c->index[i] = s;
@@ -46,7 +42,7 @@ static void cl_index_insert(convd_client *c, uint64_t id, int32_t s)
 static void cl_index_remove(convd_client *c, uint64_t id)
 {
     size_t mask = c->index_cap - 1;
-    size_t i = cl_home(id, c->index_cap);
+    size_t i = mix_id_slot(id, c->index_cap);
     while (c->index[i] >= 0 && c->slots[c->index[i]].id != id)
         i = (i + 1) & mask;
     if (c->index[i] < 0)
@@ -56,7 +52,7 @@ static void cl_index_remove(convd_client *c, uint64_t id)
         j = (j + 1) & mask;
         if (c->index[j] < 0)
             break;
-        size_t k = cl_home(c->slots[c->index[j]].id, c->index_cap);
+        size_t k = mix_id_slot(c->slots[c->index[j]].id, c->index_cap);
         /* Entry j may move into the hole at i unless its home lies cyclically in (i, j]. */
         bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
         if (!stays) {

@@ -2,17 +2,7 @@
 
 #include "convd/status.h"
 #include "idmap.h"
-
-/* splitmix64's finaliser: clients pick ids 0, 1, 2, ... or pointers; both must spread. */
-static size_t idmap_hash(uint64_t key, size_t cap)
-{
-    key ^= key >> 30;
-    key *= 0xbf58476d1ce4e5b9ull;
-    key ^= key >> 27;
-    key *= 0x94d049bb133111ebull;
-    key ^= key >> 31;
-    return (size_t)key & (cap - 1);
-}
+#include "mix.h"
 
 void idmap_init(struct idmap *m)
 {
@@ -31,7 +21,7 @@ static struct idmap_slot *idmap_find(const struct idmap *m, uint64_t key)
 {
     if (m->cap == 0)
         return NULL;
-    for (size_t i = idmap_hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+    for (size_t i = mix_id_slot(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
         struct idmap_slot *s = &m->slots[i];
         if (s->value == NULL)
             return NULL;
@@ -48,7 +38,7 @@ void *idmap_get(const struct idmap *m, uint64_t key)
 
 static void idmap_insert_new(struct idmap_slot *slots, size_t cap, uint64_t key, void *value)
 {
-    size_t i = idmap_hash(key, cap);
+    size_t i = mix_id_slot(key, cap);
     while (slots[i].value != NULL)
         i = (i + 1) & (cap - 1);
     slots[i].key = key;
@@ -96,7 +86,7 @@ void *idmap_del(struct idmap *m, uint64_t key)
     /* Backward-shift: move later members of the probe run into the hole when their home slot
      * does not lie cyclically between the hole and their position. */
     for (size_t j = (hole + 1) & mask; m->slots[j].value != NULL; j = (j + 1) & mask) {
-        size_t home = idmap_hash(m->slots[j].key, m->cap);
+        size_t home = mix_id_slot(m->slots[j].key, m->cap);
         if (((j - home) & mask) >= ((j - hole) & mask)) {
             m->slots[hole] = m->slots[j];
             hole = j;

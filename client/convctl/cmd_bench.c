@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
+#include "mix.h"
 #include "util.h"
 
 static const char bench_usage[] =
@@ -462,8 +463,7 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
             close(done[0]);
             close(release[1]);
             const struct bench_fds fds = {ready[1], go[0], done[1], release[0]};
-            _exit(bench_child(g, bp, quota, seed + (uint64_t)i * 0x9e3779b97f4a7c15ull, &res[i],
-                              &fds));
+            _exit(bench_child(g, bp, quota, seed + (uint64_t)i * MIX_GOLDEN64, &res[i], &fds));
         }
         pids[started++] = pid;
     }

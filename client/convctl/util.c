@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mix.h"
 #include "suggest.h"
 #include "util.h"
 
@@ -207,15 +208,12 @@ int ctl_load_shapes(const char *path, struct cli_shape **ret_rows, size_t *ret_c
 
 void ctl_rng_seed(struct ctl_rng *g, uint64_t seed)
 {
-    g->s = seed != 0 ? seed : 0x9e3779b97f4a7c15ull;
+    g->s = seed != 0 ? seed : MIX_GOLDEN64;
 }
 
 uint64_t ctl_rng_next(struct ctl_rng *g)
 {
-    g->s ^= g->s >> 12;
-    g->s ^= g->s << 25;
-    g->s ^= g->s >> 27;
-    return g->s * 0x2545f4914f6cdd1dull;
+    return mix_xorshift64s(&g->s);
 }
 
 uint64_t ctl_fresh_seed(void)

@@ -20,6 +20,7 @@
 #include <pthread.h>
 
 #include "gpu_internal.h"
+#include "mix.h"
 
 /* ---- device limits ---- */
 
@@ -851,21 +852,13 @@ extern "C" int convd_gpu_fill_bytes(void *dst, int value, size_t bytes)
     return 0;
 }
 
-__device__ __forceinline__ uint64_t fill_mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 template <class DT>
 __global__ void fill_random_kernel(typename DT::T *dst, size_t count, uint64_t seed)
 {
     convd_grid_dependency();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (size_t)gridDim.x * blockDim.x) {
-        const uint64_t h = fill_mix(seed ^ fill_mix(i));
+        const uint64_t h = mix_splitmix64(seed ^ mix_splitmix64(i));
         const float v = (float)((double)(h >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
         dst[i] = DT::store(v);
     }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "mix.h"
 #include "raw.h"
 
 static struct it_daemon daemon_;
@@ -162,8 +163,8 @@ static void test_64_clients_at_once(void **state)
         if (pids[i] == 0) {
             close(ready[0]);
             close(go[1]);
-            _exit(many_child(daemon_.sock, seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1),
-                             ready[1], go[0]));
+            _exit(
+                many_child(daemon_.sock, seed + MIX_GOLDEN64 * (uint64_t)(i + 1), ready[1], go[0]));
         }
     }
     close(ready[1]);

@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mix.h"
 #include "testutil.h"
 
 uint64_t tu_seed(void)
@@ -21,7 +22,7 @@ uint64_t tu_seed(void)
             seed = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
         }
         if (seed == 0)
-            seed = 0x9e3779b97f4a7c15ull;
+            seed = MIX_GOLDEN64;
         fprintf(stderr, "test seed: CONVD_TEST_SEED=%llu\n", (unsigned long long)seed);
         done = 1;
     }
@@ -30,17 +31,12 @@ uint64_t tu_seed(void)
 
 void tu_rng_init(struct tu_rng *g, uint64_t seed)
 {
-    g->s = seed ? seed : 0x9e3779b97f4a7c15ull;
+    g->s = seed ? seed : MIX_GOLDEN64;
 }
 
 uint64_t tu_rng_next(struct tu_rng *g)
 {
-    uint64_t x = g->s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    g->s = x;
-    return x * 0x2545f4914f6cdd1dull;
+    return mix_xorshift64s(&g->s);
 }
 
 int tu_rng_range(struct tu_rng *g, int lo, int hi)
