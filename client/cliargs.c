@@ -107,47 +107,59 @@ int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len)
     return why_fail(why, why_len, CONVD_EINVAL, "padding '%s' must be P, PH,PW or PT,PB,PL,PR", s);
 }
 
+static const char *const cli_po_names[CLI_PO_COUNT] = {
+#define CLI_PO_NAME(id, name, takes_value, in_conv) [CLI_PO_##id] = name,
+    CLI_PROBLEM_OPTIONS(CLI_PO_NAME)
+#undef CLI_PO_NAME
+};
+
+const char *cli_problem_option_name(int i)
+{
+    return i >= 0 && i < CLI_PO_COUNT ? cli_po_names[i] : NULL;
+}
+
 int cli_problem_option(struct convd_problem *p, const char *name, const char *value, char *why,
                        size_t why_len)
 {
-    static const struct {
-        const char *name;
-        size_t off;
-    } dims[] = {
-        {"n", offsetof(struct convd_problem, n)},
-        {"c", offsetof(struct convd_problem, c)},
-        {"h", offsetof(struct convd_problem, h)},
-        {"w", offsetof(struct convd_problem, w)},
-        {"k", offsetof(struct convd_problem, k)},
-        {"r", offsetof(struct convd_problem, r)},
-        {"s", offsetof(struct convd_problem, s)},
-        {"groups", offsetof(struct convd_problem, groups)},
+    /* The fields of the size options, n .. groups. */
+    static const size_t dims[CLI_PO_GROUPS + 1] = {
+        [CLI_PO_N] = offsetof(struct convd_problem, n),
+        [CLI_PO_C] = offsetof(struct convd_problem, c),
+        [CLI_PO_H] = offsetof(struct convd_problem, h),
+        [CLI_PO_W] = offsetof(struct convd_problem, w),
+        [CLI_PO_K] = offsetof(struct convd_problem, k),
+        [CLI_PO_R] = offsetof(struct convd_problem, r),
+        [CLI_PO_S] = offsetof(struct convd_problem, s),
+        [CLI_PO_GROUPS] = offsetof(struct convd_problem, groups),
     };
-    if (strcmp(name, "bias") == 0) {
+    int i = 0;
+    while (i < CLI_PO_COUNT && strcmp(name, cli_po_names[i]) != 0)
+        i++;
+    if (i == CLI_PO_COUNT)
+        return why_fail(why, why_len, CONVD_EINVAL, "unknown problem option --%s", name);
+    if (i == CLI_PO_BIAS) {
         p->has_bias = true;
         return 0;
     }
-    if (strcmp(name, "relu") == 0) {
+    if (i == CLI_PO_RELU) {
         p->relu = true;
         return 0;
     }
     if (value == NULL)
         return why_fail(why, why_len, CONVD_EINVAL, "--%s needs a value", name);
-    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
-        if (strcmp(name, dims[i].name) != 0)
-            continue;
+    if (i <= CLI_PO_GROUPS) {
         long long v;
         if (cli_parse_int(value, 1, CONVD_MAX_DIM, &v, why, why_len) != 0)
             return CONVD_EINVAL;
-        int32_t *field = (int32_t *)((char *)p + dims[i].off);
+        int32_t *field = (int32_t *)((char *)p + dims[i]);
         *field = (int32_t)v;
         return 0;
     }
     int32_t v[4];
-    if (strcmp(name, "stride") == 0 || strcmp(name, "dilation") == 0) {
+    if (i == CLI_PO_STRIDE || i == CLI_PO_DILATION) {
         if (cli_parse_pair(value, 1, CONVD_MAX_STRIDE, v, why, why_len) != 0)
             return CONVD_EINVAL;
-        if (name[0] == 's') {
+        if (i == CLI_PO_STRIDE) {
             p->stride_h = v[0];
             p->stride_w = v[1];
         } else {
@@ -156,7 +168,7 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
         }
         return 0;
     }
-    if (strcmp(name, "pad") == 0) {
+    if (i == CLI_PO_PAD) {
         if (cli_parse_pad(value, v, why, why_len) != 0)
             return CONVD_EINVAL;
         p->pad_top = v[0];
@@ -165,13 +177,13 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
         p->pad_right = v[3];
         return 0;
     }
-    if (strcmp(name, "dtype") == 0) {
+    if (i == CLI_PO_DTYPE) {
         if (convd_dtype_parse(value, &p->dtype) != 0)
             return why_fail(why, why_len, CONVD_EINVAL, "unknown dtype '%s' (fp32, fp16 or bf16)",
                             value);
         return 0;
     }
-    if (strcmp(name, "layout") == 0) {
+    if (i == CLI_PO_LAYOUT) {
         if (convd_layout_parse(value, &p->layout) != 0)
             return why_fail(why, why_len, CONVD_EINVAL, "unknown layout '%s' (nchw or nhwc)",
                             value);

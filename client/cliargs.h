@@ -24,9 +24,42 @@ int cli_parse_pair(const char *s, int32_t lo, int32_t hi, int32_t ret[2], char *
 /* "P", "PH,PW" or "PT,PB,PL,PR" into top, bottom, left, right, each in [0, CONVD_MAX_PAD]. */
 int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len);
 
-/* Applies one problem option by name to p: "n", "c", "h", "w", "k", "r", "s", "groups",
- * "stride", "pad", "dilation", "dtype", "layout", "bias", "relu" (the last two take no value;
- * value may be NULL). Other fields stay as they are. Unknown names fail. */
+/*
+ * The problem options, in one table that cli_problem_option() and convctl's getopt tables are
+ * all made from: X(ID, name, takes_value, in_conv). verify and bench offer every one; conv only
+ * those marked in_conv, because it reads the sizes from its .npy arrays and its --bias names a
+ * file.
+ */
+#define CLI_PROBLEM_OPTIONS(X)                                                                     \
+    X(N, "n", 1, 0)                                                                                \
+    X(C, "c", 1, 0)                                                                                \
+    X(H, "h", 1, 0)                                                                                \
+    X(W, "w", 1, 0)                                                                                \
+    X(K, "k", 1, 0)                                                                                \
+    X(R, "r", 1, 0)                                                                                \
+    X(S, "s", 1, 0)                                                                                \
+    X(GROUPS, "groups", 1, 1)                                                                      \
+    X(STRIDE, "stride", 1, 1)                                                                      \
+    X(PAD, "pad", 1, 1)                                                                            \
+    X(DILATION, "dilation", 1, 1)                                                                  \
+    X(DTYPE, "dtype", 1, 1)                                                                        \
+    X(LAYOUT, "layout", 1, 1)                                                                      \
+    X(BIAS, "bias", 0, 0)                                                                          \
+    X(RELU, "relu", 0, 1)
+
+/* Indices into the table: CLI_PO_N, ..., CLI_PO_RELU, then the count. */
+enum cli_problem_opt {
+#define CLI_PO_ENUM(id, name, takes_value, in_conv) CLI_PO_##id,
+    CLI_PROBLEM_OPTIONS(CLI_PO_ENUM)
+#undef CLI_PO_ENUM
+        CLI_PO_COUNT
+};
+
+/* The name of option i of the table ("stride"), or NULL when i is out of range. */
+const char *cli_problem_option_name(int i);
+
+/* Applies one problem option of the table, by name, to p. bias and relu take no value (value may
+ * be NULL); the others need one. Other fields stay as they are. Unknown names fail. */
 int cli_problem_option(struct convd_problem *p, const char *name, const char *value, char *why,
                        size_t why_len);
 

@@ -760,7 +760,6 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
     };
     static const struct option opts[] = {
         CTL_COMMON_LONG_OPTIONS,
-        CTL_PROBLEM_LONG_OPTIONS,
         {"clients", required_argument, NULL, B_CLIENTS},
         {"depth", required_argument, NULL, B_DEPTH},
         {"duration", required_argument, NULL, B_DURATION},
@@ -770,7 +769,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         {"all", no_argument, NULL, B_ALL},
         {"memory", required_argument, NULL, B_MEMORY},
         {"json", no_argument, NULL, B_JSON},
-        {NULL, 0, NULL, 0},
+        CTL_PROBLEM_LONG_OPTIONS_END,
     };
     struct ctl_global g = *g0;
     struct bench_params bp;

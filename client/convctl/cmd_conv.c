@@ -203,13 +203,6 @@ int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
         O_WEIGHT,
         O_BIAS,
         O_OUTPUT,
-        O_STRIDE,
-        O_PAD,
-        O_DIL,
-        O_GROUPS,
-        O_LAYOUT,
-        O_DTYPE,
-        O_RELU
     };
     static const struct option opts[] = {
         CTL_COMMON_LONG_OPTIONS,
@@ -217,14 +210,7 @@ int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
         {"weight", required_argument, NULL, O_WEIGHT},
         {"bias", required_argument, NULL, O_BIAS},
         {"output", required_argument, NULL, O_OUTPUT},
-        {"stride", required_argument, NULL, O_STRIDE},
-        {"pad", required_argument, NULL, O_PAD},
-        {"dilation", required_argument, NULL, O_DIL},
-        {"groups", required_argument, NULL, O_GROUPS},
-        {"layout", required_argument, NULL, O_LAYOUT},
-        {"dtype", required_argument, NULL, O_DTYPE},
-        {"relu", no_argument, NULL, O_RELU},
-        {NULL, 0, NULL, 0},
+        CTL_PROBLEM_CONV_LONG_OPTIONS_END,
     };
     struct ctl_global g = *g0;
     struct conv_array x = {.role = "input"}, w = {.role = "weight"}, b = {.role = "bias"};
@@ -243,10 +229,16 @@ int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
                 return code;
             continue;
         }
-        static const char *const names[] = {
-            [O_STRIDE] = "stride", [O_PAD] = "pad",       [O_DIL] = "dilation",
-            [O_GROUPS] = "groups", [O_LAYOUT] = "layout", [O_DTYPE] = "dtype",
-        };
+        /* Only the in_conv options of the table reach here (opts has no others). */
+        const char *pname = cli_problem_option_name(opt - CTL_OPT_PROBLEM_FIRST);
+        if (pname != NULL) {
+            if (cli_problem_option(&p, pname, optarg, why, sizeof(why)) != 0) {
+                ctl_err("--%s: %s", pname, why);
+                return CTL_EXIT_USAGE;
+            }
+            dtype_given |= opt == CTL_OPT_PROBLEM_FIRST + CLI_PO_DTYPE;
+            continue;
+        }
         switch (opt) {
         case 'h':
             fputs(conv_usage, stdout);
@@ -262,21 +254,6 @@ int cmd_conv(const struct ctl_global *g0, int argc, char **argv)
             break;
         case O_OUTPUT:
             out_path = optarg;
-            break;
-        case O_RELU:
-            p.relu = true;
-            break;
-        case O_STRIDE:
-        case O_PAD:
-        case O_DIL:
-        case O_GROUPS:
-        case O_LAYOUT:
-        case O_DTYPE:
-            if (cli_problem_option(&p, names[opt], optarg, why, sizeof(why)) != 0) {
-                ctl_err("--%s: %s", names[opt], why);
-                return CTL_EXIT_USAGE;
-            }
-            dtype_given |= opt == O_DTYPE;
             break;
         default:
             return ctl_bad_option(argv, opts, "conv");

@@ -48,14 +48,13 @@ int cmd_verify(const struct ctl_global *g0, int argc, char **argv)
 {
     static const struct option opts[] = {
         CTL_COMMON_LONG_OPTIONS,
-        CTL_PROBLEM_LONG_OPTIONS,
         {"shape", required_argument, NULL, V_SHAPE},
         {"csv", required_argument, NULL, V_CSV},
         {"repeat", required_argument, NULL, V_REPEAT},
         {"seed", required_argument, NULL, V_SEED},
         {"threads", required_argument, NULL, V_THREADS},
         {"json", no_argument, NULL, V_JSON},
-        {NULL, 0, NULL, 0},
+        CTL_PROBLEM_LONG_OPTIONS_END,
     };
     struct ctl_global g = *g0;
     const char *shape_name = NULL, *csv = NULL;

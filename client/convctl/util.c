@@ -12,11 +12,6 @@
 #include "suggest.h"
 #include "util.h"
 
-static const char *const ctl_problem_option_names[CTL_PROBLEM_OPTION_COUNT] = {
-    "n",      "c",   "h",        "w",     "k",      "r",    "s",    "groups",
-    "stride", "pad", "dilation", "dtype", "layout", "bias", "relu",
-};
-
 void ctl_err(const char *fmt, ...)
 {
     va_list ap;
@@ -135,8 +130,8 @@ bool ctl_problem_option(struct convd_problem *p, unsigned *given, int opt, const
     if (i < 0 || i >= CTL_PROBLEM_OPTION_COUNT)
         return false;
     char why[160];
-    if (cli_problem_option(p, ctl_problem_option_names[i], arg, why, sizeof(why)) != 0) {
-        ctl_err("--%s: %s", ctl_problem_option_names[i], why);
+    if (cli_problem_option(p, cli_problem_option_name(i), arg, why, sizeof(why)) != 0) {
+        ctl_err("--%s: %s", cli_problem_option_name(i), why);
         *ret_exit = CTL_EXIT_USAGE;
     }
     *given |= CTL_GIVEN(i);

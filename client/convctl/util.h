@@ -62,7 +62,7 @@ enum {
     CTL_OPT_SOCKET = 1000,
     CTL_OPT_TIMEOUT,
     CTL_OPT_DEVICE,
-    CTL_OPT_PROBLEM_FIRST = 1100, /* + index into ctl_problem_option_names */
+    CTL_OPT_PROBLEM_FIRST = 1100, /* + CLI_PO_x (cliargs.h) */
 };
 #define CTL_COMMON_OPTION_COUNT 4
 #define CTL_COMMON_LONG_OPTIONS                                                                    \
@@ -94,36 +94,40 @@ void ctl_json_problem(struct ctl_json *j, const struct convd_problem *p,
                       const struct convd_problem_sizes *z);
 /* Ends the object and the line, and flushes stdout. */
 void ctl_json_end(struct ctl_json *j);
-/* The shape options of verify and bench, in cli_problem_option()'s names. */
-#define CTL_PROBLEM_LONG_OPTIONS                                                                   \
-    {"n", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 0},                                     \
-        {"c", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 1},                                 \
-        {"h", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 2},                                 \
-        {"w", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 3},                                 \
-        {"k", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 4},                                 \
-        {"r", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 5},                                 \
-        {"s", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 6},                                 \
-        {"groups", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 7},                            \
-        {"stride", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 8},                            \
-        {"pad", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 9},                               \
-        {"dilation", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 10},                         \
-        {"dtype", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 11},                            \
-        {"layout", required_argument, NULL, CTL_OPT_PROBLEM_FIRST + 12},                           \
-        {"bias", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 13},                                   \
+/* getopt_long entries of the problem options, made from cliargs.h's table (the code of option
+ * CLI_PO_x is CTL_OPT_PROBLEM_FIRST + CLI_PO_x), followed by the zero entry that ends a
+ * getopt_long table: they go last, `{..., {"json", no_argument, NULL, 'j'}, CTL_PROBLEM_..._END}`.
+ */
+#define CTL_PO_LONG(id, name, takes_value, in_conv)                                                \
+    {name, (takes_value) ? required_argument : no_argument, NULL,                                  \
+     CTL_OPT_PROBLEM_FIRST + CLI_PO_##id},
+/* Every problem option: verify and bench. */
+#define CTL_PROBLEM_LONG_OPTIONS_END                                                               \
+    CLI_PROBLEM_OPTIONS(CTL_PO_LONG)                                                               \
     {                                                                                              \
-        "relu", no_argument, NULL, CTL_OPT_PROBLEM_FIRST + 14                                      \
+        NULL, 0, NULL, 0                                                                           \
     }
-#define CTL_PROBLEM_OPTION_COUNT 15
+/* The options marked in_conv: conv. */
+#define CTL_PO_LONG_CONV(id, name, takes_value, in_conv)                                           \
+    CTL_PO_LONG_IF_##in_conv(id, name, takes_value, in_conv)
+#define CTL_PO_LONG_IF_0(id, name, takes_value, in_conv)
+#define CTL_PO_LONG_IF_1 CTL_PO_LONG
+#define CTL_PROBLEM_CONV_LONG_OPTIONS_END                                                          \
+    CLI_PROBLEM_OPTIONS(CTL_PO_LONG_CONV)                                                          \
+    {                                                                                              \
+        NULL, 0, NULL, 0                                                                           \
+    }
+#define CTL_PROBLEM_OPTION_COUNT CLI_PO_COUNT
 
-/* Applies a problem option (code from CTL_PROBLEM_LONG_OPTIONS) to p and records which were
+/* Applies a problem option (code from CTL_PROBLEM_LONG_OPTIONS_END) to p and records which were
  * given in *given (bit per option). Returns true if opt was one; on a bad value prints the
  * reason and sets *ret_exit. */
 bool ctl_problem_option(struct convd_problem *p, unsigned *given, int opt, const char *arg,
                         int *ret_exit);
 #define CTL_GIVEN(name_index) (1u << (name_index))
-#define CTL_GIVEN_GEOMETRY    0x7ffu /* n .. dilation */
-#define CTL_GIVEN_DTYPE       CTL_GIVEN(11)
-#define CTL_GIVEN_LAYOUT      CTL_GIVEN(12)
+#define CTL_GIVEN_GEOMETRY    (CTL_GIVEN(CLI_PO_DILATION + 1) - 1u) /* n .. dilation */
+#define CTL_GIVEN_DTYPE       CTL_GIVEN(CLI_PO_DTYPE)
+#define CTL_GIVEN_LAYOUT      CTL_GIVEN(CLI_PO_LAYOUT)
 
 /* The problem verify and bench use when no shape is given: a small grouped 3x3 convolution. */
 void ctl_default_problem(struct convd_problem *p);

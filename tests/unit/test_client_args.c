@@ -102,8 +102,14 @@ static void test_problem_option(void **state)
         {"stride", "2,1"},  {"pad", "0,1,2,3"}, {"dilation", "3"}, {"dtype", "bf16"},
         {"layout", "NHWC"}, {"bias", NULL},     {"relu", NULL},
     };
-    for (size_t i = 0; i < sizeof(set) / sizeof(set[0]); i++)
+    /* The table that convctl's getopt entries are made from holds exactly these, in order. */
+    assert_int_equal(CLI_PO_COUNT, sizeof(set) / sizeof(set[0]));
+    assert_null(cli_problem_option_name(-1));
+    assert_null(cli_problem_option_name(CLI_PO_COUNT));
+    for (size_t i = 0; i < sizeof(set) / sizeof(set[0]); i++) {
+        assert_string_equal(cli_problem_option_name((int)i), set[i].name);
         assert_int_equal(cli_problem_option(&p, set[i].name, set[i].value, why, sizeof(why)), 0);
+    }
     assert_int_equal(p.n, 2);
     assert_int_equal(p.c, 64);
     assert_int_equal(p.h, 7);
@@ -133,6 +139,8 @@ static void test_problem_option(void **state)
     assert_int_equal(cli_problem_option(&p, "stride", "0", why, sizeof(why)), CONVD_EINVAL);
     assert_int_equal(cli_problem_option(&p, "groups", NULL, why, sizeof(why)), CONVD_EINVAL);
     assert_int_equal(cli_problem_option(&p, "depth", "1", why, sizeof(why)), CONVD_EINVAL);
+    assert_non_null(strstr(why, "unknown"));
+    assert_int_equal(cli_problem_option(&p, "depth", NULL, why, sizeof(why)), CONVD_EINVAL);
     assert_non_null(strstr(why, "unknown"));
     assert_memory_equal(&p, &before, sizeof(p));
 }
