@@ -89,10 +89,7 @@ struct host_region {
 static void region_open(struct host_region *r, size_t size, int prot)
 {
     memset(r, 0, sizeof *r);
-    r->fd = memfd_create("convd-gpu-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(r->fd >= 0);
-    assert_int_equal(ftruncate(r->fd, (off_t)size), 0);
-    assert_int_equal(fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    r->fd = tu_memfd("convd-gpu-test", size, F_SEAL_SHRINK | F_SEAL_GROW);
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
     assert_true(p != MAP_FAILED);
     /* Fill while writable; a read-only test mapping is made read-only afterwards. */

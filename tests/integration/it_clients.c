@@ -265,7 +265,7 @@ static void test_close_without_unregistering(void **state)
         struct raw_conv rc;
         uint64_t need = raw_conv_init(&rc, 7, &p, 1);
         for (uint64_t id = 1; id <= 3; id++) {
-            int mfd = raw_memfd(need, F_SEAL_SHRINK | F_SEAL_GROW);
+            int mfd = tu_memfd("convd-it", need, F_SEAL_SHRINK | F_SEAL_GROW);
             char why[256];
             int st = raw_register(fd, id, need, &mfd, 1, why, sizeof(why));
             close(mfd);
@@ -308,7 +308,7 @@ static void test_client_never_reads(void **state)
     convd_problem_init(&p, 1, 6, 6, 4, 4, 3, 3, 1);
     struct raw_conv rc;
     uint64_t need = raw_conv_init(&rc, 1, &p, 1);
-    int mfd = raw_memfd(need, F_SEAL_SHRINK | F_SEAL_GROW);
+    int mfd = tu_memfd("convd-it", need, F_SEAL_SHRINK | F_SEAL_GROW);
     char why[256];
     int st = raw_register(fd, 1, need, &mfd, 1, why, sizeof(why));
     close(mfd);

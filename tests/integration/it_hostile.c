@@ -81,7 +81,7 @@ static void assert_pong(int fd, uint64_t tag)
 /* Registers a sealed memfd of `size` bytes as region_id; asserts success. */
 static void register_ok(int fd, uint64_t region_id, uint64_t size)
 {
-    int mfd = raw_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW);
+    int mfd = tu_memfd("convd-it", size, F_SEAL_SHRINK | F_SEAL_GROW);
     char why[256];
     int st = raw_register(fd, region_id, size, &mfd, 1, why, sizeof(why));
     close(mfd);
@@ -331,7 +331,7 @@ static void test_messages_before_hello(void **state)
 
     /* A region (with its descriptor) before Hello: refused, and the descriptor not kept. */
     fd = raw_connect(daemon_.sock);
-    int mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    int mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__RegisterRegion rr = CONVD__REGISTER_REGION__INIT;
     rr.region_id = 1;
@@ -635,7 +635,7 @@ static void test_bad_regions(void **state)
     /* Unsealed, or sealed against only one of shrinking and growing. */
     const unsigned seals[] = {0, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL};
     for (size_t i = 0; i < 4; i++) {
-        int mfd = raw_memfd(8192, seals[i]);
+        int mfd = tu_memfd("convd-it", 8192, seals[i]);
         register_expect(fd, 10 + i, 8192, &mfd, 1, CONVD_ESEAL, "seal");
         close(mfd);
     }
@@ -646,13 +646,13 @@ static void test_bad_regions(void **state)
     close(pfd[0]);
     close(pfd[1]);
     /* A sealed memfd smaller than the size the message declares. */
-    int mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    int mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
     register_expect(fd, 21, 8192, &mfd, 1, CONVD_EBOUNDS, "size");
     /* Size zero. */
     register_expect(fd, 22, 0, &mfd, 1, CONVD_EINVAL, "size");
     /* No descriptor, and two. */
     register_expect(fd, 23, 4096, NULL, 0, CONVD_EINVAL, "descriptor");
-    int two[2] = {mfd, raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW)};
+    int two[2] = {mfd, tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW)};
     register_expect(fd, 24, 4096, two, 2, CONVD_EINVAL, "descriptor");
     close(two[1]);
     /* A region kind this daemon cannot use, and none at all. */
@@ -696,7 +696,7 @@ static void test_bad_regions(void **state)
     conv_expect(fd, &rc, CONVD_ENOREGION, "region");
     close(mfd);
     /* A descriptor attached to a message that takes none: not kept. */
-    int stray = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    int stray = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
     Convd__ClientMessage pm = CONVD__CLIENT_MESSAGE__INIT;
     Convd__Ping ping = CONVD__PING__INIT;
     ping.tag = 6;
@@ -725,7 +725,7 @@ static void test_write_sealed_region(void **state)
     const unsigned wseals[] = {F_SEAL_WRITE, F_SEAL_FUTURE_WRITE};
     for (size_t i = 0; i < 2; i++) {
         uint64_t ro = 10 + i;
-        int mfd = raw_memfd(need, F_SEAL_SHRINK | F_SEAL_GROW | wseals[i]);
+        int mfd = tu_memfd("convd-it", need, F_SEAL_SHRINK | F_SEAL_GROW | wseals[i]);
         char why[256];
         int st = raw_register(fd, ro, need, &mfd, 1, why, sizeof(why));
         close(mfd);
@@ -770,7 +770,7 @@ static void test_region_id_reuse_while_old_one_in_use(void **state)
     register_ok(fd, 1, hneed);
     uint64_t need = raw_conv_init(&rc, 2, &p, 5);
     /* Old region 5: inputs all 1, weights identity: the output is 1 everywhere. */
-    int old_fd = raw_memfd(need, 0);
+    int old_fd = tu_memfd("convd-it", need, 0);
     float *m = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, old_fd, 0);
     assert_true(m != MAP_FAILED);
     for (int i = 0; i < 25 * 2; i++)
@@ -785,7 +785,7 @@ static void test_region_id_reuse_while_old_one_in_use(void **state)
     raw_conv_send(fd, &rc); /* queued, uses region 5 */
     assert_int_equal(raw_unregister(fd, 5), 0);
     /* New region under the same id: inputs 2, weights identity. */
-    int new_fd = raw_memfd(need, 0);
+    int new_fd = tu_memfd("convd-it", need, 0);
     float *n2 = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, new_fd, 0);
     assert_true(n2 != MAP_FAILED);
     for (int i = 0; i < 25 * 2; i++)
@@ -864,13 +864,13 @@ static void test_region_limits(void **state)
     raw_free(r);
     assert_true(max_regions > 0 && max_regions <= 4096);
     /* One region over the byte limit (a sparse memfd: nothing is allocated). */
-    int mfd = raw_memfd(max_bytes + 4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    int mfd = tu_memfd("convd-it", max_bytes + 4096, F_SEAL_SHRINK | F_SEAL_GROW);
     register_expect(fd, 1, max_bytes + 4096, &mfd, 1, CONVD_ELIMIT, NULL);
     close(mfd);
     /* As many regions as allowed, then one more. */
     for (uint32_t i = 0; i < max_regions; i++)
         register_ok(fd, 100 + i, 4096);
-    mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
     register_expect(fd, 100 + max_regions, 4096, &mfd, 1, CONVD_ELIMIT, "region");
     /* Freeing one makes room again. */
     assert_int_equal(raw_unregister(fd, 100), 0);

@@ -220,7 +220,7 @@ static void attach_expect(int fd, uint32_t version, uint32_t sq, uint32_t cq, ui
 /* Registers a sealed memfd of `size` bytes as region_id; asserts success. */
 static void register_ok(int fd, uint64_t region_id, uint64_t size)
 {
-    int mfd = raw_memfd(size, SEALED);
+    int mfd = tu_memfd("convd-it", size, SEALED);
     char why[256];
     int st = raw_register(fd, region_id, size, &mfd, 1, why, sizeof(why));
     close(mfd);
@@ -257,7 +257,7 @@ static void case_init(int fd, struct ring_case *t, uint64_t id, uint64_t region_
     t->p = *p;
     assert_int_equal(convd_problem_sizes(p, &t->z, NULL, 0), 0);
     t->len = raw_conv_init(&t->rc, id, p, region_id);
-    int mfd = raw_memfd(t->len, 0);
+    int mfd = tu_memfd("convd-it", t->len, 0);
     t->mem = mmap(NULL, t->len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
     assert_true(t->mem != MAP_FAILED);
     assert_int_equal(fcntl(mfd, F_ADD_SEALS, SEALED), 0);
@@ -383,7 +383,7 @@ static void test_attach_refusals(void **state)
     const uint64_t size = convd_ring_bytes(16, 16);
     int fd = open_conn();
     /* Before Hello: a protocol error, and the descriptor is not kept. */
-    int good = raw_memfd(size, SEALED);
+    int good = tu_memfd("convd-it", size, SEALED);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__AttachRing ar = CONVD__ATTACH_RING__INIT;
     ar.version = 1;
@@ -399,7 +399,7 @@ static void test_attach_refusals(void **state)
 
     /* No descriptor, two. */
     attach_expect(fd, 1, 16, 16, size, NULL, 0, CONVD_EINVAL, "descriptor", &tag);
-    int two[2] = {good, raw_memfd(size, SEALED)};
+    int two[2] = {good, tu_memfd("convd-it", size, SEALED)};
     attach_expect(fd, 1, 16, 16, size, two, 2, CONVD_EINVAL, "descriptor", &tag);
     close(two[1]);
     /* Layout versions it does not take. */
@@ -416,20 +416,20 @@ static void test_attach_refusals(void **state)
     attach_expect(fd, 1, 16, 16, size - 4096, &good, 1, CONVD_EINVAL, "size", &tag);
     attach_expect(fd, 1, 32, 16, size, &good, 1, CONVD_EINVAL, "size", &tag);
     /* Seals: none, and against writing (the daemon writes completions into the ring). */
-    int mfd = raw_memfd(size, 0);
+    int mfd = tu_memfd("convd-it", size, 0);
     attach_expect(fd, 1, 16, 16, size, &mfd, 1, CONVD_ESEAL, "sealed", &tag);
     close(mfd);
-    mfd = raw_memfd(size, F_SEAL_GROW);
+    mfd = tu_memfd("convd-it", size, F_SEAL_GROW);
     attach_expect(fd, 1, 16, 16, size, &mfd, 1, CONVD_ESEAL, "F_SEAL_SHRINK", &tag);
     close(mfd);
-    mfd = raw_memfd(size, SEALED | F_SEAL_WRITE);
+    mfd = tu_memfd("convd-it", size, SEALED | F_SEAL_WRITE);
     attach_expect(fd, 1, 16, 16, size, &mfd, 1, CONVD_ESEAL, "writing", &tag);
     close(mfd);
-    mfd = raw_memfd(size, SEALED | F_SEAL_FUTURE_WRITE);
+    mfd = tu_memfd("convd-it", size, SEALED | F_SEAL_FUTURE_WRITE);
     attach_expect(fd, 1, 16, 16, size, &mfd, 1, CONVD_ESEAL, "writing", &tag);
     close(mfd);
     /* A memfd smaller than the ring it claims to hold. */
-    mfd = raw_memfd(4096, SEALED);
+    mfd = tu_memfd("convd-it", 4096, SEALED);
     attach_expect(fd, 1, 16, 16, size, &mfd, 1, CONVD_EBOUNDS, "memfd", &tag);
     close(mfd);
     /* Not a memfd at all. */

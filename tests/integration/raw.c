@@ -229,16 +229,6 @@ void raw_expect_protocol_error(int fd, int status, const char *word)
     raw_free(r);
 }
 
-int raw_memfd(uint64_t size, unsigned seals)
-{
-    int fd = memfd_create("convd-it", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    if (seals != 0)
-        assert_int_equal(fcntl(fd, F_ADD_SEALS, (int)seals), 0);
-    return fd;
-}
-
 int raw_register(int fd, uint64_t region_id, uint64_t size, const int *fds, size_t nfds, char *why,
                  size_t why_len)
 {
@@ -341,12 +331,9 @@ void raw_ring_create(struct raw_ring *r, uint32_t sq_entries, uint32_t cq_entrie
 {
     memset(r, 0, sizeof(*r));
     r->len = (size_t)convd_ring_bytes(sq_entries, cq_entries);
-    r->memfd = memfd_create(IT_RING_MEMFD_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(r->memfd >= 0);
-    assert_int_equal(ftruncate(r->memfd, (off_t)r->len), 0);
+    r->memfd = tu_memfd(IT_RING_MEMFD_NAME, r->len, F_SEAL_SHRINK | F_SEAL_GROW);
     void *map = mmap(NULL, r->len, PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
     assert_true(map != MAP_FAILED);
-    assert_int_equal(fcntl(r->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
     r->map = map;
     r->sq_entries = sq_entries;
     r->cq_entries = cq_entries;

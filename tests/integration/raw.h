@@ -55,9 +55,6 @@ uint32_t raw_hello(int fd);
  * sentence containing `word` (case-insensitive; NULL: any), and returns nothing. */
 void raw_expect_protocol_error(int fd, int status, const char *word);
 
-/* Creates a memfd of `size` bytes with the given seals (F_SEAL_* bits, 0 for none). */
-int raw_memfd(uint64_t size, unsigned seals);
-
 /* Sends RegisterRegion(MEMFD) with the given descriptors and returns the RegionReply's status;
  * if why is not NULL the reply's sentence is copied there. */
 int raw_register(int fd, uint64_t region_id, uint64_t size, const int *fds, size_t nfds, char *why,
@@ -111,9 +108,9 @@ struct raw_ring {
 };
 
 /* Creates a ring memfd for sq_entries / cq_entries (named like the library's, so that
- * it_count_ring_maps counts the daemon's mapping of it): memfd_create with MFD_ALLOW_SEALING,
- * ftruncate to convd_ring_bytes, mmap shared, the header's informational fields filled, then
- * F_SEAL_SHRINK | F_SEAL_GROW. Asserts success. */
+ * it_count_ring_maps counts the daemon's mapping of it): tu_memfd of convd_ring_bytes sealed
+ * with F_SEAL_SHRINK | F_SEAL_GROW, mapped shared, the header's informational fields filled.
+ * Asserts success. */
 void raw_ring_create(struct raw_ring *r, uint32_t sq_entries, uint32_t cq_entries);
 
 /* Unmaps the ring and closes its memfd (if still open). */

@@ -532,7 +532,7 @@ static void h_region_new(int fd, struct h_region *r, uint64_t id, uint64_t size)
 {
     r->id = id;
     r->size = (size + 4095u) & ~(uint64_t)4095u;
-    int mfd = raw_memfd(r->size, 0);
+    int mfd = tu_memfd("convd-it", r->size, 0);
     void *map = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
     assert_true(map != MAP_FAILED);
     assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
@@ -768,7 +768,7 @@ static void h_do_fds(struct tu_rng *g)
             fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
             break;
         case 1:
-            fds[i] = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+            fds[i] = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
             break;
         default: {
             int p[2];
@@ -825,7 +825,7 @@ static void h_do_bad_regions(struct tu_rng *g)
         case 0:
         case 1: { /* unsealed, or sealed against only one of shrinking and growing */
             const unsigned seals[] = {0, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL};
-            mfd = raw_memfd(8192, seals[tu_rng_range(g, 0, 3)]);
+            mfd = tu_memfd("convd-it", 8192, seals[tu_rng_range(g, 0, 3)]);
             h_register_expect(fd, id, 8192, &mfd, 1, CONVD_ESEAL, "seal");
             break;
         }
@@ -838,20 +838,20 @@ static void h_do_bad_regions(struct tu_rng *g)
             break;
         }
         case 3: /* shorter than declared */
-            mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+            mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
             h_register_expect(fd, id, 8192 + (uint64_t)tu_rng_range(g, 0, 1 << 20), &mfd, 1,
                               CONVD_EBOUNDS, "size");
             break;
         case 4: /* size zero */
-            mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+            mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
             h_register_expect(fd, id, 0, &mfd, 1, CONVD_EINVAL, "size");
             break;
         case 5: /* no descriptor */
             h_register_expect(fd, id, 4096, NULL, 0, CONVD_EINVAL, "descriptor");
             break;
         case 6: { /* two */
-            int two[2] = {raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW),
-                          raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW)};
+            int two[2] = {tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW),
+                          tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW)};
             h_register_expect(fd, id, 4096, two, 2, CONVD_EINVAL, "descriptor");
             close(two[0]);
             close(two[1]);
@@ -878,7 +878,7 @@ static void h_do_bad_regions(struct tu_rng *g)
             break;
         }
         case 8: { /* region kind 0 */
-            mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+            mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
             Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
             Convd__RegisterRegion rr = CONVD__REGISTER_REGION__INIT;
             rr.region_id = id;
@@ -899,7 +899,7 @@ static void h_do_bad_regions(struct tu_rng *g)
         default: { /* a good one, then the same id again, then unregistered twice */
             struct h_region r;
             h_region_new(fd, &r, id, 4096);
-            mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+            mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
             char word[24];
             snprintf(word, sizeof(word), "%llu", (unsigned long long)id);
             h_register_expect(fd, id, 4096, &mfd, 1, CONVD_EEXIST, word);
@@ -1177,7 +1177,7 @@ static void h_do_before_hello(struct tu_rng *g)
             break;
         }
         default: { /* a region, with its descriptor: refused, the descriptor not kept */
-            int mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+            int mfd = tu_memfd("convd-it", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
             Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
             Convd__RegisterRegion rr = CONVD__REGISTER_REGION__INIT;
             rr.region_id = 1;

@@ -1,7 +1,10 @@
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -72,6 +75,18 @@ void tu_fill_random(struct tu_rng *g, enum convd_dtype dtype, void *data, size_t
 void tu_poison(void *data, size_t bytes)
 {
     memset(data, 0xff, bytes);
+}
+
+int tu_memfd(const char *name, uint64_t size, unsigned seals)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
+        (seals != 0 && fcntl(fd, F_ADD_SEALS, (int)seals) != 0)) {
+        fprintf(stderr, "tu_memfd(%s, %llu bytes, seals 0x%x): %s\n", name,
+                (unsigned long long)size, seals, strerror(errno));
+        abort();
+    }
+    return fd;
 }
 
 float tu_load(enum convd_dtype dtype, const void *data, size_t i)

@@ -33,6 +33,11 @@ void tu_fill_random(struct tu_rng *g, enum convd_dtype dtype, void *data, size_t
  * write fails the comparison. */
 void tu_poison(void *data, size_t bytes);
 
+/* A memfd called name (as /proc/PID/maps shows it: "/memfd:name"), sealable, of size bytes, with
+ * the given seals added (F_SEAL_* bits, 0 for none). Aborts the test with a message when any step
+ * fails. */
+int tu_memfd(const char *name, uint64_t size, unsigned seals);
+
 /* Reads element i of a tensor of dtype as float. */
 float tu_load(enum convd_dtype dtype, const void *data, size_t i);
 

@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "regions.h"
+#include "testutil.h"
 
 /* --- fault injection ---------------------------------------------------------------------- */
 
@@ -107,16 +108,6 @@ static int teardown(void **state)
     return 0;
 }
 
-static int make_memfd(size_t size, unsigned seals)
-{
-    int fd = memfd_create("convd-unit", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    if (seals != 0)
-        assert_int_equal(fcntl(fd, F_ADD_SEALS, (int)seals), 0);
-    return fd;
-}
-
 #define SEALED (F_SEAL_SHRINK | F_SEAL_GROW)
 
 static void expect(int rc, int want, const char *why, const char *word)
@@ -133,7 +124,7 @@ static void test_sealed_memfd(void **state)
 {
     struct fixture *fx = *state;
     char why[256] = "";
-    int fd = make_memfd(65536, SEALED);
+    int fd = tu_memfd("convd-unit", 65536, SEALED);
     expect(region_register_memfd(&fx->t, 7, 65536, &fd, 1, why, sizeof(why)), 0, why, NULL);
     struct region *r = region_find(&fx->t, 7);
     assert_non_null(r);
@@ -155,7 +146,7 @@ static void test_sealed_memfd(void **state)
     close(fd);
     assert_int_equal(count_fds(), fx->base_fds);
     /* a region may cover only the start of a larger file */
-    fd = make_memfd(65536, SEALED);
+    fd = tu_memfd("convd-unit", 65536, SEALED);
     expect(region_register_memfd(&fx->t, 8, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
     close(fd);
     assert_int_equal(fx->stats.mapped_bytes, 65536 + 4096);
@@ -185,7 +176,7 @@ static void test_refused_memfds(void **state)
         {SEALED, 4096, 0, CONVD_EINVAL, "size is 0"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        int fd = make_memfd(cases[i].file, cases[i].seals);
+        int fd = tu_memfd("convd-unit", cases[i].file, cases[i].seals);
         why[0] = '\0';
         expect(region_register_memfd(&fx->t, 1, cases[i].size, &fd, 1, why, sizeof(why)),
                cases[i].rc, why, cases[i].word);
@@ -200,7 +191,7 @@ static void test_refused_memfds(void **state)
     close(p[0]);
     close(p[1]);
     /* no descriptor, and two */
-    int fds[2] = {make_memfd(4096, SEALED), make_memfd(4096, SEALED)};
+    int fds[2] = {tu_memfd("convd-unit", 4096, SEALED), tu_memfd("convd-unit", 4096, SEALED)};
     expect(region_register_memfd(&fx->t, 1, 4096, fds, 0, why, sizeof(why)), CONVD_EINVAL, why,
            "exactly one file descriptor");
     expect(region_register_memfd(&fx->t, 1, 4096, fds, 2, why, sizeof(why)), CONVD_EINVAL, why,
@@ -214,7 +205,7 @@ static void test_ids_and_limits(void **state)
 {
     struct fixture *fx = *state;
     char why[256];
-    int fd = make_memfd(1 << 20, SEALED);
+    int fd = tu_memfd("convd-unit", 1 << 20, SEALED);
     expect(region_register_memfd(&fx->t, 1, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
     expect(region_register_memfd(&fx->t, 1, 4096, &fd, 1, why, sizeof(why)), CONVD_EEXIST, why,
            "region id 1 is already registered");
@@ -254,7 +245,7 @@ static void test_user_and_pinned_limits(void **state)
     region_table_set_account(&fx->t, &acct);
     region_table_init(&t2, &fx->be, &fx->limits, &fx->stats);
     region_table_set_account(&t2, &acct);
-    int fd = make_memfd(1 << 20, SEALED);
+    int fd = tu_memfd("convd-unit", 1 << 20, SEALED);
 
     expect(region_register_memfd(&fx->t, 1, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
     expect(region_register_memfd(&t2, 1, 8192, &fd, 1, why, sizeof(why)), 0, why, NULL);
@@ -307,7 +298,7 @@ static void test_deferred_release(void **state)
 {
     struct fixture *fx = *state;
     char why[256];
-    int fd = make_memfd(8192, SEALED);
+    int fd = tu_memfd("convd-unit", 8192, SEALED);
     expect(region_register_memfd(&fx->t, 1, 8192, &fd, 1, why, sizeof(why)), 0, why, NULL);
     close(fd);
     struct region *r = region_find(&fx->t, 1);
@@ -322,7 +313,7 @@ static void test_deferred_release(void **state)
     assert_false(region_table_empty(&fx->t));
     p[8191] = 1; /* still writable: a running request may write its output here */
     /* the id may be used again meanwhile */
-    fd = make_memfd(4096, SEALED);
+    fd = tu_memfd("convd-unit", 4096, SEALED);
     expect(region_register_memfd(&fx->t, 1, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
     close(fd);
     assert_int_equal(fx->stats.regions, 2);
@@ -343,7 +334,7 @@ static void test_deferred_release(void **state)
     assert_true(region_table_empty(&fx->t));
     assert_int_equal(count_memfd_maps(), fx->base_maps);
     /* a referenced region that stays registered is not released by unref */
-    fd = make_memfd(4096, SEALED);
+    fd = tu_memfd("convd-unit", 4096, SEALED);
     expect(region_register_memfd(&fx->t, 3, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
     close(fd);
     struct region *r3 = region_find(&fx->t, 3);
@@ -356,7 +347,7 @@ static void test_write_sealed_is_readonly(void **state)
 {
     struct fixture *fx = *state;
     char why[256];
-    int fd = make_memfd(4096, SEALED | F_SEAL_WRITE);
+    int fd = tu_memfd("convd-unit", 4096, SEALED | F_SEAL_WRITE);
     expect(region_register_memfd(&fx->t, 1, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
     close(fd);
     assert_true(region_find(&fx->t, 1)->readonly);
@@ -382,7 +373,7 @@ static void test_mmap_failure(void **state)
 {
     struct fixture *fx = *state;
     char why[256];
-    int fd = make_memfd(8192, SEALED);
+    int fd = tu_memfd("convd-unit", 8192, SEALED);
     mmap_fail_errno = ENOMEM;
     expect(region_register_memfd(&fx->t, 1, 8192, &fd, 1, why, sizeof(why)), CONVD_ENOMEM, why,
            "cannot map 8192 bytes");
@@ -400,8 +391,8 @@ static void test_overlap(void **state)
 {
     struct fixture *fx = *state;
     char why[256];
-    int fd = make_memfd(8192, SEALED);
-    int other = make_memfd(8192, SEALED);
+    int fd = tu_memfd("convd-unit", 8192, SEALED);
+    int other = tu_memfd("convd-unit", 8192, SEALED);
     /* the same memfd twice: two ids, one memory */
     expect(region_register_memfd(&fx->t, 1, 8192, &fd, 1, why, sizeof(why)), 0, why, NULL);
     expect(region_register_memfd(&fx->t, 2, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);

@@ -18,6 +18,7 @@
 #include "regions.h"
 #include "request.h"
 #include "wire.h"
+#include "testutil.h"
 
 #define BIG (1u << 20)
 
@@ -43,19 +44,10 @@ static int refusing_supports(void *ctx, const struct convd_problem *p, char *why
 }
 static struct convd_backend_ops refusing_ops;
 
-static int make_memfd(size_t size, unsigned seals)
-{
-    int fd = memfd_create("convd-unit", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    assert_int_equal(fcntl(fd, F_ADD_SEALS, (int)seals), 0);
-    return fd;
-}
-
 static void add_region(struct fixture *fx, uint64_t id, size_t size, unsigned extra_seals)
 {
     char why[256];
-    int fd = make_memfd(size, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals);
+    int fd = tu_memfd("convd-unit", size, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals);
     if (region_register_memfd(&fx->t, id, size, &fd, 1, why, sizeof(why)) != 0)
         fail_msg("region %llu: %s", (unsigned long long)id, why);
     close(fd);

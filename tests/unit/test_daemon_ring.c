@@ -20,6 +20,7 @@
 
 #include "convd/status.h"
 #include "ring.h"
+#include "testutil.h"
 
 /* --- helpers ------------------------------------------------------------------------------ */
 
@@ -516,16 +517,6 @@ static int count_ring_maps(void)
     return n;
 }
 
-static int make_memfd(uint64_t size, unsigned seals)
-{
-    int fd = memfd_create(UNIT_RING_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    if (seals != 0)
-        assert_int_equal(fcntl(fd, F_ADD_SEALS, (int)seals), 0);
-    return fd;
-}
-
 #define SEALED (F_SEAL_SHRINK | F_SEAL_GROW)
 
 /* ring_map refuses with this code and a sentence naming the problem, and leaves the ring
@@ -554,10 +545,10 @@ static void test_map_refusals(void **state)
     (void)state;
     int base_fds = count_fds();
     const uint64_t size = convd_ring_bytes(16, 16);
-    int fd = make_memfd(size, SEALED);
+    int fd = tu_memfd(UNIT_RING_NAME, size, SEALED);
     /* No descriptor, two. */
     map_expect_refused(1, 16, 16, size, NULL, 0, CONVD_EINVAL, "descriptor");
-    int two[2] = {fd, make_memfd(size, SEALED)};
+    int two[2] = {fd, tu_memfd(UNIT_RING_NAME, size, SEALED)};
     map_expect_refused(1, 16, 16, size, two, 2, CONVD_EINVAL, "descriptor");
     close(two[1]);
     /* Layout version. */
@@ -576,23 +567,23 @@ static void test_map_refusals(void **state)
     map_expect_refused(1, 32, 16, size, &fd, 1, CONVD_EINVAL, "size");
     close(fd);
     /* Seals missing, or against writing. */
-    fd = make_memfd(size, 0);
+    fd = tu_memfd(UNIT_RING_NAME, size, 0);
     map_expect_refused(1, 16, 16, size, &fd, 1, CONVD_ESEAL, "not sealed");
     close(fd);
-    fd = make_memfd(size, F_SEAL_SHRINK);
+    fd = tu_memfd(UNIT_RING_NAME, size, F_SEAL_SHRINK);
     map_expect_refused(1, 16, 16, size, &fd, 1, CONVD_ESEAL, "F_SEAL_GROW");
     close(fd);
-    fd = make_memfd(size, F_SEAL_GROW);
+    fd = tu_memfd(UNIT_RING_NAME, size, F_SEAL_GROW);
     map_expect_refused(1, 16, 16, size, &fd, 1, CONVD_ESEAL, "F_SEAL_SHRINK");
     close(fd);
-    fd = make_memfd(size, SEALED | F_SEAL_WRITE);
+    fd = tu_memfd(UNIT_RING_NAME, size, SEALED | F_SEAL_WRITE);
     map_expect_refused(1, 16, 16, size, &fd, 1, CONVD_ESEAL, "writing");
     close(fd);
-    fd = make_memfd(size, SEALED | F_SEAL_FUTURE_WRITE);
+    fd = tu_memfd(UNIT_RING_NAME, size, SEALED | F_SEAL_FUTURE_WRITE);
     map_expect_refused(1, 16, 16, size, &fd, 1, CONVD_ESEAL, "writing");
     close(fd);
     /* A memfd smaller than the size it claims. */
-    fd = make_memfd(4096, SEALED);
+    fd = tu_memfd(UNIT_RING_NAME, 4096, SEALED);
     map_expect_refused(1, 16, 16, size, &fd, 1, CONVD_EBOUNDS, "larger than its memfd");
     close(fd);
     /* A memfd created without sealing support has F_SEAL_SEAL set and nothing else. */
@@ -624,7 +615,7 @@ static void test_map_success(void **state)
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         uint32_t sq = shapes[i][0], cq = shapes[i][1];
         const uint64_t size = convd_ring_bytes(sq, cq);
-        int fd = make_memfd(size, SEALED);
+        int fd = tu_memfd(UNIT_RING_NAME, size, SEALED);
         uint8_t *mine = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         assert_true(mine != MAP_FAILED);
         struct convd_ring_header *h = (struct convd_ring_header *)mine;

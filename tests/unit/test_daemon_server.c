@@ -187,15 +187,6 @@ static int cl_open(const struct srv *s)
     return fd;
 }
 
-static int make_memfd(size_t size)
-{
-    int fd = memfd_create("convd-unit", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-    return fd;
-}
-
 /* A region of `size` bytes registered as `id`, mapped here too. */
 struct cl_region {
     uint64_t id;
@@ -205,7 +196,7 @@ struct cl_region {
 
 static void cl_region(int fd, uint64_t id, size_t size, struct cl_region *ret)
 {
-    int mfd = make_memfd(size);
+    int mfd = tu_memfd("convd-unit", size, F_SEAL_SHRINK | F_SEAL_GROW);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__RegisterRegion rr = CONVD__REGISTER_REGION__INIT;
     rr.region_id = id;
@@ -814,7 +805,7 @@ static void test_protocol_errors(void **state)
     assert_non_null(strstr(r->protocol_error->error, "empty datagram"));
     cl_free(r);
     /* a descriptor on a ping is closed, the ping answered */
-    int stray = make_memfd(4096);
+    int stray = tu_memfd("convd-unit", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
     assert_int_equal(cl_send(fd, &m, stray), 0);
     close(stray);
     cl_free(cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PONG));
