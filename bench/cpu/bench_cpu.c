@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 #include "cpu_internal.h"
 
 #define BENCH_MAX_SHAPES 256

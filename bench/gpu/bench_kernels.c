@@ -26,7 +26,7 @@
 #include <cudnn.h>
 #include <cublas_api.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 #include "gpu_kernels.h"
 
 #define MAX_ROWS 512

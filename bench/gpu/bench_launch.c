@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 
 #define BL_MAX 32
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convd_kernels.h"
 #include "util.h"
 
 static const char verify_usage[] =

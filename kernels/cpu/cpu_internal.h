@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 
 /* ---- scratch ---------------------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /*
- * The GPU kernel API of include/convd/conv.h: validation, routing by shape, batching of problems
- * of one geometry into as few launches as possible, and the device helpers of gpu_kernels.h.
+ * The GPU kernel API of kernels/convd_kernels.h: validation, routing by shape, batching of
+ * problems of one geometry into as few launches as possible, and the device helpers of
+ * gpu_kernels.h.
  *
  * Routing (convd_gpu_kernel_name() says where a problem goes):
  *   cpg = 1, kpg <= 2                       -> depthwise (direct kernels for 3x3/5x5 NHWC and

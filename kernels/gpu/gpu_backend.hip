@@ -48,6 +48,7 @@
 extern "C" {
 #include "backend.h"
 #include "why.h"
+#include "convd_kernels.h"
 }
 
 #ifdef CONVD_GPU_NVIDIA

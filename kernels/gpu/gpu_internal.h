@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "vendor.h"
-#include "convd/conv.h"
+#include "convd_kernels.h"
 #include "conv_math.h"
 #include "gpu_kernels.h"
 

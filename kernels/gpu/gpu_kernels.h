@@ -3,8 +3,8 @@
  * if it wants it): the kernel families by name, running a problem on one chosen family, and a few
  * vendor-neutral device-memory helpers so that C test code needs no CUDA or HIP header.
  *
- * The product API is the convd_gpu_*() block of include/convd/conv.h; it routes each problem to
- * the best family. These functions exist so that every family can be tested on every problem it
+ * The product API is the convd_gpu_*() block of kernels/convd_kernels.h; it routes each problem
+ * to the best family. These functions exist so that every family can be tested on every problem it
  * accepts, and benchmarked against the others.
  */
 #ifndef CONVD_GPU_KERNELS_H
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 #include "gpu_kernels.h"
 #include "testutil.h"
 

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "convd/conv.h"
+#include "convd_kernels.h"
 
 /* Seed for this test process: $CONVD_TEST_SEED if set, else fresh from the clock and pid. The
  * seed is printed to stderr once so that a failure can be replayed. */
