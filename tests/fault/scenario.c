@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "convd/convd.h"
@@ -40,16 +41,37 @@ struct job {
     uint64_t in_off, w_off, b_off, out_off, bytes;
 };
 
-int count_fds(void)
+int count_fds_of(pid_t pid)
 {
-    DIR *dir = opendir("/proc/self/fd");
+    char path[64];
+    if (pid == 0)
+        snprintf(path, sizeof(path), "/proc/self/fd");
+    else
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
     assert_non_null(dir);
     int n = 0;
     for (struct dirent *e; (e = readdir(dir)) != NULL;)
         if (e->d_name[0] != '.')
             n++;
     closedir(dir);
-    return n - 1; /* the directory's own descriptor */
+    return pid == 0 ? n - 1 : n; /* our own count includes the directory's descriptor */
+}
+
+int count_fds(void)
+{
+    return count_fds_of(0);
+}
+
+long scenario_count_calls(const char *sock, uint64_t seed, int id)
+{
+    struct outcome o = {0};
+    fault_arm(id, 0);
+    scenario(sock, seed, &o);
+    if (o.lost != 0 || o.wrong != 0 || o.failed != 0)
+        fail_msg("unfaulted scenario: %d lost, %d wrong, %d failed (%s)", o.lost, o.wrong, o.failed,
+                 o.what);
+    return fault_calls(id);
 }
 
 int count_memfd_maps(void)

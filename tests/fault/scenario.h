@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define WAIT_MS 60000 /* bound on any wait: a request still in flight after this was lost */
 
@@ -33,7 +34,12 @@ void scenario(const char *sock, uint64_t seed, struct outcome *o);
  * requests to match the reference. Fails the test with label otherwise. */
 void check_serving(const char *sock, uint64_t seed, const char *label);
 
-/* This process's open descriptors and memfd mappings. */
+/* Runs the scenario with nothing armed and returns how often it called wrapped call id; fails
+ * the test unless everything in it succeeded. */
+long scenario_count_calls(const char *sock, uint64_t seed, int id);
+
+/* Open descriptors of process pid (0: this process), and this process's memfd mappings. */
+int count_fds_of(pid_t pid);
 int count_fds(void);
 int count_memfd_maps(void);
 
