@@ -233,7 +233,7 @@ static const char *gd_pstr(const struct convd_problem *p, char *buf, size_t len)
 /* Waits for request `id` on c and returns its completion; a failure to wait fails the test. */
 static void gd_wait(convd_client *c, uint64_t id, const char *what, struct convd_completion *ret)
 {
-    int rc = convd_wait(c, id, IT_TIMEOUT_MS, ret);
+    int rc = convd_wait(c, id, TU_TIMEOUT_MS, ret);
     if (rc != 0)
         fail_msg("%s: convd_wait(request %llu): %s (%s)", what, (unsigned long long)id,
                  convd_status_name(rc), convd_errstr(c));
@@ -373,7 +373,7 @@ static void test_host_regions(void **state)
     char first[700] = "";
     for (size_t done = 0; done < n; done++) {
         struct convd_completion cpl;
-        int rc = convd_wait_any(c, IT_TIMEOUT_MS, &cpl);
+        int rc = convd_wait_any(c, TU_TIMEOUT_MS, &cpl);
         if (rc != 0)
             fail_msg("host regions: convd_wait_any after %zu of %zu completions: %s (%s)", done, n,
                      convd_status_name(rc), convd_errstr(c));
@@ -478,7 +478,7 @@ static int batch_child(int child, const char *sock, uint64_t seed, int ready_fd,
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = sock;
     o.client_name = "gpud-batch";
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     int rc = convd_connect(&o, &c);
     if (rc != 0) {
         snprintf(rep.msg, sizeof rep.msg, "client %d: convd_connect: %s: %s", child,
@@ -531,7 +531,7 @@ static int batch_child(int child, const char *sock, uint64_t seed, int ready_fd,
     int wrong = 0;
     for (int k = 0; k < BATCH_REQS; k++) {
         struct convd_completion cpl;
-        rc = convd_wait_any(c, IT_TIMEOUT_MS, &cpl);
+        rc = convd_wait_any(c, TU_TIMEOUT_MS, &cpl);
         if (rc != 0) {
             snprintf(rep.msg, sizeof rep.msg,
                      "client %d: convd_wait_any after %u completions: %s: %s", child, rep.done,
@@ -620,8 +620,8 @@ static void test_batching(void **state)
 
     /* All clients connected, their data and references ready. */
     int ready_n = 0;
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
-    while (ready_n < BATCH_CLIENTS && it_now_ms() < end) {
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
+    while (ready_n < BATCH_CLIENTS && tu_now_ms() < end) {
         struct pollfd pfd = {.fd = ready[0], .events = POLLIN};
         if (poll(&pfd, 1, 100) <= 0) {
             /* A client that died before it was ready: stop waiting (it is reaped below). */
@@ -673,8 +673,8 @@ static void test_batching(void **state)
                      convd_errstr(b));
     }
     bool both_running = false;
-    uint64_t wend = it_now_ms() + 10000;
-    while (it_now_ms() < wend) {
+    uint64_t wend = tu_now_ms() + 10000;
+    while (tu_now_ms() < wend) {
         struct convd_status st;
         rc = convd_status_get(g_d.mon, &st);
         if (rc != 0)
@@ -686,7 +686,7 @@ static void test_batching(void **state)
         }
         if (st.inflight == 0)
             break; /* done already */
-        it_sleep_ms(1);
+        tu_sleep_ms(1);
     }
     char go_bytes[BATCH_CLIENTS];
     memset(go_bytes, 'g', sizeof go_bytes);
@@ -1250,7 +1250,7 @@ static void test_still_serving_then_sigterm(void **state)
     (void)state;
     gd_expect_alive(&g_d, "after all tests");
     /* Every other client has closed; the daemon releases their regions asynchronously. */
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     struct convd_status st;
     double regions = -1, mapped = -1;
     int maps = -1;
@@ -1264,11 +1264,11 @@ static void test_still_serving_then_sigterm(void **state)
         maps = it_count_memfd_maps(g_d.pid);
         if (have && st.clients == 1 && st.inflight == 0 && regions == 0 && mapped == 0 && maps == 0)
             break;
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("the daemon did not return to rest: clients %u (want 1), in flight %u, "
                      "regions %.0f, mapped bytes %.0f, memfd mappings %d",
                      st.clients, st.inflight, regions, mapped, maps);
-        it_sleep_ms(20);
+        tu_sleep_ms(20);
     }
     fprintf(stderr,
             "at rest: served %llu, failed %llu, %llu batches; daemon descriptors %d (%d after "

@@ -17,20 +17,6 @@
 #error "CONVD_DAEMON_PATH must name the convd binary under test"
 #endif
 
-uint64_t it_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-void it_sleep_ms(int ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 struct tu_rng *it_rng(void)
 {
     static struct tu_rng g;
@@ -86,7 +72,7 @@ static int it_count_maps(pid_t pid, bool rings)
     int n = 0;
     while (fgets(line, sizeof(line), f) != NULL)
         if (strstr(line, "/memfd:") != NULL &&
-            (strstr(line, "/memfd:" IT_RING_MEMFD_NAME) != NULL) == rings)
+            (strstr(line, "/memfd:" RAW_RING_MEMFD_NAME) != NULL) == rings)
             n++;
     fclose(f);
     return n;
@@ -131,7 +117,7 @@ convd_client *it_connect(const struct it_daemon *d, const char *name)
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = d->sock;
     o.client_name = name;
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     convd_client *c = NULL;
     int rc = convd_connect(&o, &c);
     if (rc != 0)
@@ -145,7 +131,7 @@ convd_client *it_connect(const struct it_daemon *d, const char *name)
  * or -1 after a timeout. */
 static int it_reap(pid_t pid, int timeout_ms)
 {
-    uint64_t end = it_now_ms() + (uint64_t)timeout_ms;
+    uint64_t end = tu_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         int st = 0;
         pid_t r = waitpid(pid, &st, WNOHANG);
@@ -153,20 +139,20 @@ static int it_reap(pid_t pid, int timeout_ms)
             return st;
         if (r < 0 && errno != EINTR)
             return -1;
-        if (it_now_ms() > end) {
+        if (tu_now_ms() > end) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             return -1;
         }
-        it_sleep_ms(5);
+        tu_sleep_ms(5);
     }
 }
 
 int it_wait_child(pid_t pid)
 {
-    int st = it_reap(pid, IT_TIMEOUT_MS);
+    int st = it_reap(pid, TU_TIMEOUT_MS);
     if (st == -1)
-        fail_msg("child %d did not exit within %d ms", (int)pid, IT_TIMEOUT_MS);
+        fail_msg("child %d did not exit within %d ms", (int)pid, TU_TIMEOUT_MS);
     assert_true(WIFEXITED(st) || WIFSIGNALED(st));
     return st;
 }
@@ -217,11 +203,11 @@ int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *mo
 
     /* Poll connect until the daemon listens (a GPU backend warms its kernels up first); stop
      * early if it died. */
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = d->sock;
     o.client_name = monitor_name;
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     for (;;) {
         int st = 0;
         if (waitpid(pid, &st, WNOHANG) == pid) {
@@ -240,14 +226,14 @@ int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *mo
         int rc = convd_connect(&o, &d->mon);
         if (rc == 0)
             return 0;
-        if (rc != CONVD_ECONNECT || it_now_ms() > end) {
+        if (rc != CONVD_ECONNECT || tu_now_ms() > end) {
             snprintf(why, why_len, "cannot connect to convd at %s: %s: %s", d->sock,
                      convd_status_name(rc), convd_last_connect_error());
             it_daemon_kill(d);
             it_remove_dir(d);
             return -1;
         }
-        it_sleep_ms(20);
+        tu_sleep_ms(20);
     }
 }
 
@@ -275,10 +261,10 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
     /* Warm up once (workers and lazily opened resources), then take the baseline with only the
      * monitor connected and nothing registered. */
     it_one_conv(d->mon, it_rng());
-    uint64_t wend = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t wend = tu_now_ms() + TU_TIMEOUT_MS;
     double regions = -1;
-    while ((!it_metric(d->mon, IT_METRIC_REGIONS, &regions) || regions != 0) && it_now_ms() < wend)
-        it_sleep_ms(10);
+    while ((!it_metric(d->mon, IT_METRIC_REGIONS, &regions) || regions != 0) && tu_now_ms() < wend)
+        tu_sleep_ms(10);
     struct convd_status st;
     assert_int_equal(convd_status_get(d->mon, &st), 0);
     d->base_clients = st.clients;
@@ -293,7 +279,7 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
 
 void it_daemon_check_clean(struct it_daemon *d)
 {
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     struct convd_status st = {0};
     double regions = -1, mapped = -1;
     int fds = -1, maps = -1, ring_maps = -1;
@@ -312,9 +298,9 @@ void it_daemon_check_clean(struct it_daemon *d)
             have_mapped && mapped == 0 && fds == d->base_fds && maps == 0 &&
             ring_maps == d->base_ring_maps)
             break;
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             break;
-        it_sleep_ms(20);
+        tu_sleep_ms(20);
     }
     if (!have_regions || !have_mapped) {
         char *text = NULL;
@@ -355,7 +341,7 @@ void it_daemon_kill(struct it_daemon *d)
 
 void it_daemon_wait_exit(struct it_daemon *d)
 {
-    int st = it_reap(d->pid, IT_TIMEOUT_MS);
+    int st = it_reap(d->pid, TU_TIMEOUT_MS);
     d->stopped = true;
     if (d->mon != NULL) {
         convd_close(d->mon);
@@ -363,7 +349,7 @@ void it_daemon_wait_exit(struct it_daemon *d)
     }
     it_remove_dir(d);
     if (st == -1)
-        fail_msg("convd did not exit within %d ms of SIGTERM", IT_TIMEOUT_MS);
+        fail_msg("convd did not exit within %d ms of SIGTERM", TU_TIMEOUT_MS);
     if (WIFSIGNALED(st))
         fail_msg("convd was killed by signal %d after SIGTERM", WTERMSIG(st));
     assert_true(WIFEXITED(st));
@@ -510,7 +496,7 @@ void it_one_conv(convd_client *c, struct tu_rng *g)
     if (rc != 0)
         fail_msg("convd_conv_submit: %s: %s", convd_status_name(rc), convd_errstr(c));
     struct convd_completion done;
-    rc = convd_wait(c, id, IT_TIMEOUT_MS, &done);
+    rc = convd_wait(c, id, TU_TIMEOUT_MS, &done);
     if (rc != 0)
         fail_msg("convd_wait: %s: %s", convd_status_name(rc), convd_errstr(c));
     if (done.status != 0)
@@ -539,7 +525,7 @@ static int it_worker_main(const char *sock, uint64_t seed, int stop_fd)
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = sock;
     o.client_name = "it-worker";
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     convd_client *c = NULL;
     int rc = convd_connect(&o, &c);
     if (rc != 0) {
@@ -571,7 +557,7 @@ static int it_worker_main(const char *sock, uint64_t seed, int stop_fd)
         struct convd_completion cpl;
         rc = convd_conv_submit(c, &a, &id);
         if (rc == 0)
-            rc = convd_wait(c, id, IT_TIMEOUT_MS, &cpl);
+            rc = convd_wait(c, id, TU_TIMEOUT_MS, &cpl);
         if (rc == 0)
             rc = cpl.status;
         char why[320];

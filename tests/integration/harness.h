@@ -6,7 +6,7 @@
  * the metrics) and that SIGTERM makes it drain and exit 0.
  *
  * Every helper asserts through cmocka, so a failure points at the line that called it. Waits
- * are bounded by generous timeouts (IT_TIMEOUT_MS) and never assert on speed: a slow machine or
+ * are bounded by generous timeouts (TU_TIMEOUT_MS) and never assert on speed: a slow machine or
  * a sanitizer build only makes a test take longer.
  */
 #ifndef CONVD_IT_HARNESS_H
@@ -24,11 +24,8 @@
 
 #include "convd.pb-c.h"
 #include "convd/convd.h"
+#include "raw.h"
 #include "testutil.h"
-
-/* How long any wait may take before the test fails: long enough for an ASan build on a loaded
- * two-core machine. Correctness never depends on it. */
-#define IT_TIMEOUT_MS 120000
 
 /* The daemon's gauges for registered memory, as its metrics export them. */
 #define IT_METRIC_REGIONS      "convd_regions"
@@ -85,9 +82,6 @@ int it_count_fds(pid_t pid);
 /* A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"), or -1. */
 long it_proc_kb(pid_t pid, const char *field);
 
-/* The name the client library gives its ring memfds. */
-#define IT_RING_MEMFD_NAME "convd-ring"
-
 /* Counts mappings of memfd files ("/memfd:" in /proc/<pid>/maps) other than rings, or -1. */
 int it_count_memfd_maps(pid_t pid);
 
@@ -97,12 +91,6 @@ int it_count_ring_maps(pid_t pid);
 /* Reads one unlabelled metric from the daemon's Prometheus text. Returns true and sets *ret
  * when it is present. */
 bool it_metric(convd_client *c, const char *name, double *ret);
-
-/* Milliseconds since an arbitrary start (CLOCK_MONOTONIC). */
-uint64_t it_now_ms(void);
-
-/* Sleeps a few milliseconds (used only by polling loops). */
-void it_sleep_ms(int ms);
 
 /* The process-wide random generator, seeded from tu_seed(). */
 struct tu_rng *it_rng(void);

@@ -36,13 +36,13 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* Reads one byte, waiting up to IT_TIMEOUT_MS. Returns 1, 0 on EOF, -1 on timeout. */
+/* Reads one byte, waiting up to TU_TIMEOUT_MS. Returns 1, 0 on EOF, -1 on timeout. */
 static int read_byte(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int n;
     do
-        n = poll(&p, 1, IT_TIMEOUT_MS);
+        n = poll(&p, 1, TU_TIMEOUT_MS);
     while (n < 0 && errno == EINTR);
     if (n <= 0)
         return -1;
@@ -59,7 +59,7 @@ static convd_client *child_connect(const char *sock, const char *name)
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = sock;
     o.client_name = name;
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     convd_client *c = NULL;
     if (convd_connect(&o, &c) != 0) {
         fprintf(stderr, "%s: connect: %s\n", name, convd_last_connect_error());
@@ -119,7 +119,7 @@ static int many_child(const char *sock, uint64_t seed, int ready_fd, int go_fd)
         }
         for (int k = 0; k < submitted; k++) {
             struct convd_completion done;
-            int rc = convd_wait_any(c, IT_TIMEOUT_MS, &done);
+            int rc = convd_wait_any(c, TU_TIMEOUT_MS, &done);
             if (rc != 0) {
                 fprintf(stderr, "%s: wait_any: %s: %s\n", name, convd_status_name(rc),
                         convd_errstr(c));
@@ -328,7 +328,7 @@ static void test_client_never_reads(void **state)
             /* The daemon stopped reading us for now (allowed); try a little later. */
             stalls++;
             id--;
-            it_sleep_ms(20);
+            tu_sleep_ms(20);
             continue;
         }
         if (r == -EPIPE || r == -ECONNRESET)
@@ -361,7 +361,7 @@ static void test_max_clients(void **state)
     convd_client *b = it_connect(&d, "it-b");
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = d.sock;
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     convd_client *extra_client = NULL;
     int rc = convd_connect(&o, &extra_client);
     if (rc != CONVD_ELIMIT)
@@ -371,9 +371,9 @@ static void test_max_clients(void **state)
     assert_true(strlen(convd_last_connect_error()) >= 8);
     convd_close(a);
     /* The daemon notices the close asynchronously: retry until it admits the newcomer. */
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
-    while ((rc = convd_connect(&o, &extra_client)) == CONVD_ELIMIT && it_now_ms() < end)
-        it_sleep_ms(20);
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
+    while ((rc = convd_connect(&o, &extra_client)) == CONVD_ELIMIT && tu_now_ms() < end)
+        tu_sleep_ms(20);
     assert_int_equal(rc, 0);
     it_one_conv(extra_client, it_rng());
     convd_close(extra_client);

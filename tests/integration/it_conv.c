@@ -49,7 +49,7 @@ static void run_cases(convd_client *c, const struct convd_problem *probs, size_t
         if (rc != 0)
             fail_msg("submit: %s: %s", convd_status_name(rc), convd_errstr(c));
         struct convd_completion done;
-        assert_int_equal(convd_wait(c, id, IT_TIMEOUT_MS, &done), 0);
+        assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
         assert_int_equal(done.id, id);
         if (done.status != 0) {
             char desc[128];
@@ -151,7 +151,7 @@ static void test_pipelined_hundreds(void **state)
             for (size_t j = 0; j < 10; j++) {
                 size_t i = count - 1 - j * 7;
                 struct convd_completion done;
-                assert_int_equal(convd_wait(c, ids[i], IT_TIMEOUT_MS, &done), 0);
+                assert_int_equal(convd_wait(c, ids[i], TU_TIMEOUT_MS, &done), 0);
                 assert_int_equal(done.id, ids[i]);
                 if (done.status != 0)
                     fail_msg("request %zu: %s: %s", i, convd_status_name(done.status), done.error);
@@ -164,7 +164,7 @@ static void test_pipelined_hundreds(void **state)
         }
         while (got < count) {
             struct convd_completion done;
-            int rc = convd_wait_any(c, IT_TIMEOUT_MS, &done);
+            int rc = convd_wait_any(c, TU_TIMEOUT_MS, &done);
             if (rc != 0)
                 fail_msg("wait_any after %zu of %zu: %s: %s", got, count, convd_status_name(rc),
                          convd_errstr(c));
@@ -231,7 +231,7 @@ static void test_thousands_back_to_back(void **state)
     }
     while (completed < TOTAL) {
         struct convd_completion done;
-        int rc = convd_wait_any(c, IT_TIMEOUT_MS, &done);
+        int rc = convd_wait_any(c, TU_TIMEOUT_MS, &done);
         if (rc != 0)
             fail_msg("after %d of %d completions: %s (%s)", completed, TOTAL, convd_status_name(rc),
                      convd_errstr(c));
@@ -283,9 +283,9 @@ static void test_event_loop_interface(void **state)
     }
     struct convd_completion done;
     size_t got = 0;
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     while (got < COUNT) {
-        assert_true(it_now_ms() < end);
+        assert_true(tu_now_ms() < end);
         struct pollfd p = {.fd = convd_client_fd(c), .events = POLLIN};
         int n = poll(&p, 1, 1000);
         if (n < 0 && errno == EINTR)
@@ -418,7 +418,7 @@ static void test_region_cycles(void **state)
         uint64_t id;
         assert_int_equal(convd_conv_submit(c, &a, &id), 0);
         struct convd_completion done;
-        assert_int_equal(convd_wait(c, id, IT_TIMEOUT_MS, &done), 0);
+        assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
         if (done.status != 0)
             fail_msg("%s: %s", convd_status_name(done.status), done.error);
         double err = tu_rel_error(p.dtype, out, ref, z.output_elems, NULL);
@@ -445,7 +445,7 @@ static void test_region_cycles(void **state)
     it_case_fini(&t);
     assert_int_equal(convd_region_free(r), 0);
     struct convd_completion done;
-    assert_int_equal(convd_wait(c, id, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
     if (done.status != 0)
         fail_msg("request on a region freed in flight: %s: %s", convd_status_name(done.status),
                  done.error);
@@ -503,7 +503,7 @@ static void test_library_argument_checks(void **state)
     /* The good request still runs after all that. */
     tu_fill_random(it_rng(), p.dtype, convd_region_data(r), z.input_elems);
     assert_int_equal(convd_conv_submit(c, &a, &id), 0);
-    assert_int_equal(convd_wait(c, id, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, 0);
     assert_int_equal(convd_region_free(r), 0);
     convd_close(c);
@@ -548,7 +548,7 @@ static void test_library_edges(void **state)
     int rc = convd_conv_submit(b, &bad, &id);
     if (rc == 0) {
         struct convd_completion done;
-        convd_wait(b, id, IT_TIMEOUT_MS, &done);
+        convd_wait(b, id, TU_TIMEOUT_MS, &done);
         fail_msg("a request naming another client's region was sent (completion: %s)",
                  convd_status_name(done.status));
     }
@@ -604,15 +604,15 @@ static void test_library_edges(void **state)
     struct convd_completion done;
     assert_int_equal(convd_wait(b, h2, 0, &done), CONVD_ETIMEDOUT);
     assert_int_equal(convd_inflight(b), 2);
-    assert_int_equal(convd_wait(b, h2, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(b, h2, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, 0);
-    assert_int_equal(convd_wait(b, h1, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(b, h1, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, 0);
     assert_int_equal(convd_region_free(rh), 0);
 
     /* The good request on b still works. */
     assert_int_equal(convd_conv_submit(b, &args, &id), 0);
-    assert_int_equal(convd_wait(b, id, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(b, id, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, 0);
     assert_int_equal(convd_region_free(ra), 0);
     assert_int_equal(convd_region_free(rb), 0);
@@ -673,9 +673,9 @@ static void test_connect_to_wrong_servers(void **state)
         if (pid == 0)
             fake_server(path, mode);
         /* Wait for the socket to appear. */
-        uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
-        while (access(path, F_OK) != 0 && it_now_ms() < end)
-            it_sleep_ms(5);
+        uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
+        while (access(path, F_OK) != 0 && tu_now_ms() < end)
+            tu_sleep_ms(5);
         struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
         o.socket_path = path;
         o.timeout_ms = 300;
@@ -774,11 +774,11 @@ static void test_deadline_passed_request_fails_not_run(void **state)
     a.timeout_us = 1000; /* 1 ms: certainly over before two heavy requests are done */
     assert_int_equal(convd_conv_submit(c, &a, &id_late), 0);
     it_case_args(&ok, &a);
-    a.timeout_us = (uint64_t)IT_TIMEOUT_MS * 1000u;
+    a.timeout_us = (uint64_t)TU_TIMEOUT_MS * 1000u;
     assert_int_equal(convd_conv_submit(c, &a, &id_ok), 0);
 
     struct convd_completion done;
-    assert_int_equal(convd_wait(c, id_late, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, id_late, TU_TIMEOUT_MS, &done), 0);
     if (done.status != CONVD_ETIMEDOUT)
         fail_msg("request past its deadline: %s (%s), want ETIMEDOUT",
                  convd_status_name(done.status), done.error);
@@ -788,14 +788,14 @@ static void test_deadline_passed_request_fails_not_run(void **state)
         if (out[i] != 0xff)
             fail_msg("a request failed with ETIMEDOUT wrote its output (byte %llu)",
                      (unsigned long long)i);
-    assert_int_equal(convd_wait(c, id_ok, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, id_ok, TU_TIMEOUT_MS, &done), 0);
     if (done.status != 0)
         fail_msg("request with a generous deadline: %s (%s)", convd_status_name(done.status),
                  done.error);
     it_case_check(&ok);
-    assert_int_equal(convd_wait(c, h1, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, h1, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, 0);
-    assert_int_equal(convd_wait(c, h2, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, h2, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, 0);
     it_case_fini(&late);
     it_case_fini(&ok);

@@ -297,7 +297,7 @@ static void test_huge_padding_memory(void **state)
     uint64_t id;
     assert_int_equal(convd_conv_submit(c, &a, &id), 0);
     struct convd_completion done;
-    assert_int_equal(convd_wait(c, id, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
     if (done.status != 0)
         fail_msg("%s: %s", convd_status_name(done.status), done.error);
     it_case_check(&t);

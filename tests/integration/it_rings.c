@@ -36,10 +36,10 @@ static int base_ring_maps;
 /* Waits (bounded) until the daemon holds `want` ring mappings, and asserts it. */
 static void wait_ring_maps(int want)
 {
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     int n;
-    while ((n = it_count_ring_maps(daemon_.pid)) != want && it_now_ms() < end)
-        it_sleep_ms(5);
+    while ((n = it_count_ring_maps(daemon_.pid)) != want && tu_now_ms() < end)
+        tu_sleep_ms(5);
     if (n != want)
         fail_msg("the daemon holds %d ring mappings, want %d", n, want);
 }
@@ -52,17 +52,17 @@ static int group_setup(void **state)
     it_worker_start(&worker_, &daemon_, tu_rng_next(it_rng()));
     /* Wait for the worker to be connected (with rings when the monitor has them: both follow
      * $CONVD_RINGS), so that the daemon's ring mappings only change with what the tests do. */
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     struct convd_status st = {0};
     for (;;) {
         assert_int_equal(convd_status_get(daemon_.mon, &st), 0);
         if (st.clients == daemon_.base_clients + 1 &&
             it_count_ring_maps(daemon_.pid) == 2 * daemon_.base_ring_maps)
             break;
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("the worker did not connect: %u clients, %d ring mappings", st.clients,
                      it_count_ring_maps(daemon_.pid));
-        it_sleep_ms(5);
+        tu_sleep_ms(5);
     }
     base_ring_maps = 2 * daemon_.base_ring_maps;
     return 0;
@@ -129,9 +129,9 @@ static int close_leftovers(void **state)
     while (n_open > 0)
         close(open_fds[--n_open]);
     /* Give the daemon a moment to drop what they held (no assert: the test failed already). */
-    uint64_t end = it_now_ms() + 10000;
-    while (it_count_ring_maps(daemon_.pid) > base_ring_maps && it_now_ms() < end)
-        it_sleep_ms(10);
+    uint64_t end = tu_now_ms() + 10000;
+    while (it_count_ring_maps(daemon_.pid) > base_ring_maps && tu_now_ms() < end)
+        tu_sleep_ms(10);
     return 0;
 }
 
@@ -326,11 +326,11 @@ static void expect_cqe_ok(int fd, struct raw_ring *r, uint64_t id)
 /* Waits (bounded) until the daemon has taken `n` submissions in all. */
 static void wait_sq_head(struct raw_ring *r, uint32_t n)
 {
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     while (atomic_load_explicit(&r->hdr->sq_head, memory_order_acquire) != n) {
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("the daemon took %u submissions, want %u", atomic_load(&r->hdr->sq_head), n);
-        it_sleep_ms(1);
+        tu_sleep_ms(1);
     }
 }
 
@@ -561,13 +561,13 @@ static void test_doorbell_wakes_sleeping_daemon(void **state)
             fail_msg("only %d of %d submissions found the daemon asleep", rung, attempt);
         /* The daemon spins spin_us (50 us) after its last work, then sleeps with NEED_WAKEUP
          * set on every ring. */
-        uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+        uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
         while (!(atomic_load(&r.hdr->daemon_flags) & CONVD_RING_NEED_WAKEUP)) {
-            if (it_now_ms() > end)
+            if (tu_now_ms() > end)
                 fail_msg("the daemon never set NEED_WAKEUP on an idle ring");
-            it_sleep_ms(5);
+            tu_sleep_ms(5);
         }
-        it_sleep_ms(50);
+        tu_sleep_ms(50);
         t.rc.req.id = 100 + (uint64_t)attempt;
         tu_poison(t.mem + t.rc.out.offset, t.z.output_bytes);
         struct convd_ring_sqe e;
@@ -608,11 +608,11 @@ static void test_ring_taken_before_socket_message(void **state)
         case_init(fd, &t[i], 1 + (uint64_t)i, 5 + (uint64_t)i, &p);
     assert_int_equal(kill(worker_.pid, SIGSTOP), 0);
     for (int i = 0; i < ROUNDS; i++) {
-        uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+        uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
         while (!(atomic_load(&r.hdr->daemon_flags) & CONVD_RING_NEED_WAKEUP)) {
-            if (it_now_ms() > end)
+            if (tu_now_ms() > end)
                 fail_msg("the daemon never set NEED_WAKEUP on an idle ring");
-            it_sleep_ms(5);
+            tu_sleep_ms(5);
         }
         struct convd_ring_sqe e;
         raw_ring_sqe_from_conv(&t[i].rc, &e);
@@ -699,7 +699,7 @@ static void test_failure_after_queueing_gives_room_back(void **state)
         raw_ring_put(&r, &e);
     }
     raw_ring_publish(fd, &r);
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     while (raw_ring_cq_ready(&r) < 2) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         if (poll(&pf, 1, 1) > 0) {
@@ -711,7 +711,7 @@ static void test_failure_after_queueing_gives_room_back(void **state)
             fail_msg("with %u completion(s) in a ring of two: message case %d on the socket",
                      raw_ring_cq_ready(&r), m != NULL ? (int)m->msg_case : -1);
         }
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("only %u of 2 requests completed in a ring of two", raw_ring_cq_ready(&r));
     }
     bool seen[2] = {false, false};
@@ -1105,20 +1105,20 @@ static void test_ring_never_drained(void **state)
     }
     raw_ring_publish(fd, &r);
     wait_sq_head(&r, 16);
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     while (raw_ring_cq_ready(&r) != 16) {
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("%u of 16 requests completed in the ring", raw_ring_cq_ready(&r));
-        it_sleep_ms(1);
+        tu_sleep_ms(1);
     }
     for (uint64_t id = 17; id <= 32; id++) {
         e.id = id;
         raw_ring_put(&r, &e);
     }
-    uint64_t start = it_now_ms();
+    uint64_t start = tu_now_ms();
     raw_ring_publish(fd, &r);
     expect_protocol_error(fd, CONVD_ETIMEDOUT, "completion ring", "ring_stall_timeout_ms");
-    uint64_t waited = it_now_ms() - start;
+    uint64_t waited = tu_now_ms() - start;
     raw_expect_eof(fd);
     print_message("the daemon gave up on the unread ring after %llu ms\n",
                   (unsigned long long)waited);
@@ -1183,7 +1183,7 @@ static convd_client *lib_connect(int use_rings)
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = daemon_.sock;
     o.client_name = use_rings ? "it-rings-lib" : "it-socket-lib";
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     o.use_rings = use_rings;
     convd_client *c = NULL;
     int rc = convd_connect(&o, &c);
@@ -1225,7 +1225,7 @@ static void test_library_rings_and_socket_agree(void **state)
         }
         for (int i = 0; i < N; i++) {
             struct convd_completion done;
-            int rc = convd_wait(c, ids[i], IT_TIMEOUT_MS, &done);
+            int rc = convd_wait(c, ids[i], TU_TIMEOUT_MS, &done);
             if (rc != 0)
                 fail_msg("convd_wait: %s: %s", convd_status_name(rc), convd_errstr(c));
             if (done.status != 0)

@@ -72,7 +72,7 @@ static unsigned sigterm_with_queue(const char *const *extra, int signals)
     for (int i = 0; i < HEAVY + SMALL; i++) {
         uint64_t id = i < HEAVY ? hid[i] : sid[i - HEAVY];
         struct convd_completion done;
-        int rc = convd_wait(c, id, IT_TIMEOUT_MS, &done);
+        int rc = convd_wait(c, id, TU_TIMEOUT_MS, &done);
         if (rc != 0)
             fail_msg("request %d: no completion after SIGTERM: %s (%s)", i, convd_status_name(rc),
                      convd_errstr(c));

@@ -120,7 +120,7 @@ static int other_user_main(char mode, int ready, int ctl)
     a.priority = 0;
     uint64_t id;
     struct convd_completion done;
-    if (convd_conv_submit(c, &a, &id) != 0 || convd_wait(c, id, IT_TIMEOUT_MS, &done) != 0) {
+    if (convd_conv_submit(c, &a, &id) != 0 || convd_wait(c, id, TU_TIMEOUT_MS, &done) != 0) {
         fprintf(stderr, "other user: request: %s\n", convd_errstr(c));
     } else if (done.status != 0) {
         fprintf(stderr, "other user: request failed: %s: %s\n", convd_status_name(done.status),
@@ -164,7 +164,7 @@ static struct other other_start(char mode)
     close(ctl[0]);
     struct pollfd pfd = {.fd = ready[0], .events = POLLIN};
     char b = 0;
-    if (poll(&pfd, 1, IT_TIMEOUT_MS) != 1 || read(ready[0], &b, 1) != 1 || b != 'r')
+    if (poll(&pfd, 1, TU_TIMEOUT_MS) != 1 || read(ready[0], &b, 1) != 1 || b != 'r')
         fail_msg("the other user's client could not connect");
     close(ready[0]);
     return (struct other){pid, ctl[1]};
@@ -200,7 +200,7 @@ static void test_connections_per_user_and_idle_eviction(void **state)
 
     /* Full: a newcomer gets in once a client has been idle past idle_timeout_ms, and it is the
      * one idle longest (a, connected first; the monitor was just used). */
-    it_sleep_ms(450);
+    tu_sleep_ms(450);
     assert_int_equal(convd_ping(daemon_.mon, NULL), 0);
     assert_int_equal(convd_ping(b, NULL), 0);
     struct other conv = other_start('c');
@@ -256,7 +256,7 @@ static void test_inflight_share_per_user(void **state)
     uint64_t id;
     assert_int_equal(convd_conv_submit(j, &ja, &id), 0);
     struct convd_completion done;
-    assert_int_equal(convd_wait(j, id, IT_TIMEOUT_MS, &done), 0);
+    assert_int_equal(convd_wait(j, id, TU_TIMEOUT_MS, &done), 0);
     assert_int_equal(done.status, CONVD_ELIMIT);
     if (strstr(done.error, "max_inflight_per_user") == NULL)
         fail_msg("refusal does not name the per-user share: %s", done.error);
@@ -282,10 +282,10 @@ static void test_mapped_bytes_per_user(void **state)
     assert_true(it_metric(daemon_.mon, "convd_host_region_bytes_limit", &cap));
     assert_true(cap == 200.0 * 1024 * 1024);
     /* The heavy request of the test before may still be running, its region still charged. */
-    uint64_t until = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t until = tu_now_ms() + TU_TIMEOUT_MS;
     double regions = -1;
-    while (it_metric(daemon_.mon, "convd_regions", &regions) && regions != 0 && it_now_ms() < until)
-        it_sleep_ms(20);
+    while (it_metric(daemon_.mon, "convd_regions", &regions) && regions != 0 && tu_now_ms() < until)
+        tu_sleep_ms(20);
     assert_true(regions == 0);
     convd_client *a = it_connect(&daemon_, "it-root-bytes-a");
     convd_client *b = it_connect(&daemon_, "it-root-bytes-b");

@@ -349,7 +349,7 @@ static int client_round(convd_client *c, struct tu_rng *g, enum soak_end how)
             return ROUND_CLOSED;
         }
         struct convd_completion done;
-        int rc = convd_wait_any(c, IT_TIMEOUT_MS, &done);
+        int rc = convd_wait_any(c, TU_TIMEOUT_MS, &done);
         if (rc != 0) {
             ret = child_fail(5, "convd_wait_any with %d in flight: %s: %s", inflight,
                              convd_status_name(rc), convd_errstr(c));
@@ -408,7 +408,7 @@ static int client_main(void)
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
     o.socket_path = daemon_.sock;
     o.client_name = name;
-    o.timeout_ms = IT_TIMEOUT_MS;
+    o.timeout_ms = TU_TIMEOUT_MS;
     o.use_rings = tu_rng_range(&g, 0, 1);
     o.spin_us = tu_rng_range(&g, 0, 1) ? 0 : 50;
     int pick = tu_rng_range(&g, 0, 99);
@@ -1002,12 +1002,12 @@ static void h_do_bad_refs(struct tu_rng *g)
 /* Waits (bounded) until the daemon has taken submissions up to `want`. */
 static void h_wait_sq_head(struct raw_ring *r, uint32_t want)
 {
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     while (atomic_load(&r->hdr->sq_head) != want) {
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("the daemon took %u of %u ring submissions", atomic_load(&r->hdr->sq_head),
                      want);
-        it_sleep_ms(1);
+        tu_sleep_ms(1);
     }
 }
 
@@ -1380,7 +1380,7 @@ static int hostile_main(void)
             h_do_silent();
             break;
         }
-        it_sleep_ms(tu_rng_range(&g, 0, 200));
+        tu_sleep_ms(tu_rng_range(&g, 0, 200));
     }
     return 0;
 }
@@ -1577,7 +1577,7 @@ static uint64_t t0_ms;
 static void soak_sample_take(struct soak_sample *s)
 {
     memset(s, 0, sizeof(*s));
-    s->t = (double)(it_now_ms() - t0_ms) / 1000.0;
+    s->t = (double)(tu_now_ms() - t0_ms) / 1000.0;
     s->rss_kb = it_proc_kb(daemon_.pid, "VmRSS");
     s->anon_kb = it_proc_kb(daemon_.pid, "RssAnon");
     s->shmem_kb = it_proc_kb(daemon_.pid, "RssShmem");
@@ -1675,7 +1675,7 @@ static int soak_scan_log(const char *path)
  * Returns true when it is; *s holds the last sample either way. */
 static bool soak_wait_clean(struct soak_sample *s, uint64_t timeout_ms)
 {
-    uint64_t end = it_now_ms() + timeout_ms;
+    uint64_t end = tu_now_ms() + timeout_ms;
     for (;;) {
         soak_reap();
         soak_sample_take(s);
@@ -1685,9 +1685,9 @@ static bool soak_wait_clean(struct soak_sample *s, uint64_t timeout_ms)
             s->queue == 0 && s->regions == 0 && s->mapped == 0 && s->fds == daemon_.base_fds &&
             s->memfd_maps == 0 && s->ring_maps == daemon_.base_ring_maps)
             return true;
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             return false;
-        it_sleep_ms(50);
+        tu_sleep_ms(50);
     }
 }
 
@@ -1855,14 +1855,14 @@ int main(int argc, char **argv)
     /* Warm up once (workers, lazily opened resources), then take the baseline with only the
      * monitor connected and nothing registered (it_daemon_start, without its asserts). */
     it_one_conv(daemon_.mon, &g);
-    t0_ms = it_now_ms();
+    t0_ms = tu_now_ms();
     struct soak_sample base;
-    uint64_t bend = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t bend = tu_now_ms() + TU_TIMEOUT_MS;
     for (;;) {
         soak_sample_take(&base);
-        if ((base.have_metrics && base.regions == 0 && base.memfd_maps == 0) || it_now_ms() > bend)
+        if ((base.have_metrics && base.regions == 0 && base.memfd_maps == 0) || tu_now_ms() > bend)
             break;
-        it_sleep_ms(10);
+        tu_sleep_ms(10);
     }
     if (!base.have_metrics || base.regions != 0 || base.memfd_maps != 0 || base.clients != 1 ||
         base.fds <= 0 || base.ring_maps < 0 || base.ring_maps > 1) {
@@ -1895,7 +1895,7 @@ int main(int argc, char **argv)
     bool have_warm = false;
     struct soak_range run = {0};
     const int tick_ms = 20;
-    while (!interrupted && it_now_ms() < end_ms && atomic_load(&sh->failures) == 0) {
+    while (!interrupted && tu_now_ms() < end_ms && atomic_load(&sh->failures) == 0) {
         soak_reap();
         if (daemon_.stopped)
             break;
@@ -1904,7 +1904,7 @@ int main(int argc, char **argv)
                 soak_fork(&procs[i], procs[i].hostile, tu_rng_next(&g));
         if (o.kill_ms > 0 && tu_rng_range(&g, 0, o.kill_ms / tick_ms) == 0)
             soak_kill_one(&g);
-        uint64_t now = it_now_ms();
+        uint64_t now = tu_now_ms();
         if (now >= next_sample) {
             next_sample += 1000;
             soak_sample_take(&s);
@@ -1939,9 +1939,9 @@ int main(int argc, char **argv)
                    (unsigned long long)hostile_total(), s.rss_kb, s.anon_kb, s.fds, s.memfd_maps,
                    s.ring_maps, s.regions, s.queue, s.inflight, s.clients);
         }
-        it_sleep_ms(tick_ms);
+        tu_sleep_ms(tick_ms);
     }
-    double ran_s = (double)(it_now_ms() - t0_ms) / 1000.0;
+    double ran_s = (double)(tu_now_ms() - t0_ms) / 1000.0;
     if (!have_warm) {
         soak_sample_take(&warm);
         have_warm = true;
@@ -1950,16 +1950,16 @@ int main(int argc, char **argv)
     /* The end: clients finish their round and close cleanly; hostile processes finish their
      * action. Then everything still there is killed, and counted as a failure. */
     atomic_store(&sh->stop, 1);
-    uint64_t stop_end = it_now_ms() + 2 * IT_TIMEOUT_MS;
-    while (soak_alive(false) + soak_alive(true) > 0 && it_now_ms() < stop_end) {
+    uint64_t stop_end = tu_now_ms() + 2 * TU_TIMEOUT_MS;
+    while (soak_alive(false) + soak_alive(true) > 0 && tu_now_ms() < stop_end) {
         soak_reap();
-        it_sleep_ms(tick_ms);
+        tu_sleep_ms(tick_ms);
     }
     for (int i = 0; i < nprocs; i++)
         if (procs[i].pid > 0) {
             parent_fail("%s process %d did not finish within %d s of being asked to",
                         procs[i].hostile ? "hostile" : "client", (int)procs[i].pid,
-                        2 * IT_TIMEOUT_MS / 1000);
+                        2 * TU_TIMEOUT_MS / 1000);
             kill(procs[i].pid, SIGKILL);
             procs[i].killed = true;
             waitpid(procs[i].pid, NULL, 0);
@@ -1968,7 +1968,7 @@ int main(int argc, char **argv)
 
     /* Flat: the daemon returns to its baseline. */
     struct soak_sample fin;
-    bool clean = !daemon_.stopped && soak_wait_clean(&fin, IT_TIMEOUT_MS);
+    bool clean = !daemon_.stopped && soak_wait_clean(&fin, TU_TIMEOUT_MS);
     if (daemon_.stopped)
         fin = s;
     soak_csv_row(csv, "end", &fin);
@@ -2053,14 +2053,14 @@ int main(int argc, char **argv)
         convd_close(daemon_.mon);
         daemon_.mon = NULL;
         kill(daemon_.pid, SIGTERM);
-        uint64_t wend = it_now_ms() + IT_TIMEOUT_MS;
+        uint64_t wend = tu_now_ms() + TU_TIMEOUT_MS;
         int wst = 0;
         pid_t r;
-        while ((r = waitpid(daemon_.pid, &wst, WNOHANG)) == 0 && it_now_ms() < wend)
-            it_sleep_ms(10);
+        while ((r = waitpid(daemon_.pid, &wst, WNOHANG)) == 0 && tu_now_ms() < wend)
+            tu_sleep_ms(10);
         daemon_.stopped = r == daemon_.pid;
         if (r != daemon_.pid)
-            parent_fail("the daemon did not exit within %d s of SIGTERM", IT_TIMEOUT_MS / 1000);
+            parent_fail("the daemon did not exit within %d s of SIGTERM", TU_TIMEOUT_MS / 1000);
         else if (WIFSIGNALED(wst))
             parent_fail("the daemon was killed by signal %d after SIGTERM", WTERMSIG(wst));
         else if (WEXITSTATUS(wst) != 0)

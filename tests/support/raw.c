@@ -9,9 +9,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "harness.h"
+/* cmocka needs these before its header. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
 #include "raw.h"
 #include "sock.h"
+#include "testutil.h"
 #include "wire.h"
 
 int raw_connect(const char *path)
@@ -85,10 +93,10 @@ static Convd__ServerMessage *raw_recv_opt(int fd, bool past_reset)
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int n;
     do
-        n = poll(&p, 1, IT_TIMEOUT_MS);
+        n = poll(&p, 1, TU_TIMEOUT_MS);
     while (n < 0 && errno == EINTR);
     if (n == 0)
-        fail_msg("no message from the daemon within %d ms", IT_TIMEOUT_MS);
+        fail_msg("no message from the daemon within %d ms", TU_TIMEOUT_MS);
     assert_true(n == 1);
     int fds[SOCK_MAX_FDS];
     size_t nfds = 0;
@@ -162,13 +170,13 @@ void raw_free(Convd__ServerMessage *m)
 
 void raw_expect_eof(int fd)
 {
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     static uint8_t buf[CONVD_MAX_MESSAGE_BYTES + 1];
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        int left = (int)(end - it_now_ms());
+        int left = (int)(end - tu_now_ms());
         if (left <= 0 || poll(&p, 1, left) == 0)
-            fail_msg("the daemon did not close the connection within %d ms", IT_TIMEOUT_MS);
+            fail_msg("the daemon did not close the connection within %d ms", TU_TIMEOUT_MS);
         int fds[SOCK_MAX_FDS];
         size_t nfds = 0;
         ssize_t len = sock_recv(fd, buf, sizeof(buf), fds, &nfds);
@@ -331,7 +339,7 @@ void raw_ring_create(struct raw_ring *r, uint32_t sq_entries, uint32_t cq_entrie
 {
     memset(r, 0, sizeof(*r));
     r->len = (size_t)convd_ring_bytes(sq_entries, cq_entries);
-    r->memfd = tu_memfd(IT_RING_MEMFD_NAME, r->len, F_SEAL_SHRINK | F_SEAL_GROW);
+    r->memfd = tu_memfd(RAW_RING_MEMFD_NAME, r->len, F_SEAL_SHRINK | F_SEAL_GROW);
     void *map = mmap(NULL, r->len, PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
     assert_true(map != MAP_FAILED);
     r->map = map;
@@ -484,22 +492,22 @@ static void raw_ring_consume(struct raw_ring *r, struct convd_ring_cqe *ret)
 
 bool raw_ring_wait_cqe(struct raw_ring *r, struct convd_ring_cqe *ret, int timeout_ms)
 {
-    uint64_t end = it_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    uint64_t end = tu_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     for (;;) {
         if (raw_ring_cq_ready(r) > 0) {
             raw_ring_consume(r, ret);
             return true;
         }
-        if (it_now_ms() >= end)
+        if (tu_now_ms() >= end)
             return false;
-        it_sleep_ms(1);
+        tu_sleep_ms(1);
     }
 }
 
 bool raw_ring_next(int fd, struct raw_ring *r, struct convd_ring_cqe *ret_cqe,
                    Convd__ServerMessage **ret_msg)
 {
-    uint64_t end = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     *ret_msg = NULL;
     for (;;) {
         if (raw_ring_cq_ready(r) > 0) {
@@ -514,9 +522,9 @@ bool raw_ring_next(int fd, struct raw_ring *r, struct convd_ring_cqe *ret_cqe,
         }
         if (n < 0 && errno != EINTR)
             fail_msg("poll: %s", strerror(errno));
-        if (it_now_ms() > end)
+        if (tu_now_ms() > end)
             fail_msg("no completion in the ring and no message on the socket within %d ms",
-                     IT_TIMEOUT_MS);
+                     TU_TIMEOUT_MS);
     }
 }
 

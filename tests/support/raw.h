@@ -1,10 +1,11 @@
 /*
- * Raw protocol access for hostile tests: a SOCK_SEQPACKET connection with hand-built protobuf
+ * Raw protocol access for tests (the integration tests against the daemon binary, the daemon
+ * library's in-process server test): a SOCK_SEQPACKET connection with hand-built protobuf
  * (or plain bytes), descriptors attached as the test wants, and decoded replies. Nothing here goes
  * through the client library, so the daemon sees exactly what a broken or malicious peer sends.
  */
-#ifndef CONVD_IT_RAW_H
-#define CONVD_IT_RAW_H
+#ifndef CONVD_TEST_RAW_H
+#define CONVD_TEST_RAW_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -13,6 +14,9 @@
 #include "convd.pb-c.h"
 #include "convd/conv.h"
 #include "ring_layout.h"
+
+/* The name the client library gives its ring memfds (raw_ring_create uses it too). */
+#define RAW_RING_MEMFD_NAME "convd-ring"
 
 /* Connects to the socket (asserts success). */
 int raw_connect(const char *path);
@@ -27,7 +31,7 @@ void raw_send_bytes(int fd, const void *buf, size_t len);
 /* Packs and sends a message with descriptors; asserts success. */
 void raw_send(int fd, const Convd__ClientMessage *m, const int *fds, size_t nfds);
 
-/* Receives and decodes one message, waiting up to IT_TIMEOUT_MS. Returns NULL when the daemon
+/* Receives and decodes one message, waiting up to TU_TIMEOUT_MS. Returns NULL when the daemon
  * closed the connection; asserts on timeout or on an undecodable reply. Free the result with
  * raw_free(). */
 Convd__ServerMessage *raw_recv(int fd);
@@ -44,7 +48,7 @@ Convd__ServerMessage *raw_expect(int fd, Convd__ServerMessage__MsgCase what);
 void raw_free(Convd__ServerMessage *m);
 
 /* Waits until the daemon closes the connection, discarding anything it still sends; asserts
- * it happens within IT_TIMEOUT_MS. */
+ * it happens within TU_TIMEOUT_MS. */
 void raw_expect_eof(int fd);
 
 /* Sends Hello with the given version and asserts a successful HelloReply (for the current
@@ -149,7 +153,7 @@ uint32_t raw_ring_cq_ready(const struct raw_ring *r);
  * consumes it (publishing cq_head) and returns true. */
 bool raw_ring_wait_cqe(struct raw_ring *r, struct convd_ring_cqe *ret, int timeout_ms);
 
-/* Waits (up to IT_TIMEOUT_MS, asserting) for whichever comes first: a completion in the ring
+/* Waits (up to TU_TIMEOUT_MS, asserting) for whichever comes first: a completion in the ring
  * (copied to *ret_cqe and consumed; returns true) or a message on the socket (*ret_msg, NULL
  * when the daemon closed the connection; returns false). */
 bool raw_ring_next(int fd, struct raw_ring *r, struct convd_ring_cqe *ret_cqe,

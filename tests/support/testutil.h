@@ -11,6 +11,16 @@
 
 #include "convd_kernels.h"
 
+/* How long any wait of a test may take before the test fails: long enough for an ASan build on a
+ * loaded two-core machine. Correctness never depends on it. */
+#define TU_TIMEOUT_MS 120000
+
+/* Milliseconds since an arbitrary start (CLOCK_MONOTONIC). */
+uint64_t tu_now_ms(void);
+
+/* Sleeps a few milliseconds (used only by polling loops). */
+void tu_sleep_ms(int ms);
+
 /* Seed for this test process: $CONVD_TEST_SEED if set, else fresh from the clock and pid. The
  * seed is printed to stderr once so that a failure can be replayed. */
 uint64_t tu_seed(void);

@@ -36,12 +36,11 @@
 #include "daemon.h"
 #include "listener.h"
 #include "log.h"
+#include "raw.h"
 #include "sdnotify.h"
 #include "sock.h"
 #include "testutil.h"
 #include "wire.h"
-
-#define WAIT_MS 120000 /* bound on any wait; an ASan build on a loaded machine is slow */
 
 /* --- the daemon under test ---------------------------------------------------------------- */
 
@@ -98,64 +97,13 @@ static void srv_stop(struct srv *s)
 
 /* --- a raw client ------------------------------------------------------------------------- */
 
-static int cl_connect(const char *path)
-{
-    int fd = sock_connect(path);
-    if (fd < 0)
-        fail_msg("connect %s: %s", path, strerror(-fd));
-    struct timeval tv = {.tv_sec = WAIT_MS / 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
-}
-
-static int cl_send(int fd, const Convd__ClientMessage *m, int pass_fd)
+/* The helpers of tests/support/raw.h, and a send that may fail (the daemon hung up). */
+static int cl_try_send(int fd, const Convd__ClientMessage *m)
 {
     uint8_t buf[CONVD_MAX_MESSAGE_BYTES];
     int len = wire_pack_client(m, buf, sizeof(buf));
     assert_true(len >= 0);
-    return sock_send(fd, buf, (size_t)len, pass_fd);
-}
-
-/* The next message, or NULL when the daemon closed the connection. */
-static Convd__ServerMessage *cl_recv(int fd)
-{
-    static uint8_t buf[CONVD_MAX_MESSAGE_BYTES];
-    int fds[SOCK_MAX_FDS];
-    size_t nfds;
-    ssize_t n = sock_recv(fd, buf, sizeof(buf), fds, &nfds);
-    if (n == 0 || n == -ECONNRESET)
-        return NULL;
-    if (n < 0)
-        fail_msg("recv: %s", strerror((int)-n));
-    assert_int_equal(nfds, 0);
-    Convd__ServerMessage *m = convd__server_message__unpack(NULL, (size_t)n, buf);
-    assert_non_null(m);
-    return m;
-}
-
-static Convd__ServerMessage *cl_expect(int fd, Convd__ServerMessage__MsgCase kind)
-{
-    Convd__ServerMessage *m = cl_recv(fd);
-    if (m == NULL)
-        fail_msg("connection closed, expected message %d", (int)kind);
-    if (m->msg_case != kind)
-        fail_msg("got message %d, expected %d", (int)m->msg_case, (int)kind);
-    return m;
-}
-
-static void cl_free(Convd__ServerMessage *m)
-{
-    convd__server_message__free_unpacked(m, NULL);
-}
-
-static void cl_expect_eof(int fd)
-{
-    for (;;) {
-        Convd__ServerMessage *m = cl_recv(fd);
-        if (m == NULL)
-            return;
-        cl_free(m);
-    }
+    return raw_send_bytes_fds(fd, buf, (size_t)len, NULL, 0);
 }
 
 static void cl_send_hello_range(int fd, uint32_t min_version, uint32_t version)
@@ -167,7 +115,7 @@ static void cl_send_hello_range(int fd, uint32_t min_version, uint32_t version)
     h.client_name = "unit\ntest"; /* a newline the daemon must not put in its log */
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_HELLO;
     m.hello = &h;
-    assert_int_equal(cl_send(fd, &m, -1), 0);
+    raw_send(fd, &m, NULL, 0);
 }
 
 static void cl_send_hello(int fd, uint32_t version)
@@ -178,12 +126,12 @@ static void cl_send_hello(int fd, uint32_t version)
 /* Connects and completes the handshake; returns the descriptor. */
 static int cl_open(const struct srv *s)
 {
-    int fd = cl_connect(s->sock);
+    int fd = raw_connect(s->sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
-    Convd__ServerMessage *r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     if (r->hello_reply->status != 0)
         fail_msg("hello: %s", r->hello_reply->error);
-    cl_free(r);
+    raw_free(r);
     return fd;
 }
 
@@ -204,11 +152,11 @@ static void cl_region(int fd, uint64_t id, size_t size, struct cl_region *ret)
     rr.size = size;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_REGISTER_REGION;
     m.register_region = &rr;
-    assert_int_equal(cl_send(fd, &m, mfd), 0);
-    Convd__ServerMessage *r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_REGION_REPLY);
+    raw_send(fd, &m, &mfd, 1);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_REGION_REPLY);
     if (r->region_reply->status != 0)
         fail_msg("register: %s", r->region_reply->error);
-    cl_free(r);
+    raw_free(r);
     ret->id = id;
     ret->size = size;
     ret->data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
@@ -305,7 +253,7 @@ static void case_send(int fd, const struct cl_case *t, uint64_t id, unsigned pri
     rq.timeout_us = timeout_us;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_CONV;
     m.conv = &rq;
-    assert_int_equal(cl_send(fd, &m, -1), 0);
+    raw_send(fd, &m, NULL, 0);
 }
 
 /* The next completion: its id, status and batch size. */
@@ -318,10 +266,10 @@ struct done {
 
 static struct done cl_completion(int fd)
 {
-    Convd__ServerMessage *m = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_COMPLETION);
+    Convd__ServerMessage *m = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_COMPLETION);
     struct done d = {m->completion->id, m->completion->status, m->completion->batch_size, ""};
     snprintf(d.error, sizeof(d.error), "%s", m->completion->error);
-    cl_free(m);
+    raw_free(m);
     return d;
 }
 
@@ -339,8 +287,8 @@ static double cl_metric(int fd, const char *name)
     mr.tag = 77;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_METRICS;
     m.metrics = &mr;
-    assert_int_equal(cl_send(fd, &m, -1), 0);
-    Convd__ServerMessage *r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_METRICS_REPLY);
+    raw_send(fd, &m, NULL, 0);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_METRICS_REPLY);
     assert_int_equal(r->metrics_reply->tag, 77);
     size_t nl = strlen(name);
     double v = -1;
@@ -353,7 +301,7 @@ static double cl_metric(int fd, const char *name)
         if (line != NULL)
             line++;
     }
-    cl_free(r);
+    raw_free(r);
     if (v < 0)
         fail_msg("metric %s not found", name);
     return v;
@@ -362,7 +310,7 @@ static double cl_metric(int fd, const char *name)
 /* Polls a metric until it has the value (bounded). */
 static void cl_wait_metric(int fd, const char *name, double want)
 {
-    uint64_t end = convd_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+    uint64_t end = convd_now_ns() + (uint64_t)TU_TIMEOUT_MS * 1000000u;
     double v;
     while ((v = cl_metric(fd, name)) != want) {
         if (convd_now_ns() > end)
@@ -393,9 +341,9 @@ static void test_handshake_and_queries(void **state)
     s.cfg.max_mapped_bytes = 12345678;
     srv_start(&s);
 
-    int fd = cl_connect(s.sock);
+    int fd = raw_connect(s.sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
-    Convd__ServerMessage *r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     Convd__HelloReply *h = r->hello_reply;
     assert_int_equal(h->status, 0);
     assert_int_equal(h->protocol_version, CONVD_PROTOCOL_VERSION);
@@ -407,30 +355,30 @@ static void test_handshake_and_queries(void **state)
     assert_int_equal(h->max_batch, 8);
     assert_int_equal(h->max_message_bytes, CONVD_MAX_MESSAGE_BYTES);
     assert_true(strlen(h->server_version) > 0);
-    cl_free(r);
+    raw_free(r);
 
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__Ping ping = CONVD__PING__INIT;
     ping.tag = 0xfeedfacecafeull;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_PING;
     m.ping = &ping;
-    assert_int_equal(cl_send(fd, &m, -1), 0);
-    r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PONG);
+    raw_send(fd, &m, NULL, 0);
+    r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_PONG);
     assert_true(r->pong->tag == 0xfeedfacecafeull);
-    cl_free(r);
+    raw_free(r);
 
     Convd__StatusRequest sr = CONVD__STATUS_REQUEST__INIT;
     sr.tag = 5;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_STATUS;
     m.status = &sr;
-    assert_int_equal(cl_send(fd, &m, -1), 0);
-    r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_STATUS_REPLY);
+    raw_send(fd, &m, NULL, 0);
+    r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_STATUS_REPLY);
     assert_int_equal(r->status_reply->tag, 5);
     assert_int_equal(r->status_reply->clients, 1);
     assert_int_equal(r->status_reply->queue_depth, 0);
     assert_int_equal(r->status_reply->protocol_version, CONVD_PROTOCOL_VERSION);
     assert_string_equal(r->status_reply->backend, "cpu");
-    cl_free(r);
+    raw_free(r);
 
     /* the exposition format: comments, then "name[{labels}] value" lines */
     assert_int_equal(cl_metric(fd, "convd_clients"), 1);
@@ -439,9 +387,9 @@ static void test_handshake_and_queries(void **state)
     assert_int_equal(cl_metric(fd, "convd_batch_size_count"), 0);
 
     /* a second connection with the wrong version is told and closed */
-    int old = cl_connect(s.sock);
+    int old = raw_connect(s.sock);
     cl_send_hello(old, 7);
-    r = cl_expect(old, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    r = raw_expect(old, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     assert_int_equal(r->hello_reply->status, CONVD_EVERSION);
     assert_non_null(strstr(r->hello_reply->error, "version 7"));
     /* the sentence names the range the daemon does speak, and the reply carries it */
@@ -452,28 +400,28 @@ static void test_handshake_and_queries(void **state)
         fail_msg("'%s' does not name the range ('%s')", r->hello_reply->error, range);
     assert_int_equal(r->hello_reply->min_protocol_version, CONVD_PROTOCOL_VERSION_MIN);
     assert_int_equal(r->hello_reply->max_protocol_version, CONVD_PROTOCOL_VERSION);
-    cl_free(r);
-    cl_expect_eof(old);
+    raw_free(r);
+    raw_expect_eof(old);
     close(old);
 
     /* a newer client that still speaks this daemon's version gets it */
-    int newer = cl_connect(s.sock);
+    int newer = raw_connect(s.sock);
     cl_send_hello_range(newer, CONVD_PROTOCOL_VERSION_MIN, CONVD_PROTOCOL_VERSION + 5);
-    r = cl_expect(newer, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    r = raw_expect(newer, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     assert_int_equal(r->hello_reply->status, 0);
     assert_int_equal(r->hello_reply->protocol_version, CONVD_PROTOCOL_VERSION);
     assert_int_equal(r->hello_reply->min_protocol_version, CONVD_PROTOCOL_VERSION_MIN);
     assert_int_equal(r->hello_reply->max_protocol_version, CONVD_PROTOCOL_VERSION);
-    cl_free(r);
+    raw_free(r);
     close(newer);
     /* one that no longer does is told the range */
-    int newest = cl_connect(s.sock);
+    int newest = raw_connect(s.sock);
     cl_send_hello_range(newest, CONVD_PROTOCOL_VERSION + 1, CONVD_PROTOCOL_VERSION + 5);
-    r = cl_expect(newest, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    r = raw_expect(newest, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     assert_int_equal(r->hello_reply->status, CONVD_EVERSION);
     assert_non_null(strstr(r->hello_reply->error, range));
-    cl_free(r);
-    cl_expect_eof(newest);
+    raw_free(r);
+    raw_expect_eof(newest);
     close(newest);
     close(fd);
     srv_stop(&s);
@@ -727,13 +675,13 @@ static void test_refusals(void **state)
     s.cfg.n_allow_uids = 1;
     s.cfg.allow_uids[0] = getuid() + 12345;
     srv_start(&s);
-    int fd = cl_connect(s.sock);
+    int fd = raw_connect(s.sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
-    Convd__ServerMessage *r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     assert_int_equal(r->hello_reply->status, CONVD_EPERM);
     assert_non_null(strstr(r->hello_reply->error, "allow_uids"));
-    cl_free(r);
-    cl_expect_eof(fd);
+    raw_free(r);
+    raw_expect_eof(fd);
     close(fd);
     srv_stop(&s);
 
@@ -754,25 +702,25 @@ static void test_refusals(void **state)
     s.cfg.hello_timeout_ms = 200;
     srv_start(&s);
     int first = cl_open(&s);
-    fd = cl_connect(s.sock);
+    fd = raw_connect(s.sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
-    r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
+    r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
     assert_int_equal(r->hello_reply->status, CONVD_ELIMIT);
     assert_non_null(strstr(r->hello_reply->error, "max_clients"));
-    cl_free(r);
-    cl_expect_eof(fd);
+    raw_free(r);
+    raw_expect_eof(fd);
     close(fd);
     /* a refused peer that says nothing goes at the Hello timeout as well */
-    fd = cl_connect(s.sock);
-    cl_expect_eof(fd);
+    fd = raw_connect(s.sock);
+    raw_expect_eof(fd);
     close(fd);
     /* the first client is unaffected; once it leaves, a silent one is dropped at the timeout */
     assert_int_equal(cl_metric(first, "convd_clients"), 1);
     assert_int_equal(cl_metric(first, "convd_connections_refused_total"), 2);
     close(first);
-    fd = cl_connect(s.sock);
+    fd = raw_connect(s.sock);
     uint64_t t0 = convd_now_ns();
-    cl_expect_eof(fd);
+    raw_expect_eof(fd);
     assert_true(convd_now_ns() - t0 >= 150000000u);
     close(fd);
     srv_stop(&s);
@@ -787,43 +735,43 @@ static void test_protocol_errors(void **state)
     srv_config(&s);
     s.cfg.max_protocol_errors = 4;
     srv_start(&s);
-    int fd = cl_connect(s.sock);
+    int fd = raw_connect(s.sock);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__Ping ping = CONVD__PING__INIT;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_PING;
     m.ping = &ping;
-    assert_int_equal(cl_send(fd, &m, -1), 0);
-    Convd__ServerMessage *r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
+    raw_send(fd, &m, NULL, 0);
+    Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
     assert_int_equal(r->protocol_error->status, CONVD_EPROTO);
     assert_non_null(strstr(r->protocol_error->error, "first message must be Hello, got Ping"));
-    cl_free(r);
+    raw_free(r);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
-    cl_free(cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY));
+    raw_free(raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY));
     /* an empty datagram is not the end of the connection */
     assert_int_equal(sock_send(fd, "", 0, -1), 0);
-    r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
+    r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
     assert_non_null(strstr(r->protocol_error->error, "empty datagram"));
-    cl_free(r);
+    raw_free(r);
     /* a descriptor on a ping is closed, the ping answered */
     int stray = tu_memfd("convd-unit", 4096, F_SEAL_SHRINK | F_SEAL_GROW);
-    assert_int_equal(cl_send(fd, &m, stray), 0);
+    raw_send(fd, &m, &stray, 1);
     close(stray);
-    cl_free(cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PONG));
+    raw_free(raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_PONG));
     /* too large */
     int sz = 1 << 20;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
     uint8_t *big = calloc(1, CONVD_MAX_MESSAGE_BYTES + 1);
     assert_int_equal(sock_send(fd, big, CONVD_MAX_MESSAGE_BYTES + 1, -1), 0);
     free(big);
-    r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
+    r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
     assert_int_equal(r->protocol_error->status, CONVD_ETOOBIG);
-    cl_free(r);
+    raw_free(r);
     /* the fourth error closes the connection */
     assert_int_equal(sock_send(fd, "\xff\xff\xff", 3, -1), 0);
-    r = cl_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
+    r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_PROTOCOL_ERROR);
     assert_non_null(strstr(r->protocol_error->error, "not a valid convd.ClientMessage"));
-    cl_free(r);
-    cl_expect_eof(fd);
+    raw_free(r);
+    raw_expect_eof(fd);
     close(fd);
     int mon = cl_open(&s);
     assert_int_equal(cl_metric(mon, "convd_protocol_errors_total"), 4);
@@ -848,12 +796,12 @@ static void test_slow_reader(void **state)
     m.metrics = &mr;
     int sent = 0;
     for (; sent < 2000; sent++)
-        if (cl_send(fd, &m, -1) != 0)
+        if (cl_try_send(fd, &m) != 0)
             break; /* the daemon hung up on us */
     cl_wait_metric(mon, "convd_clients", 1);
     int got = 0;
-    for (Convd__ServerMessage *r; (r = cl_recv(fd)) != NULL; got++)
-        cl_free(r);
+    for (Convd__ServerMessage *r; (r = raw_recv(fd)) != NULL; got++)
+        raw_free(r);
     assert_true(got < sent);
     close(fd);
     close(mon);
@@ -906,7 +854,7 @@ static void drain_case(uint64_t drain_ms, int want_status)
         else
             assert_non_null(strstr(d.error, "shutting down"));
     }
-    cl_expect_eof(fd);
+    raw_expect_eof(fd);
     close(fd);
     for (int i = 0; i < 4; i++)
         free(c[i].ref);
@@ -1004,7 +952,7 @@ static int notify_socket(const char *name, bool abstract)
         salen = sizeof(sa);
     }
     assert_int_equal(bind(fd, (struct sockaddr *)&sa, salen), 0);
-    struct timeval tv = {.tv_sec = WAIT_MS / 1000};
+    struct timeval tv = {.tv_sec = TU_TIMEOUT_MS / 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
 }
@@ -1117,7 +1065,7 @@ static void test_socket_activation(void **state)
     assert_int_equal(lstat(unused, &st), -1);
     assert_int_equal(kill(child, SIGTERM), 0);
     notify_expect(nfd, "STOPPING=1");
-    cl_expect_eof(fd);
+    raw_expect_eof(fd);
     close(fd);
     int status;
     assert_int_equal(waitpid(child, &status, 0), child);
