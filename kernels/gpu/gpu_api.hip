@@ -543,6 +543,12 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     }
     if (count == 0)
         return 0;
+    if (convd_gpu_pdl_code == 0) {
+        /* Not every planner reads the device; whether launches may ask for programmatic
+         * serialization (vendor.h) must be known before the first one. */
+        struct gpu_device_info dev;
+        (void)gpu_device_info_get(&dev);
+    }
 
     struct gpu_plan pl;
     if (family != CONVD_GPU_FAMILY_AUTO && !all_aligned && family != CONVD_GPU_FAMILY_GENERIC)
