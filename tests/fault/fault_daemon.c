@@ -38,41 +38,20 @@
 #include "fault_cuda.h"
 #endif
 #include "fault.h"
+#include "insrv.h"
 #include "scenario.h"
 #include "log.h"
 #include "testutil.h"
 
 /* --- the daemon under test ---------------------------------------------------------------- */
 
-struct srv {
-    struct convd_daemon *d;
-    pthread_t thread;
-    int rc;
-    char dir[64];
-    char sock[CONFIG_PATH_BYTES];
-    struct convd_config cfg;
-};
-
-static void *srv_thread(void *arg)
-{
-    struct srv *s = arg;
-    s->rc = daemon_run(s->d);
-    return NULL;
-}
-
 static unsigned srv_ringers; /* doorbell threads of the daemons the test starts */
 static enum config_backend srv_backend = CONFIG_BACKEND_CPU;
 
-static void srv_config(struct srv *s)
+static void srv_config(struct tu_srv *s)
 {
-    memset(s, 0, sizeof(*s));
-    snprintf(s->dir, sizeof(s->dir), "/tmp/convd-fault-XXXXXX");
-    assert_non_null(mkdtemp(s->dir));
-    snprintf(s->sock, sizeof(s->sock), "%s/convd.sock", s->dir);
-    config_defaults(&s->cfg);
-    snprintf(s->cfg.socket_path, sizeof(s->cfg.socket_path), "%s", s->sock);
+    tu_srv_config(s, "convd-fault");
     s->cfg.backend = srv_backend;
-    s->cfg.threads = 2;
     s->cfg.max_batch = 4;
     /* The loop sleeps instead of spinning: fewer recvmsg calls to fail, and a sleeping loop is
      * the harder case for a lost wake-up. */
@@ -84,23 +63,6 @@ static void srv_config(struct srv *s)
 }
 
 /* --- tests -------------------------------------------------------------------------------- */
-
-static void srv_start(struct srv *s)
-{
-    char why[256];
-    int rc = daemon_create(&s->cfg, &s->d, why, sizeof(why));
-    if (rc != 0)
-        fail_msg("daemon_create: %s", why);
-    assert_int_equal(pthread_create(&s->thread, NULL, srv_thread, s), 0);
-}
-
-static void srv_stop(struct srv *s)
-{
-    daemon_request_stop(s->d);
-    assert_int_equal(pthread_join(s->thread, NULL), 0);
-    daemon_destroy(s->d);
-    s->d = NULL;
-}
 
 /* The wrapped calls a set names: the POSIX ones of fault.h, or (fault_gpu) the CUDA runtime's. */
 struct call_set {
@@ -123,13 +85,13 @@ static void serving_faults(const struct call_set *set)
     int total_runs = 0, total_hits = 0;
     for (int fn = set->first; fn < set->first + set->n; fn++) {
         /* Count this call's uses in an unfaulted run. */
-        struct srv s;
+        struct tu_srv s;
         srv_config(&s);
         int fds = count_fds(), maps = count_memfd_maps();
-        srv_start(&s);
+        tu_srv_start(&s);
         long calls = scenario_count_calls(s.sock, seed, fn);
         struct outcome o = {0};
-        srv_stop(&s);
+        tu_srv_join(&s);
         rmdir(s.dir);
         check_no_leaks(fds, maps, "unfaulted run");
 
@@ -142,7 +104,7 @@ static void serving_faults(const struct call_set *set)
             srv_config(&s);
             fds = count_fds();
             maps = count_memfd_maps();
-            srv_start(&s);
+            tu_srv_start(&s);
             memset(&o, 0, sizeof(o));
             fault_arm(fn, nth);
             scenario(s.sock, seed + (uint64_t)i, &o);
@@ -151,7 +113,7 @@ static void serving_faults(const struct call_set *set)
             if (o.lost != 0 || o.wrong != 0)
                 fail_msg("%s: %d requests lost, %d wrong outputs", label, o.lost, o.wrong);
             check_serving(s.sock, seed + (uint64_t)i, label);
-            srv_stop(&s);
+            tu_srv_join(&s);
             rmdir(s.dir);
             check_no_leaks(fds, maps, label);
             hits += hit;
@@ -183,7 +145,7 @@ static void test_create_faults(void **state)
     long cap = runs_cap();
     int refused = 0, served = 0;
     for (int fn = 0; fn < FAULT_N; fn++) {
-        struct srv s;
+        struct tu_srv s;
         srv_config(&s);
         fault_exempt_self(false);
         fault_arm(fn, 0);
@@ -218,9 +180,9 @@ static void test_create_faults(void **state)
                     fail_msg("%s: refused without a fault: %s", label, why);
                 refused++;
             } else {
-                assert_int_equal(pthread_create(&s.thread, NULL, srv_thread, &s), 0);
+                assert_int_equal(pthread_create(&s.thread, NULL, tu_srv_thread, &s), 0);
                 check_serving(s.sock, seed, label);
-                srv_stop(&s);
+                tu_srv_join(&s);
                 served++;
             }
             rmdir(s.dir);
@@ -265,12 +227,12 @@ static void test_gpu_context_lost(void **state)
     int exits = 0;
     for (size_t k = 0; k < sizeof(ids) / sizeof(ids[0]); k++) {
         int id = ids[k];
-        struct srv s;
+        struct tu_srv s;
         srv_config(&s);
-        srv_start(&s);
+        tu_srv_start(&s);
         long calls = scenario_count_calls(s.sock, seed, id);
         struct outcome o = {0};
-        srv_stop(&s);
+        tu_srv_join(&s);
         rmdir(s.dir);
         const long picks[3] = {1, (calls + 1) / 2, calls};
         for (int i = 0; i < 3 && calls > 0; i++) {
@@ -279,7 +241,7 @@ static void test_gpu_context_lost(void **state)
                      fault_cuda_name(id), picks[i], calls);
             srv_config(&s);
             int fds = count_fds(), maps = count_memfd_maps();
-            srv_start(&s);
+            tu_srv_start(&s);
             memset(&o, 0, sizeof(o));
             fault_cuda_sticky(true);
             fault_arm(id, picks[i]);
@@ -303,7 +265,7 @@ static void test_gpu_context_lost(void **state)
             } else {
                 fault_arm(id, 0);
                 fault_cuda_sticky(false);
-                srv_stop(&s);
+                tu_srv_join(&s);
             }
             rmdir(s.dir);
             check_no_leaks(fds, maps, label);

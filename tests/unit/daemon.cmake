@@ -12,6 +12,6 @@ convd_unit_test(test_daemon_regions SOURCES test_daemon_regions.c LIBS convd_dae
 target_link_options(test_daemon_regions PRIVATE -Wl,--wrap=mmap)
 convd_unit_test(test_daemon_request SOURCES test_daemon_request.c LIBS convd_daemon convd_testutil)
 convd_unit_test(test_daemon_server SOURCES test_daemon_server.c
-                LIBS convd_daemon convd_testraw convd_testutil)
+                LIBS convd_daemon convd_testsrv convd_testraw convd_testutil)
 convd_unit_test(test_daemon_pbscan SOURCES test_daemon_pbscan.c LIBS convd_daemon convd_testutil)
 convd_unit_test(test_daemon_ring SOURCES test_daemon_ring.c LIBS convd_daemon convd_testutil)

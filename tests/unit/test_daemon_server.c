@@ -34,6 +34,7 @@
 #include "clock.h"
 #include "config.h"
 #include "daemon.h"
+#include "insrv.h"
 #include "listener.h"
 #include "log.h"
 #include "raw.h"
@@ -44,52 +45,17 @@
 
 /* --- the daemon under test ---------------------------------------------------------------- */
 
-struct srv {
-    struct convd_daemon *d;
-    pthread_t thread;
-    int rc;
-    char dir[64];
-    char sock[CONFIG_PATH_BYTES];
-    struct convd_config cfg;
-};
-
-static void *srv_thread(void *arg)
+static void srv_config(struct tu_srv *s)
 {
-    struct srv *s = arg;
-    s->rc = daemon_run(s->d);
-    return NULL;
-}
-
-static void srv_config(struct srv *s)
-{
-    memset(s, 0, sizeof(*s));
-    snprintf(s->dir, sizeof(s->dir), "/tmp/convd-unit-XXXXXX");
-    assert_non_null(mkdtemp(s->dir));
-    snprintf(s->sock, sizeof(s->sock), "%s/convd.sock", s->dir);
-    config_defaults(&s->cfg);
-    snprintf(s->cfg.socket_path, sizeof(s->cfg.socket_path), "%s", s->sock);
-    s->cfg.backend = CONFIG_BACKEND_CPU;
-    s->cfg.threads = 2;
+    tu_srv_config(s, "convd-unit");
     s->cfg.max_batch = 8;
 }
 
-static void srv_start(struct srv *s)
-{
-    char why[256];
-    int rc = daemon_create(&s->cfg, &s->d, why, sizeof(why));
-    if (rc != 0)
-        fail_msg("daemon_create: %s", why);
-    assert_int_equal(pthread_create(&s->thread, NULL, srv_thread, s), 0);
-}
-
 /* Stops the daemon as SIGTERM would and checks it exited cleanly and removed its socket. */
-static void srv_stop(struct srv *s)
+static void srv_stop(struct tu_srv *s)
 {
-    daemon_request_stop(s->d);
-    assert_int_equal(pthread_join(s->thread, NULL), 0);
+    tu_srv_join(s);
     assert_int_equal(s->rc, 0);
-    daemon_destroy(s->d);
-    s->d = NULL;
     struct stat st;
     assert_int_equal(lstat(s->sock, &st), -1);
     rmdir(s->dir);
@@ -124,7 +90,7 @@ static void cl_send_hello(int fd, uint32_t version)
 }
 
 /* Connects and completes the handshake; returns the descriptor. */
-static int cl_open(const struct srv *s)
+static int cl_open(const struct tu_srv *s)
 {
     int fd = raw_connect(s->sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
@@ -334,12 +300,12 @@ static int quiet(void **state)
 static void test_handshake_and_queries(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.max_inflight = 77;
     s.cfg.max_regions = 9;
     s.cfg.max_mapped_bytes = 12345678;
-    srv_start(&s);
+    tu_srv_start(&s);
 
     int fd = raw_connect(s.sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
@@ -432,9 +398,9 @@ static void test_handshake_and_queries(void **state)
 static void test_numeric(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = cl_open(&s);
     struct tu_rng g;
     tu_rng_init(&g, tu_seed());
@@ -485,10 +451,10 @@ static void test_numeric(void **state)
 static void test_batching_and_priority(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.max_batch = 4;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = cl_open(&s);
     struct tu_rng g;
     tu_rng_init(&g, tu_seed());
@@ -563,10 +529,10 @@ static void test_batching_and_priority(void **state)
 static void test_deadline_and_queue_full(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.queue_limit = 3;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = cl_open(&s);
     struct tu_rng g;
     tu_rng_init(&g, tu_seed());
@@ -628,9 +594,9 @@ static void test_deadline_and_queue_full(void **state)
 static void test_disconnect_cancels(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
-    srv_start(&s);
+    tu_srv_start(&s);
     int mon = cl_open(&s);
     int fd = cl_open(&s);
     struct convd_problem heavy, p;
@@ -669,12 +635,12 @@ static void test_disconnect_cancels(void **state)
 static void test_refusals(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     /* an allow-list without us */
     srv_config(&s);
     s.cfg.n_allow_uids = 1;
     s.cfg.allow_uids[0] = getuid() + 12345;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = raw_connect(s.sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
     Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
@@ -691,7 +657,7 @@ static void test_refusals(void **state)
     s.cfg.allow_uids[0] = getuid() + 12345;
     s.cfg.n_allow_gids = 1;
     s.cfg.allow_gids[0] = getgid();
-    srv_start(&s);
+    tu_srv_start(&s);
     fd = cl_open(&s);
     close(fd);
     srv_stop(&s);
@@ -700,7 +666,7 @@ static void test_refusals(void **state)
     srv_config(&s);
     s.cfg.max_clients = 1;
     s.cfg.hello_timeout_ms = 200;
-    srv_start(&s);
+    tu_srv_start(&s);
     int first = cl_open(&s);
     fd = raw_connect(s.sock);
     cl_send_hello(fd, CONVD_PROTOCOL_VERSION);
@@ -731,10 +697,10 @@ static void test_refusals(void **state)
 static void test_protocol_errors(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.max_protocol_errors = 4;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = raw_connect(s.sock);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__Ping ping = CONVD__PING__INIT;
@@ -784,10 +750,10 @@ static void test_protocol_errors(void **state)
 static void test_slow_reader(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.max_send_queue_bytes = 65536;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = cl_open(&s);
     int mon = cl_open(&s);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
@@ -812,10 +778,10 @@ static void test_slow_reader(void **state)
  * connection closes. With no drain time, queued work fails with ESHUTDOWN instead. */
 static void drain_case(uint64_t drain_ms, int want_status)
 {
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.drain_timeout_ms = drain_ms;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = cl_open(&s);
     struct tu_rng g;
     tu_rng_init(&g, tu_seed());
@@ -1054,7 +1020,7 @@ static void test_socket_activation(void **state)
     close(lfd);
     notify_expect(nfd, "READY=1");
     notify_expect(nfd, "WATCHDOG=1");
-    struct srv s;
+    struct tu_srv s;
     memset(&s, 0, sizeof(s));
     snprintf(s.sock, sizeof(s.sock), "%s", path);
     int fd = cl_open(&s);
@@ -1084,11 +1050,11 @@ static void test_socket_activation(void **state)
 static void test_queue_delay(void **state)
 {
     (void)state;
-    struct srv s;
+    struct tu_srv s;
     srv_config(&s);
     s.cfg.max_batch = 3;
     s.cfg.max_queue_delay_us = 200000;
-    srv_start(&s);
+    tu_srv_start(&s);
     int fd = cl_open(&s);
     struct tu_rng g;
     tu_rng_init(&g, tu_seed());
