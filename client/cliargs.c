@@ -107,6 +107,39 @@ int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len)
     return why_fail(why, why_len, CONVD_EINVAL, "padding '%s' must be P, PH,PW or PT,PB,PL,PR", s);
 }
 
+/* --act: a name, or clamp:LO,HI. */
+static int cli_parse_act(const char *value, struct convd_problem *p, char *why, size_t why_len)
+{
+    if (strncmp(value, "clamp:", 6) == 0) {
+        const char *lo = value + 6;
+        char *end;
+        errno = 0;
+        float a = strtof(lo, &end);
+        float b = 0.0f;
+        bool ok = errno == 0 && end != lo && *end == ',';
+        if (ok) {
+            const char *hi = end + 1;
+            b = strtof(hi, &end);
+            ok = errno == 0 && end != hi && *end == '\0' && !isnan(a) && !isnan(b) && a <= b;
+        }
+        if (!ok)
+            return why_fail(why, why_len, CONVD_EINVAL,
+                            "'%s': clamp takes two numbers, low first: clamp:LO,HI", value);
+        p->activation = CONVD_ACT_CLAMP;
+        p->act_min = a;
+        p->act_max = b;
+        return 0;
+    }
+    if (strcmp(value, "clamp") == 0)
+        return why_fail(why, why_len, CONVD_EINVAL, "clamp needs its bounds: clamp:LO,HI");
+    if (convd_activation_parse(value, p) != 0)
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "unknown activation '%s' (none, relu, relu6, clamp:LO,HI, silu, "
+                        "hardswish, gelu or gelu_tanh)",
+                        value);
+    return 0;
+}
+
 static const char *const cli_po_names[CLI_PO_COUNT] = {
 #define CLI_PO_NAME(id, name, takes_value, in_conv) [CLI_PO_##id] = name,
     CLI_PROBLEM_OPTIONS(CLI_PO_NAME)
@@ -142,7 +175,8 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
         return 0;
     }
     if (i == CLI_PO_RELU) {
-        p->relu = true;
+        p->activation = CONVD_ACT_RELU;
+        p->act_min = p->act_max = 0.0f;
         return 0;
     }
     if (value == NULL)
@@ -189,6 +223,8 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
                             value);
         return 0;
     }
+    if (i == CLI_PO_ACT)
+        return cli_parse_act(value, p, why, why_len);
     return why_fail(why, why_len, CONVD_EINVAL, "unknown problem option --%s", name);
 }
 

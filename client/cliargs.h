@@ -45,9 +45,10 @@ int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len);
     X(DTYPE, "dtype", 1, 1)                                                                        \
     X(LAYOUT, "layout", 1, 1)                                                                      \
     X(BIAS, "bias", 0, 0)                                                                          \
-    X(RELU, "relu", 0, 1)
+    X(RELU, "relu", 0, 1)                                                                          \
+    X(ACT, "act", 1, 1)
 
-/* Indices into the table: CLI_PO_N, ..., CLI_PO_RELU, then the count. */
+/* Indices into the table: CLI_PO_N, ..., CLI_PO_ACT, then the count. */
 enum cli_problem_opt {
 #define CLI_PO_ENUM(id, name, takes_value, in_conv) CLI_PO_##id,
     CLI_PROBLEM_OPTIONS(CLI_PO_ENUM)
@@ -59,7 +60,9 @@ enum cli_problem_opt {
 const char *cli_problem_option_name(int i);
 
 /* Applies one problem option of the table, by name, to p. bias and relu take no value (value may
- * be NULL); the others need one. Other fields stay as they are. Unknown names fail. */
+ * be NULL); the others need one. act takes an activation's name (convd_activation_parse(): relu,
+ * relu6, silu, ...) or clamp:LO,HI; --relu is --act relu. Other fields stay as they are. Unknown
+ * names fail. */
 int cli_problem_option(struct convd_problem *p, const char *name, const char *value, char *why,
                        size_t why_len);
 
@@ -80,7 +83,7 @@ const struct cli_shape *cli_shapes_find(const struct cli_shape *rows, size_t cou
                                         const char *name);
 
 /* Sets the geometry of p from a row (square stride, symmetric padding, square dilation), leaving
- * dtype, layout, bias and relu as they are. */
+ * dtype, layout, bias and activation as they are. */
 void cli_shape_apply(const struct cli_shape *row, struct convd_problem *p);
 
 #endif

@@ -231,7 +231,7 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint6
     struct convd_problem_sizes z;
     rc = convd_problem_sizes(&a->problem, &z, why, sizeof(why));
     if (rc == 0)
-        rc = wire_request_supported(&a->problem, why, sizeof(why));
+        rc = wire_request_supported(&a->problem, c->info.protocol_version, why, sizeof(why));
     if (rc != 0)
         return cl_fail(c, rc, "%s", why);
     const bool bias = a->problem.has_bias;

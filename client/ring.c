@@ -137,8 +137,12 @@ int cl_ring_submit(convd_client *c, const struct convd_conv_args *a, uint64_t id
     memset(e, 0, sizeof(*e));
     e->id = id;
     e->opcode = CONVD_RING_OP_CONV;
-    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (p->relu ? CONVD_RING_F_RELU : 0) |
+    const bool relu = p->activation == CONVD_ACT_RELU;
+    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (relu ? CONVD_RING_F_RELU : 0) |
                (p->allow_tf32 ? CONVD_RING_F_ALLOW_TF32 : 0);
+    e->activation = relu ? 0 : (uint32_t)p->activation;
+    e->act_min = p->act_min;
+    e->act_max = p->act_max;
     e->n = (uint32_t)p->n;
     e->h = (uint32_t)p->h;
     e->w = (uint32_t)p->w;

@@ -46,7 +46,9 @@
 /* sqe.opcode */
 #define CONVD_RING_OP_CONV 1u
 
-/* sqe.flags: the problem's booleans */
+/* sqe.flags: the problem's booleans. RELU is also what layout 1 had before sqe.activation (whose
+ * word was reserved and had to be 0): a client says relu with the flag alone, so that any
+ * daemon of this layout runs it, and an older daemon refuses any other activation by name. */
 #define CONVD_RING_F_BIAS       1u
 #define CONVD_RING_F_RELU       2u
 #define CONVD_RING_F_ALLOW_TF32 4u
@@ -90,10 +92,11 @@ struct convd_ring_sqe {
     uint32_t stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, dil_h, dil_w;
     uint32_t dtype, layout;
     uint32_t priority;
-    uint32_t reserved; /* 0 */
+    uint32_t activation; /* Activation's wire value other than relu (F_RELU), or 0 */
     uint64_t timeout_us;
     struct convd_ring_tensor input, weight, bias, output;
-    uint8_t pad[56];
+    float act_min, act_max; /* clamp's bounds, as Problem's */
+    uint8_t pad[48];
 };
 
 /* The completion of a request that succeeded. */

@@ -1,9 +1,21 @@
 #include <stdio.h>
 
 #include "wire.h"
+#include "why.h"
 
-int wire_request_supported(const struct convd_problem *p, char *why, size_t why_len)
+int wire_request_supported(const struct convd_problem *p, uint32_t version, char *why,
+                           size_t why_len)
 {
+    if (version < CONVD_PROTOCOL_ACTIVATIONS && p->activation != CONVD_ACT_NONE &&
+        p->activation != CONVD_ACT_RELU) {
+        if (why != NULL && why_len > 0)
+            snprintf(why, why_len,
+                     "activation %s needs protocol version %u, and the connection speaks %u (an "
+                     "older daemon, which knows only relu): upgrade the daemon",
+                     convd_activation_name(p->activation), CONVD_PROTOCOL_ACTIVATIONS,
+                     (unsigned)version);
+        return CONVD_EUNSUPPORTED;
+    }
     if (p->allow_tf32) {
         if (why != NULL && why_len > 0)
             snprintf(why, why_len,
@@ -119,8 +131,20 @@ int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, ch
         return CONVD_EBADSHAPE;
     }
     p.has_bias = pb->has_bias;
-    p.relu = pb->relu;
     p.allow_tf32 = pb->allow_tf32;
+    /* Protocol 1 says ReLU with its flag; protocol 2 with the enum (and may set both). The enum's
+     * values are the API's. */
+    p.activation = (enum convd_activation)pb->activation;
+    if (pb->relu) {
+        if (p.activation != CONVD_ACT_NONE && p.activation != CONVD_ACT_RELU) {
+            snprintf(why, why_len, "field relu is set with activation %d: set one of them",
+                     (int)pb->activation);
+            return CONVD_EBADSHAPE;
+        }
+        p.activation = CONVD_ACT_RELU;
+    }
+    p.act_min = pb->act_min;
+    p.act_max = pb->act_max;
     int rc = convd_problem_check(&p, why, why_len);
     if (rc != 0)
         return rc;
@@ -154,8 +178,12 @@ void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb)
                  : p->layout == CONVD_LAYOUT_NCHW ? CONVD__LAYOUT__LAYOUT_NCHW
                                                   : CONVD__LAYOUT__LAYOUT_UNSPECIFIED;
     pb->has_bias = p->has_bias;
-    pb->relu = p->relu;
+    /* ReLU goes as protocol 1's flag too, so that a daemon of protocol 1 runs it. */
+    pb->relu = p->activation == CONVD_ACT_RELU;
     pb->allow_tf32 = p->allow_tf32;
+    pb->activation = (Convd__Activation)p->activation;
+    pb->act_min = p->act_min;
+    pb->act_max = p->act_max;
 }
 
 int wire_pack_client(const Convd__ClientMessage *m, uint8_t *buf, size_t cap)
@@ -172,4 +200,61 @@ int wire_pack_server(const Convd__ServerMessage *m, uint8_t *buf, size_t cap)
     if (need > cap)
         return CONVD_ETOOBIG;
     return (int)convd__server_message__pack(m, buf);
+}
+
+int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, Convd__Problem *pb,
+                      Convd__TensorRef refs[4], char *why, size_t why_len)
+{
+    if (e->opcode != CONVD_RING_OP_CONV)
+        return why_fail(why, why_len, CONVD_EPROTO,
+                        "ring entry for request %llu has opcode %u; the only one is CONV (1)",
+                        (unsigned long long)e->id, e->opcode);
+    if ((e->flags & ~CONVD_RING_F_ALL) != 0)
+        return why_fail(why, why_len, CONVD_EPROTO,
+                        "ring entry for request %llu sets unknown flags (0x%x)",
+                        (unsigned long long)e->id, e->flags);
+    *pb = (Convd__Problem)CONVD__PROBLEM__INIT;
+    pb->n = e->n;
+    pb->h = e->h;
+    pb->w = e->w;
+    pb->c = e->c;
+    pb->k = e->k;
+    pb->r = e->r;
+    pb->s = e->s;
+    pb->groups = e->groups;
+    pb->stride_h = e->stride_h;
+    pb->stride_w = e->stride_w;
+    pb->pad_top = e->pad_top;
+    pb->pad_bottom = e->pad_bottom;
+    pb->pad_left = e->pad_left;
+    pb->pad_right = e->pad_right;
+    pb->dil_h = e->dil_h;
+    pb->dil_w = e->dil_w;
+    pb->dtype = (Convd__DType)e->dtype;
+    pb->layout = (Convd__Layout)e->layout;
+    pb->has_bias = (e->flags & CONVD_RING_F_BIAS) != 0;
+    pb->relu = (e->flags & CONVD_RING_F_RELU) != 0;
+    pb->allow_tf32 = (e->flags & CONVD_RING_F_ALLOW_TF32) != 0;
+    pb->activation = (Convd__Activation)e->activation;
+    pb->act_min = e->act_min;
+    pb->act_max = e->act_max;
+    const struct convd_ring_tensor *t[4] = {&e->input, &e->weight, &e->bias, &e->output};
+    for (int i = 0; i < 4; i++) {
+        refs[i] = (Convd__TensorRef)CONVD__TENSOR_REF__INIT;
+        refs[i].region_id = t[i]->region_id;
+        refs[i].offset = t[i]->offset;
+        refs[i].bytes = t[i]->bytes;
+    }
+    *req = (Convd__ConvRequest)CONVD__CONV_REQUEST__INIT;
+    req->id = e->id;
+    req->problem = pb;
+    req->input = &refs[0];
+    req->weight = &refs[1];
+    /* An absent bias is all zeros; one that is present is checked like any tensor. */
+    bool bias_named = e->bias.region_id != 0 || e->bias.offset != 0 || e->bias.bytes != 0;
+    req->bias = pb->has_bias || bias_named ? &refs[2] : NULL;
+    req->output = &refs[3];
+    req->priority = e->priority;
+    req->timeout_us = e->timeout_us;
+    return 0;
 }

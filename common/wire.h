@@ -10,11 +10,14 @@
 
 #include "convd.pb-c.h"
 #include "convd/conv.h"
+#include "ring_layout.h"
 
 /* The protocol versions this build speaks: the newest, which a client asks for and a daemon
  * prefers, and the oldest it still accepts (docs/protocol.md, "Versioning"). */
-#define CONVD_PROTOCOL_VERSION     1u
+#define CONVD_PROTOCOL_VERSION     2u
 #define CONVD_PROTOCOL_VERSION_MIN 1u
+/* The first version whose Problem carries activations other than relu. */
+#define CONVD_PROTOCOL_ACTIVATIONS 2u
 /* Largest datagram either side reads or writes. Requests are a few hundred bytes; metrics replies
  * are the largest messages. */
 #define CONVD_MAX_MESSAGE_BYTES (64u * 1024u)
@@ -28,10 +31,13 @@
 int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, char *why,
                          size_t why_len);
 
-/* What a request may ask for beyond a valid problem, judged the same way by the client library
- * and the daemon: allow_tf32 is refused (CONVD_EUNSUPPORTED) until a kernel implements TF32, so
- * that the flag never silently does nothing. Returns 0 or the code with a sentence. */
-int wire_request_supported(const struct convd_problem *p, char *why, size_t why_len);
+/* What a request may ask for beyond a valid problem on a connection of protocol `version`,
+ * judged the same way by the client library and the daemon (CONVD_EUNSUPPORTED, so that nothing
+ * asked for is silently dropped): an activation other than relu needs protocol 2, which an older
+ * daemon would not read; allow_tf32 is refused until a kernel implements TF32. Returns 0 or the
+ * code with a sentence. */
+int wire_request_supported(const struct convd_problem *p, uint32_t version, char *why,
+                           size_t why_len);
 
 /* The protocol version of a connection: the newest that both sides speak, the peer from
  * peer_min to peer_max (peer_min 0: peer_max alone, as a Hello without min_protocol_version
@@ -42,6 +48,12 @@ int wire_request_supported(const struct convd_problem *p, char *why, size_t why_
 int wire_pick_version(uint32_t peer_min, uint32_t peer_max, uint32_t own_min, uint32_t own_max,
                       const char *peer, const char *self, uint32_t *ret_version, char *why,
                       size_t why_len);
+
+/* Turns a ring entry into the ConvRequest it stands for, so that the ring and the socket share
+ * every check after this one: the fields the message does not have (opcode, flags) are checked
+ * here (CONVD_EPROTO). req points into pb and refs, which the caller provides. */
+int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, Convd__Problem *pb,
+                      Convd__TensorRef refs[4], char *why, size_t why_len);
 
 /* Fills an initialised Problem message from a C struct (no allocation). */
 void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb);

@@ -324,6 +324,7 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         .backend = &d->backend,
         .inflight = &c->inflight,
         .max_inflight = d->cfg.max_inflight,
+        .proto_version = c->proto_version,
     };
     int rc = req_validate(pb, &ctx, r, why, sizeof(why));
     if (rc != 0) {
@@ -471,64 +472,6 @@ static void conn_on_ring_stall(uv_timer_t *t)
     conn_shutdown(c, true, why);
 }
 
-/* Turns a ring entry into the ConvRequest it stands for, so that both paths share every check.
- * Fields the message does not have (opcode, flags, reserved) are checked here. */
-static int conn_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req,
-                             Convd__Problem *pb, Convd__TensorRef refs[4], char *why,
-                             size_t why_len)
-{
-    if (e->opcode != CONVD_RING_OP_CONV)
-        return why_fail(why, why_len, CONVD_EPROTO,
-                        "ring entry for request %llu has opcode %u; the only one is CONV (1)",
-                        (unsigned long long)e->id, e->opcode);
-    if ((e->flags & ~CONVD_RING_F_ALL) != 0 || e->reserved != 0)
-        return why_fail(why, why_len, CONVD_EPROTO,
-                        "ring entry for request %llu sets unknown flags (0x%x) or its reserved "
-                        "field (%u)",
-                        (unsigned long long)e->id, e->flags, e->reserved);
-    *pb = (Convd__Problem)CONVD__PROBLEM__INIT;
-    pb->n = e->n;
-    pb->h = e->h;
-    pb->w = e->w;
-    pb->c = e->c;
-    pb->k = e->k;
-    pb->r = e->r;
-    pb->s = e->s;
-    pb->groups = e->groups;
-    pb->stride_h = e->stride_h;
-    pb->stride_w = e->stride_w;
-    pb->pad_top = e->pad_top;
-    pb->pad_bottom = e->pad_bottom;
-    pb->pad_left = e->pad_left;
-    pb->pad_right = e->pad_right;
-    pb->dil_h = e->dil_h;
-    pb->dil_w = e->dil_w;
-    pb->dtype = (Convd__DType)e->dtype;
-    pb->layout = (Convd__Layout)e->layout;
-    pb->has_bias = (e->flags & CONVD_RING_F_BIAS) != 0;
-    pb->relu = (e->flags & CONVD_RING_F_RELU) != 0;
-    pb->allow_tf32 = (e->flags & CONVD_RING_F_ALLOW_TF32) != 0;
-    const struct convd_ring_tensor *t[4] = {&e->input, &e->weight, &e->bias, &e->output};
-    for (int i = 0; i < 4; i++) {
-        refs[i] = (Convd__TensorRef)CONVD__TENSOR_REF__INIT;
-        refs[i].region_id = t[i]->region_id;
-        refs[i].offset = t[i]->offset;
-        refs[i].bytes = t[i]->bytes;
-    }
-    *req = (Convd__ConvRequest)CONVD__CONV_REQUEST__INIT;
-    req->id = e->id;
-    req->problem = pb;
-    req->input = &refs[0];
-    req->weight = &refs[1];
-    /* An absent bias is all zeros; one that is present is checked like any tensor. */
-    bool bias_named = e->bias.region_id != 0 || e->bias.offset != 0 || e->bias.bytes != 0;
-    req->bias = pb->has_bias || bias_named ? &refs[2] : NULL;
-    req->output = &refs[3];
-    req->priority = e->priority;
-    req->timeout_us = e->timeout_us;
-    return 0;
-}
-
 unsigned conn_poll_ring(struct conn *c)
 {
     unsigned taken = 0;
@@ -559,7 +502,7 @@ unsigned conn_poll_ring(struct conn *c)
         Convd__ConvRequest req;
         Convd__Problem pb;
         Convd__TensorRef refs[4];
-        if (conn_ring_request(&e, &req, &pb, refs, why, sizeof(why)) != 0) {
+        if (wire_ring_request(&e, &req, &pb, refs, why, sizeof(why)) != 0) {
             conn_reject(c, true, e.id, CONVD_EPROTO, why);
             c->protocol_errors++;
             c->d->metrics.protocol_errors++;

@@ -66,7 +66,7 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
     rc = convd_problem_sizes(&p, &sz, why, why_len);
     if (rc != 0)
         return rc;
-    rc = wire_request_supported(&p, why, why_len);
+    rc = wire_request_supported(&p, ctx->proto_version, why, why_len);
     if (rc != 0)
         return rc;
     char be_why[256] = "";

@@ -40,6 +40,7 @@ struct req_context {
     struct convd_backend *backend;
     const struct idmap *inflight; /* ids of the client's requests queued or running */
     uint32_t max_inflight;
+    uint32_t proto_version; /* the connection's (what the request may ask for) */
 };
 
 /* Checks a decoded ConvRequest: priority, the problem (wire_problem_from_pb), the backend's

@@ -1,7 +1,8 @@
 /*
  * Index math of the convolution, shared by host code (validation, CPU backend, tests) and device
- * code (the HIP kernels). Plain C, static inline, no library calls, so that one definition of the
- * output size and of the decode of the GEMM K dimension serves everywhere.
+ * code (the HIP kernels). Plain C, static inline, so that one definition of the output size, of
+ * the decode of the GEMM K dimension and of the activations serves everywhere. The only library
+ * calls are the float functions of math.h the activations need, which host and device both have.
  *
  * The implicit GEMM of one group: M = N*Ho*Wo rows (output pixels), N_gemm = K/G columns (output
  * channels of the group), K_gemm = R*S*C/G (filter taps times channels per group). NHWC orders the
@@ -10,6 +11,7 @@
 #ifndef CONVD_CONV_MATH_H
 #define CONVD_CONV_MATH_H
 
+#include <math.h>
 #include <stdint.h>
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -66,6 +68,31 @@ CONVD_HD int32_t convd_math_in_coord(int32_t o, int32_t t, int32_t stride, int32
 CONVD_HD int convd_math_inside(int32_t v, int32_t n)
 {
     return (uint32_t)v < (uint32_t)n;
+}
+
+/* The activation after the bias (enum convd_activation's values; the GPU passes them as int).
+ * Written so that NaN stays NaN, as in PyTorch. */
+CONVD_HD float convd_math_act(int act, float y, float lo, float hi)
+{
+    switch (act) {
+    case 1: /* relu */
+        return y < 0.0f ? 0.0f : y;
+    case 2: /* clamp */
+        return y < lo ? lo : (y > hi ? hi : y);
+    case 3: /* silu */
+        return y / (1.0f + expf(-y));
+    case 4: { /* hardswish */
+        float t = y + 3.0f;
+        t = t < 0.0f ? 0.0f : (t > 6.0f ? 6.0f : t);
+        return y * t * (1.0f / 6.0f);
+    }
+    case 5: /* gelu, erf form */
+        return 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
+    case 6: /* gelu, tanh form */
+        return 0.5f * y * (1.0f + tanhf(0.79788456080286536f * (y + 0.044715f * y * y * y)));
+    default:
+        return y;
+    }
 }
 
 /*

@@ -3,6 +3,7 @@
  * daemon, the client library, the CPU backend and the GPU dispatcher all call these, so a problem
  * is judged the same way everywhere.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -117,6 +118,23 @@ int convd_problem_check(const struct convd_problem *p, char *why, size_t why_len
                         (int)p->groups);
     if (p->allow_tf32 && p->dtype != CONVD_DTYPE_FP32)
         return why_fail(why, why_len, CONVD_EBADSHAPE, "field allow_tf32 applies to fp32 only");
+    if ((unsigned)p->activation > CONVD_ACT_GELU_TANH)
+        return why_fail(why, why_len, CONVD_EBADSHAPE,
+                        "field activation is %d, must be between none (0) and gelu_tanh (%d)",
+                        (int)p->activation, (int)CONVD_ACT_GELU_TANH);
+    if (p->activation == CONVD_ACT_CLAMP) {
+        if (isnan(p->act_min) || isnan(p->act_max) || p->act_min > p->act_max)
+            return why_fail(why, why_len, CONVD_EBADSHAPE,
+                            "clamp bounds act_min=%g and act_max=%g must be numbers with act_min "
+                            "<= act_max",
+                            (double)p->act_min, (double)p->act_max);
+    } else if (p->act_min != 0.0f || p->act_max != 0.0f) {
+        return why_fail(why, why_len, CONVD_EBADSHAPE,
+                        "fields act_min and act_max apply to the clamp activation only, and are "
+                        "%g and %g with %s",
+                        (double)p->act_min, (double)p->act_max,
+                        convd_activation_name(p->activation));
+    }
 
     int64_t oh = convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h, p->dil_h);
     if (oh <= 0)
@@ -194,18 +212,58 @@ bool convd_problem_same(const struct convd_problem *a, const struct convd_proble
            a->pad_bottom == b->pad_bottom && a->pad_left == b->pad_left &&
            a->pad_right == b->pad_right && a->dil_h == b->dil_h && a->dil_w == b->dil_w &&
            a->dtype == b->dtype && a->layout == b->layout && a->has_bias == b->has_bias &&
-           a->relu == b->relu && a->allow_tf32 == b->allow_tf32;
+           a->allow_tf32 == b->allow_tf32 && a->activation == b->activation &&
+           a->act_min == b->act_min && a->act_max == b->act_max;
 }
 
 char *convd_problem_str(const struct convd_problem *p, char *buf, size_t len)
 {
-    snprintf(buf, len, "n%d c%dx%dx%d k%d %dx%d g%d s%d,%d p%d,%d,%d,%d d%d,%d %s %s%s%s",
+    char act[48] = "";
+    if (p->activation == CONVD_ACT_CLAMP)
+        snprintf(act, sizeof(act), " clamp(%g,%g)", (double)p->act_min, (double)p->act_max);
+    else if (p->activation != CONVD_ACT_NONE)
+        snprintf(act, sizeof(act), " %s", convd_activation_name(p->activation));
+    snprintf(buf, len, "n%d c%dx%dx%d k%d %dx%d g%d s%d,%d p%d,%d,%d,%d d%d,%d %s %s%s%s%s",
              (int)p->n, (int)p->c, (int)p->h, (int)p->w, (int)p->k, (int)p->r, (int)p->s,
              (int)p->groups, (int)p->stride_h, (int)p->stride_w, (int)p->pad_top,
              (int)p->pad_bottom, (int)p->pad_left, (int)p->pad_right, (int)p->dil_h, (int)p->dil_w,
              convd_dtype_name(p->dtype), convd_layout_name(p->layout), p->has_bias ? " bias" : "",
-             p->relu ? " relu" : "");
+             act, p->allow_tf32 ? " tf32" : "");
     return buf;
+}
+
+static const struct {
+    const char *name;
+    enum convd_activation act;
+    float lo, hi;
+} act_names[] = {
+    {"none", CONVD_ACT_NONE, 0, 0},           {"relu", CONVD_ACT_RELU, 0, 0},
+    {"clamp", CONVD_ACT_CLAMP, 0, 0},         {"silu", CONVD_ACT_SILU, 0, 0},
+    {"hardswish", CONVD_ACT_HARDSWISH, 0, 0}, {"gelu", CONVD_ACT_GELU, 0, 0},
+    {"gelu_tanh", CONVD_ACT_GELU_TANH, 0, 0}, {"relu6", CONVD_ACT_CLAMP, 0, 6},
+    {"swish", CONVD_ACT_SILU, 0, 0},
+};
+
+const char *convd_activation_name(enum convd_activation act)
+{
+    for (size_t i = 0; i < sizeof(act_names) / sizeof(act_names[0]); i++)
+        if (act_names[i].act == act)
+            return act_names[i].name;
+    return "unknown";
+}
+
+int convd_activation_parse(const char *s, struct convd_problem *p)
+{
+    if (s == NULL || p == NULL)
+        return CONVD_EINVAL;
+    for (size_t i = 0; i < sizeof(act_names) / sizeof(act_names[0]); i++)
+        if (strcasecmp(s, act_names[i].name) == 0) {
+            p->activation = act_names[i].act;
+            p->act_min = act_names[i].lo;
+            p->act_max = act_names[i].hi;
+            return 0;
+        }
+    return CONVD_EINVAL;
 }
 
 const char *convd_dtype_name(enum convd_dtype dtype)

@@ -13,7 +13,8 @@
 static const char conv_usage[] =
     "Usage: convctl conv --input X.npy --weight W.npy [--bias B.npy] --output Y.npy\n"
     "                    [--stride S|SH,SW] [--pad P|PH,PW|PT,PB,PL,PR] [--dilation D|DH,DW]\n"
-    "                    [--groups G] [--layout nchw|nhwc] [--dtype fp32|fp16|bf16] [--relu]\n"
+    "                    [--groups G] [--layout nchw|nhwc] [--dtype fp32|fp16|bf16]\n"
+    "                    [--act relu|relu6|clamp:LO,HI|silu|hardswish|gelu|gelu_tanh] [--relu]\n"
     "                    [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
     "Runs one grouped 2-D convolution on the daemon and writes the result as a .npy file.\n"

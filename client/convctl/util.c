@@ -420,7 +420,12 @@ void ctl_json_problem(struct ctl_json *j, const struct convd_problem *p,
     ctl_json_str(j, "dtype", convd_dtype_name(p->dtype));
     ctl_json_str(j, "layout", convd_layout_name(p->layout));
     ctl_json_bool(j, "bias", p->has_bias);
-    ctl_json_bool(j, "relu", p->relu);
+    ctl_json_bool(j, "relu", p->activation == CONVD_ACT_RELU);
+    ctl_json_str(j, "activation", convd_activation_name(p->activation));
+    if (p->activation == CONVD_ACT_CLAMP) {
+        ctl_json_num(j, "act_min", p->act_min);
+        ctl_json_num(j, "act_max", p->act_max);
+    }
     ctl_json_u64(j, "input_bytes", z->input_bytes);
     ctl_json_u64(j, "weight_bytes", z->weight_bytes);
     ctl_json_u64(j, "bias_bytes", z->bias_bytes);

@@ -88,8 +88,8 @@ void ctl_json_u64(struct ctl_json *j, const char *key, uint64_t v);
 void ctl_json_num(struct ctl_json *j, const char *key, double v);
 void ctl_json_bool(struct ctl_json *j, const char *key, bool v);
 /* The problem's fields (n, h, w, c, k, r, s, groups, strides, paddings, dilations, dtype,
- * layout, bias, relu) and its sizes (input_bytes .. output_bytes, flops), as bench and verify
- * print them. */
+ * layout, bias, relu, activation and clamp's bounds) and its sizes (input_bytes .. output_bytes,
+ * flops), as bench and verify print them. */
 void ctl_json_problem(struct ctl_json *j, const struct convd_problem *p,
                       const struct convd_problem_sizes *z);
 /* Ends the object and the line, and flushes stdout. */

@@ -11,7 +11,8 @@
  * s*dil_w]
  *                     * w[k, c', r, s]                       where g = k / (K/G)
  *
- * optionally followed by ReLU. Input pixels outside the image read as zero. Shapes and layouts:
+ * then an activation (enum convd_activation). Input pixels outside the image read as zero. Shapes
+ * and layouts:
  *
  *   layout NCHW: x (N, C, H, W), w (K, C/G, R, S), y (N, K, Ho, Wo)  (PyTorch's default)
  *   layout NHWC: x (N, H, W, C), w (K, R, S, C/G), y (N, Ho, Wo, K)  (channels last)
@@ -44,6 +45,17 @@ enum convd_layout {
     CONVD_LAYOUT_NHWC = 2,
 };
 
+/* The function applied to each output after the bias, as PyTorch defines it. */
+enum convd_activation {
+    CONVD_ACT_NONE = 0,
+    CONVD_ACT_RELU = 1,      /* max(0, y) */
+    CONVD_ACT_CLAMP = 2,     /* min(max(y, act_min), act_max); ReLU6 is act_min 0, act_max 6 */
+    CONVD_ACT_SILU = 3,      /* y * sigmoid(y), also called swish */
+    CONVD_ACT_HARDSWISH = 4, /* y * min(max(y + 3, 0), 6) / 6 */
+    CONVD_ACT_GELU = 5,      /* y/2 * (1 + erf(y / sqrt(2))) */
+    CONVD_ACT_GELU_TANH = 6, /* y/2 * (1 + tanh(sqrt(2/pi) * (y + 0.044715 y^3))) */
+};
+
 /* Limits enforced by convd_problem_check(). */
 #define CONVD_MAX_DIM          (1 << 24)           /* n, h, w, c, k, r, s, groups */
 #define CONVD_MAX_STRIDE       (1 << 16)           /* stride and dilation */
@@ -63,12 +75,13 @@ struct convd_problem {
     enum convd_dtype dtype;
     enum convd_layout layout;
     bool has_bias;   /* add bias[k] before the activation */
-    bool relu;       /* max(0, y) after the bias */
     bool allow_tf32; /* fp32 only: the GPU may use TF32 tensor cores (changes the numerics) */
+    enum convd_activation activation; /* after the bias */
+    float act_min, act_max;           /* CONVD_ACT_CLAMP's bounds; 0 for every other activation */
 };
 
 /* Sizes derived from a valid problem. Element counts and bytes per tensor, and the direct
- * convolution's FLOPs (2 per multiply-add, bias and ReLU not counted). */
+ * convolution's FLOPs (2 per multiply-add, bias and activation not counted). */
 struct convd_problem_sizes {
     int32_t out_h, out_w;
     uint64_t input_elems, weight_elems, bias_elems, output_elems;
@@ -83,7 +96,8 @@ void convd_problem_init(struct convd_problem *p, int32_t n, int32_t h, int32_t w
 
 /* Checks a problem completely: every field in range, C and K divisible by groups, a filter that
  * fits the padded image, an output of at least one pixel, every size computation free of overflow
- * and under CONVD_MAX_TENSOR_BYTES. Returns 0, or CONVD_EBADSHAPE / CONVD_EGROUPS with a sentence
+ * and under CONVD_MAX_TENSOR_BYTES, a known activation (clamp bounds not NaN and in order, zero
+ * for the others). Returns 0, or CONVD_EBADSHAPE / CONVD_EGROUPS with a sentence
  * naming the bad field written to why (if why is not NULL; truncated to why_len). */
 int convd_problem_check(const struct convd_problem *p, char *why, size_t why_len);
 
@@ -104,6 +118,13 @@ bool convd_problem_same(const struct convd_problem *a, const struct convd_proble
 /* Writes a one-line description ("n32 c128x56x56 k128 3x3 g32 s1 p1 d1 fp16 nhwc") into buf.
  * Returns buf. */
 char *convd_problem_str(const struct convd_problem *p, char *buf, size_t len);
+
+/* Name of an activation ("none", "relu", "clamp", "silu", "hardswish", "gelu", "gelu_tanh";
+ * "unknown" otherwise) and its parser, which takes those names case-insensitively and also
+ * "relu6" (clamp with bounds 0 and 6) and "swish" (silu). The parser sets p->activation and the
+ * bounds (0 except for relu6) and returns 0, or CONVD_EINVAL for an unknown name. */
+const char *convd_activation_name(enum convd_activation act);
+int convd_activation_parse(const char *s, struct convd_problem *p);
 
 /* Bytes per element of a dtype (4 or 2), 0 for an unknown value. */
 size_t convd_dtype_size(enum convd_dtype dtype);

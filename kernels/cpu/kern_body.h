@@ -484,12 +484,17 @@ static ALWAYS_INLINE void KERN(planar_pack_x_dt)(const struct cpu_plan *pl, cons
     (dst + (size_t)c * pl->cs + (size_t)pi * pl->ps, (int64_t)used, (int64_t)(pl->ps - VL + 1));
 }
 
-/* Bias, ReLU, rounding and the store of a task's tile [k][q] to the output tensor. */
-static ALWAYS_INLINE vf KERN(epilogue)(vf v, vf b, bool relu)
+/* Bias and activation of one vector of outputs. ReLU, the common one, stays a vector mask; the
+ * others go lane by lane through the definition every backend shares (conv_math.h). */
+static ALWAYS_INLINE vf KERN(epilogue)(vf v, vf b, const struct convd_problem *p)
 {
     v += b;
-    if (relu)
+    if (p->activation == CONVD_ACT_RELU) {
         v = (vf)((vi)v & ~(v < 0.0f)); /* NaN stays NaN, as in PyTorch */
+    } else if (p->activation != CONVD_ACT_NONE) {
+        for (int i = 0; i < VL; i++)
+            v[i] = convd_math_act((int)p->activation, v[i], p->act_min, p->act_max);
+    }
     return v;
 }
 
@@ -500,7 +505,6 @@ static ALWAYS_INLINE void KERN(planar_store_dt)(const struct cpu_plan *pl, const
     const struct convd_problem *p = &pl->p;
     const int Ho = pl->oh, Wo = pl->ow, K = p->k;
     const size_t ldt = pl->ldt, wq = (size_t)pl->wq;
-    const bool relu = p->relu;
     if (p->layout == CONVD_LAYOUT_NCHW) {
         for (int kl = 0; kl < nk; kl++) {
             const int k = k0 + kl;
@@ -510,10 +514,10 @@ static ALWAYS_INLINE void KERN(planar_store_dt)(const struct cpu_plan *pl, const
                 const size_t o = (((size_t)n * K + k) * Ho + oh0 + r) * Wo;
                 int ow = 0;
                 for (; ow + VL <= Wo; ow += VL)
-                    KERN(vstore)(DT, y, o + ow, KERN(epilogue)(KERN(loadu)(t + ow), b, relu), VL);
+                    KERN(vstore)(DT, y, o + ow, KERN(epilogue)(KERN(loadu)(t + ow), b, p), VL);
                 if (ow < Wo)
                     KERN(vstore)
-                (DT, y, o + ow, KERN(epilogue)(KERN(loadu)(t + ow), b, relu), Wo - ow);
+                (DT, y, o + ow, KERN(epilogue)(KERN(loadu)(t + ow), b, p), Wo - ow);
             }
         }
         return;
@@ -534,7 +538,7 @@ static ALWAYS_INLINE void KERN(planar_store_dt)(const struct cpu_plan *pl, const
                 KERN(transpose)(v);
                 for (int i = 0; i < npx; i++)
                     KERN(vstore)
-                (DT, y, o + (size_t)(ow + i) * K, KERN(epilogue)(v[i], b, relu), nkc);
+                (DT, y, o + (size_t)(ow + i) * K, KERN(epilogue)(v[i], b, p), nkc);
             }
         }
     }
@@ -776,12 +780,11 @@ static ALWAYS_INLINE void KERN(cv_block)(const struct cpu_plan *pl, const void *
             KERN(cv_fmas)(acc, xv, w, MI, NA, P);
         }
     }
-    const bool relu = p->relu;
     size_t o = (((size_t)n * pl->oh + oh) * pl->ow + ow) * K + k0;
 #pragma GCC unroll 16
     for (int q = 0; q < P; q++, o += (size_t)K) {
         if (MI > 1 || MO == 1) {
-            KERN(vstore)(DT, y, o, KERN(epilogue)(acc[0][q], bias[0], relu), ncl);
+            KERN(vstore)(DT, y, o, KERN(epilogue)(acc[0][q], bias[0], p), ncl);
         } else {
             vf a[4], out[4];
 #pragma GCC unroll 16
@@ -793,7 +796,7 @@ static ALWAYS_INLINE void KERN(cv_block)(const struct cpu_plan *pl, const void *
                 const int nv = ncl * MO - i * VL;
                 if (nv > 0)
                     KERN(vstore)
-                (DT, y, o + (size_t)i * VL, KERN(epilogue)(out[i], bias[i], relu),
+                (DT, y, o + (size_t)i * VL, KERN(epilogue)(out[i], bias[i], p),
                  nv < VL ? nv : VL);
             }
         }

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(256)
             float ov[CPL * KPG];
 #pragma unroll
             for (int i = 0; i < CPL * KPG; i++)
-                ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+                ov[i] = gpu_epilogue(acc[o][i], bv[i], g);
             dw_store<DT, CPL * KPG>(out + (size_t)o * g.k, ov);
         }
     }
@@ -424,9 +424,9 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
     else
         dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
 
-    /* Bias and ReLU in place, only where asked for (a uniform branch): the plain epilogue is the
+    /* Bias and activation in place, only where asked for (a uniform branch): the plain epilogue is the
      * conversion and the store. */
-    if (g.bias || g.relu) {
+    if (g.bias || g.act) {
         float bv[NO];
 #pragma unroll
         for (int j = 0; j < NO; j++)
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
             for (int pp = 0; pp < P; pp++)
 #pragma unroll
                 for (int j = 0; j < NO; j++)
-                    acc[o][pp][j] = gpu_epilogue(acc[o][pp][j], bv[j], g.relu);
+                    acc[o][pp][j] = gpu_epilogue(acc[o][pp][j], bv[j], g);
     }
     T *yb = y + ((size_t)(n * g.ho + oh0) * g.wo + ow0) * g.k + c0 * KPG;
 #pragma unroll
@@ -520,13 +520,13 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
         }
     }
 
-    if (g.bias || g.relu) { /* in place, only where asked for (a uniform branch) */
+    if (g.bias || g.act) { /* in place, only where asked for (a uniform branch) */
         const float bv = g.bias ? DT::load(((const T *)b.b[prob])[c]) : 0.0f;
 #pragma unroll
         for (int o = 0; o < TH; o++)
 #pragma unroll
             for (int pp = 0; pp < P; pp++)
-                acc[o][pp] = gpu_epilogue(acc[o][pp], bv, g.relu);
+                acc[o][pp] = gpu_epilogue(acc[o][pp], bv, g);
     }
     T *yp = (T *)b.y[prob] + ((size_t)plane * g.ho + oh0) * g.wo + cg * P;
 #pragma unroll
@@ -652,7 +652,7 @@ GPU_D void dw_nchw_strip(const struct gpu_geom &g, const float *in_s, const floa
 #pragma unroll
         for (int o = 0; o < DW_P; o++)
             if (ow0 + o < g.wo)
-                out[o] = DT::store(gpu_epilogue(acc[o], bv, g.relu));
+                out[o] = DT::store(gpu_epilogue(acc[o], bv, g));
     }
 }
 

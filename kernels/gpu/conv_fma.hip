@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             float ov[TN];
 #pragma unroll
             for (int i = 0; i < TN; i++)
-                ov[i] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+                ov[i] = gpu_epilogue(acc[o][i], bv[i], g);
             fma_out<DT, TN>::store(y + ((size_t)(n * g.ho + oh) * g.wo + ow) * g.k + kt, ov);
         }
     } else {
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             float ov[FMA_TM];
 #pragma unroll
             for (int o = 0; o < FMA_TM; o++)
-                ov[o] = gpu_epilogue(acc[o][i], bv[i], g.relu);
+                ov[o] = gpu_epilogue(acc[o][i], bv[i], g);
             fma_store_run<DT>(y + ((size_t)(n * g.k + kt + i) * g.ho + oh) * g.wo + ows, ov, nv);
         }
     }

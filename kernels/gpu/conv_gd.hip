@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             float ov[P];
 #pragma unroll
             for (int pp = 0; pp < P; pp++)
-                ov[pp] = gpu_epilogue(acc[o][k][pp], bv, g.relu);
+                ov[pp] = gpu_epilogue(acc[o][k][pp], bv, g);
             gpu_store4<DT>(yp + (size_t)o * g.wo, ov);
         }
     }

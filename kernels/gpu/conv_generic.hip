@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(256)
             }
         }
         const float bv = g.bias ? DT::load(bias[k]) : 0.0f;
-        y[i] = DT::store(gpu_epilogue(acc, bv, g.relu));
+        y[i] = DT::store(gpu_epilogue(acc, bv, g));
     }
 }
 

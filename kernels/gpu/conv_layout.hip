@@ -7,7 +7,8 @@
  * The output needs no pass of its own: the NHWC kernels write NCHW from their epilogue. The same
  * kernel serves the reverse route (NHWC problems on the NCHW direct kernel: input and weights to
  * NCHW, then the output back to NHWC, a third pass), and the channel padding below the dense
- * problems whose C the tensor-core kernel cannot take.
+ * problems whose C the tensor-core kernel cannot take. Last, the pass that applies SiLU and GELU
+ * to an output, which the kernels' epilogues leave out.
  */
 #include "gpu_internal.h"
 
@@ -189,6 +190,46 @@ int gpu_padc_launch(const struct gpu_padc *jobs, int njobs, int count, int elem_
         hipLaunchKernelGGL(padc_kernel<uint32_t>, grid, dim3(256), 0, stream, a);
     else
         return CONVD_EINVAL;
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
+/* The activations the kernels' epilogue does not take (gpu_act_inline), in place over each
+ * problem's output after the convolution: what PyTorch computes when the activation follows the
+ * convolution as a layer of its own (the output rounded to its dtype, then the activation). A
+ * grid-stride loop, about 4 items a thread. */
+template <class DT> __global__ void __launch_bounds__(256) act_kernel(const struct gpu_act a)
+{
+    convd_grid_dependency();
+    typename DT::T *y = (typename DT::T *)a.y[blockIdx.z];
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.elems; i += step)
+        y[i] = DT::store(convd_math_act(a.act, DT::load(y[i]), a.lo, a.hi));
+}
+
+int gpu_act_launch(const struct gpu_act *a, int count, int dtype, hipStream_t stream)
+{
+    if (count < 1 || count > CONVD_GPU_BATCH_MAX || a->elems < 0)
+        return CONVD_EINVAL;
+    if (a->elems == 0)
+        return 0;
+    int64_t blocks = (a->elems + 4 * 256 - 1) / (4 * 256);
+    if (blocks > 65535)
+        blocks = 65535;
+    dim3 grid((unsigned)blocks, 1, (unsigned)count);
+    switch (dtype) {
+    case CONVD_DTYPE_FP32:
+        hipLaunchKernelGGL(act_kernel<dt_f32>, grid, dim3(256), 0, stream, *a);
+        break;
+    case CONVD_DTYPE_FP16:
+        hipLaunchKernelGGL(act_kernel<dt_f16>, grid, dim3(256), 0, stream, *a);
+        break;
+    case CONVD_DTYPE_BF16:
+        hipLaunchKernelGGL(act_kernel<dt_bf16>, grid, dim3(256), 0, stream, *a);
+        break;
+    default:
+        return CONVD_EINVAL;
+    }
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }

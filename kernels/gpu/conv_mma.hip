@@ -20,7 +20,7 @@
  * The grid is persistent: each block walks a contiguous range of work items (problem, n-block,
  * tile), prefetching the next item's halo with cp.async while the current one computes; weights
  * stay resident while the n-block does not change. Large cpg is split in chunks of kc channels,
- * then halo and weights are double-buffered per chunk. The epilogue (bias, ReLU, rounding) goes
+ * then halo and weights are double-buffered per chunk. The epilogue (bias, activation, rounding) goes
  * through shared memory so global stores are 16-byte and coalesced (NHWC) or pixel-contiguous
  * (NCHW). NCHW input is gathered with ordinary loads (it has to be transposed on the way in).
  *
@@ -563,11 +563,11 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
     }
 }
 
-/* Bias and ReLU on the accumulators in place (the caller skips it when there are neither: the
+/* Bias and activation on the accumulators in place (the caller skips it when there are neither: the
  * plain epilogue is a conversion and a store per two values; bias and ReLU add an add, a compare
  * and a select per value). */
 template <class DT, int MT, int NT>
-GPU_D void mma_bias_relu(float (&acc)[MT][NT][4], const typename DT::T *bias,
+GPU_D void mma_bias_act(float (&acc)[MT][NT][4], const typename DT::T *bias,
                          const struct mma_item &it, const struct gpu_geom &g, int wn, int lane)
 {
 #pragma unroll
@@ -582,11 +582,11 @@ GPU_D void mma_bias_relu(float (&acc)[MT][NT][4], const typename DT::T *bias,
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                acc[mt][nt][i] = gpu_epilogue(acc[mt][nt][i], i & 1 ? b1 : b0, g.relu);
+                acc[mt][nt][i] = gpu_epilogue(acc[mt][nt][i], i & 1 ? b1 : b0, g);
     }
 }
 
-/* The epilogue's first half: accumulators (bias and ReLU applied) -> rounding -> staging, as
+/* The epilogue's first half: accumulators (bias and activation applied) -> rounding -> staging, as
  * [m][n] rows of `pitch` bytes (NHWC output: a pixel's channels are one run) or [n][m] (NCHW: a
  * channel's pixels are one run; rows n, n + 1 of a (bm + 8)-element pitch, so that the warp's 8 m
  * and 4 n pairs fall in distinct banks). smask (NHWC only): staging for a tensor store, whose
@@ -867,10 +867,10 @@ __global__ void __launch_bounds__(WM *WN * 32,
             const bool nchw_out = !NHWC || a.out_nchw;
             const int pitch = (a.bn + 8) * 2, mpitch = (bm + 8) * 2;
             __syncthreads();
-            /* Accumulators -> bias, ReLU, rounding -> staging; one branch on the layout
+            /* Accumulators -> bias, activation, rounding -> staging; one branch on the layout
              * around the whole loop (inside it, both layouts' stores were issued, predicated). */
-            if (g.bias || g.relu)
-                mma_bias_relu<DT, MT, NT>(acc, bias, it, g, wn, lane);
+            if (g.bias || g.act)
+                mma_bias_act<DT, MT, NT>(acc, bias, it, g, wn, lane);
             if (nchw_out)
                 mma_stage<DT, MT, NT, true>(acc, stage, wm, wn, lane, mpitch, 0);
             else
@@ -1055,8 +1055,8 @@ __global__ void __launch_bounds__(WM *WN * 32,
 
         MMA_TR(4 + 3 * (item - it_begin));
         const struct mma_item it = mma_decode(a, item);
-        if (g.bias || g.relu)
-            mma_bias_relu<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
+        if (g.bias || g.act)
+            mma_bias_act<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
         uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
         mma_stage_pre<DT, MT, NT>(acc, stage, soffs, wm, wn, lane, a.bn * 2, a.smask_s);
         mma_fence_async_smem();

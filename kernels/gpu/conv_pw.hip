@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     for (int i = 0; i < PW_TC; i++)
 #pragma unroll
         for (int j = 0; j < PW_TP; j++)
-            acc[i][j] = gpu_epilogue(acc[i][j], bv[i], g.relu);
+            acc[i][j] = gpu_epilogue(acc[i][j], bv[i], g);
     if (NHWC && out_nchw) {
         /* NHWC input (a transposed copy of an NCHW problem), NCHW output: per output channel,
          * two runs of 4 adjacent pixels, whole runs inside one image when its plane is a

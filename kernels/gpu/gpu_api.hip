@@ -191,7 +191,9 @@ void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g)
     g->dh = p->dil_h;
     g->dw = p->dil_w;
     g->bias = p->has_bias ? 1 : 0;
-    g->relu = p->relu ? 1 : 0;
+    g->act = p->activation == CONVD_ACT_RELU || p->activation == CONVD_ACT_CLAMP;
+    g->act_lo = p->activation == CONVD_ACT_CLAMP ? p->act_min : 0.0f;
+    g->act_hi = p->activation == CONVD_ACT_CLAMP ? p->act_max : INFINITY;
 }
 
 /* ---- plans ---- */
@@ -683,6 +685,23 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             convd_launch_plain = 1;
             rc = gpu_transpose_launch(&back, 1, n, (int)es, s);
             convd_launch_plain = 0;
+            if (rc != 0)
+                return rc;
+        }
+        if (!gpu_act_inline((int)p->activation)) {
+            struct gpu_act a;
+            memset(&a, 0, sizeof(a));
+            for (int i = 0; i < n; i++)
+                a.y[i] = t[base + i].output;
+            a.elems = (int64_t)p->n * p->k *
+                      convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h,
+                                         p->dil_h) *
+                      convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w,
+                                         p->dil_w);
+            a.act = (int)p->activation;
+            a.lo = p->act_min;
+            a.hi = p->act_max;
+            rc = gpu_act_launch(&a, n, (int)p->dtype, s);
             if (rc != 0)
                 return rc;
         }

@@ -1125,7 +1125,7 @@ static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
                     p.dtype = (enum convd_dtype)dt;
                     p.layout = (enum convd_layout)lay;
                     p.has_bias = (epi & 1) != 0;
-                    p.relu = (epi & 2) != 0;
+                    p.activation = (epi & 2) != 0 ? CONVD_ACT_RELU : CONVD_ACT_NONE;
                     p.allow_tf32 = (epi & 4) != 0;
                     if (convd_gpu_check(&p, NULL, 0) != 0)
                         continue;

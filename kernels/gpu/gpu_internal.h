@@ -24,7 +24,8 @@
 struct gpu_geom {
     int n, h, w, c, k, r, s, g, cpg, kpg, ho, wo;
     int sh, sw, pt, pl, dh, dw;
-    int bias, relu;
+    int bias, act; /* has a bias; a clamp to [act_lo, act_hi] (ReLU: [0, inf)) */
+    float act_lo, act_hi;
 };
 
 /* Tensors of up to CONVD_GPU_BATCH_MAX problems of one geometry: blockIdx.z (or the work item)
@@ -198,11 +199,24 @@ GPU_D void gpu_cp_wait_all()
 #endif
 }
 
-/* Epilogue shared by every family: bias, then ReLU. */
-GPU_D float gpu_epilogue(float acc, float bias, int relu)
+/* The activations the kernels' epilogue applies: ReLU and clamp, as a clamp (two selects,
+ * bounds from the kernel's parameters). The others (hardswish, SiLU, GELU) run as a pass of
+ * their own over the output (gpu_act_launch): inlined into every kernel, even hardswish's few
+ * multiplies changed register allocation and made kernels spill that did not. */
+GPU_HD int gpu_act_inline(int act)
+{
+    return act == CONVD_ACT_NONE || act == CONVD_ACT_RELU || act == CONVD_ACT_CLAMP;
+}
+
+/* Epilogue shared by every family: bias, then the clamp (NaN stays NaN, as in PyTorch). */
+GPU_D float gpu_epilogue(float acc, float bias, const gpu_geom &g)
 {
     acc += bias;
-    return (relu && acc < 0.0f) ? 0.0f : acc;
+    if (g.act) {
+        acc = acc < g.act_lo ? g.act_lo : acc;
+        acc = acc > g.act_hi ? g.act_hi : acc;
+    }
+    return acc;
 }
 
 /*
@@ -445,6 +459,16 @@ struct gpu_transpose {
 };
 int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
                          hipStream_t stream);
+
+/* The activation a problem's epilogue does not take (gpu_act_inline), in place over `elems`
+ * outputs of each of `count` problems (conv_layout.hip). */
+struct gpu_act {
+    void *y[CONVD_GPU_BATCH_MAX];
+    int64_t elems;
+    int act;
+    float lo, hi;
+};
+int gpu_act_launch(const struct gpu_act *a, int count, int dtype, hipStream_t stream);
 
 /* Batched channel padding (conv_layout.hip): dst [outer][inner][cp] from src [outer][inner][c]
  * (chan_first 0) or [outer][c][inner] (chan_first 1), channels past c zero; up to GPU_PADC_JOBS

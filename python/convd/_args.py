@@ -84,6 +84,48 @@ def _int(v, what: str) -> int:
     return int(v)
 
 
+_ACTIVATIONS = {
+    "none": _lib.ACT_NONE,
+    "relu": _lib.ACT_RELU,
+    "silu": _lib.ACT_SILU,
+    "swish": _lib.ACT_SILU,
+    "hardswish": _lib.ACT_HARDSWISH,
+    "gelu": _lib.ACT_GELU,
+    "gelu_tanh": _lib.ACT_GELU_TANH,
+}
+_ACT_WORDS = "'relu', 'relu6', 'silu', 'hardswish', 'gelu', 'gelu_tanh' or ('clamp', lo, hi)"
+
+
+def activation_spec(relu, activation) -> tuple[int, float, float]:
+    """The (activation, act_min, act_max) of the C problem for conv2d()'s relu and activation
+    arguments: a name, 'relu6' (a clamp to [0, 6]), or ('clamp', lo, hi)."""
+    if activation is None:
+        return (_lib.ACT_RELU, 0.0, 0.0) if relu else (_lib.ACT_NONE, 0.0, 0.0)
+    if isinstance(activation, str):
+        name = activation.lower()
+        if name == "relu6":
+            spec = (_lib.ACT_CLAMP, 0.0, 6.0)
+        elif name in _ACTIVATIONS:
+            spec = (_ACTIVATIONS[name], 0.0, 0.0)
+        else:
+            raise invalid(f"activation={activation!r} is not one of {_ACT_WORDS}")
+    elif (
+        isinstance(activation, (tuple, list))
+        and len(activation) == 3
+        and activation[0] == "clamp"
+        and all(isinstance(v, numbers.Real) for v in activation[1:])
+    ):
+        lo, hi = float(activation[1]), float(activation[2])
+        if not lo <= hi:
+            raise invalid(f"activation={activation!r}: clamp needs lo <= hi, both numbers")
+        spec = (_lib.ACT_CLAMP, lo, hi)
+    else:
+        raise invalid(f"activation={activation!r} is not one of {_ACT_WORDS}")
+    if relu and spec[0] not in (_lib.ACT_NONE, _lib.ACT_RELU):
+        raise invalid(f"relu=True and activation={activation!r} ask for two activations")
+    return (_lib.ACT_RELU, 0.0, 0.0) if relu and spec[0] == _lib.ACT_NONE else spec
+
+
 def pair(v, what: str) -> tuple[int, int]:
     """An int or a sequence of one or two ints, as F.conv2d's stride, padding and dilation."""
     if isinstance(v, (tuple, list)):
@@ -168,7 +210,7 @@ def make_plan(
     padding,
     dilation,
     groups,
-    relu,
+    act,
     out_nhwc_order: bool,
     squeeze: bool,
 ) -> Plan:
@@ -185,8 +227,8 @@ def make_plan(
 
     p = _lib.Problem(n, h, w, c, k, r, s, g, sh, sw, pt, pb, pl, pr, dh, dw, dtype, layout)
     p.has_bias = bshape is not None
-    p.relu = bool(relu)
     p.allow_tf32 = False
+    p.activation, p.act_min, p.act_max = act
     z = _lib.ProblemSizes()
     why = ctypes.create_string_buffer(256)
     rc = lib.convd_problem_sizes(ctypes.byref(p), ctypes.byref(z), why, 256)

@@ -30,7 +30,7 @@ from ctypes import byref, c_uint64, c_void_p
 import numpy as np
 
 from convd import _lib
-from convd._args import NP_DTYPE, dtype_code, make_plan, np_code
+from convd._args import NP_DTYPE, activation_spec, dtype_code, make_plan, np_code
 from convd._errors import Error, invalid
 from convd._memory import Arena, EmptyRegions, Slabs, create_region, free_region, region_array
 
@@ -477,16 +477,20 @@ class Client:
         groups=1,
         relu=False,
         *,
+        activation=None,
         dtype=None,
         layout=None,
         priority=0,
     ):
         """A convolution with torch.nn.functional.conv2d's semantics, optionally followed by
-        ReLU. Returns the output as the input came: numpy in, numpy out; torch in, torch out on
-        the input's device (channels_last when the input is). See convd.connect()."""
+        an activation: ``activation`` is one of 'relu', 'relu6', 'silu' (or 'swish'),
+        'hardswish', 'gelu', 'gelu_tanh' (GELU(approximate='tanh')) or ('clamp', lo, hi);
+        ``relu=True`` is activation='relu'. Returns the output as the input came: numpy in,
+        numpy out; torch in, torch out on the input's device (channels_last when the input is).
+        See convd.connect()."""
         return self._call(
-            input, weight, bias, stride, padding, dilation, groups, relu, dtype, layout,
-            priority, True,
+            input, weight, bias, stride, padding, dilation, groups,
+            activation_spec(relu, activation), dtype, layout, priority, True,
         )
 
     def submit(
@@ -500,6 +504,7 @@ class Client:
         groups=1,
         relu=False,
         *,
+        activation=None,
         dtype=None,
         layout=None,
         priority=0,
@@ -507,8 +512,8 @@ class Client:
         """conv2d() without waiting: returns a Future. The tensors must not change until it is
         done."""
         return self._call(
-            input, weight, bias, stride, padding, dilation, groups, relu, dtype, layout,
-            priority, False,
+            input, weight, bias, stride, padding, dilation, groups,
+            activation_spec(relu, activation), dtype, layout, priority, False,
         )
 
     async def conv2d_async(self, *args, **kwargs):
@@ -520,16 +525,16 @@ class Client:
         with self._lock:
             self._reap()
 
-    def _call(self, x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait):
+    def _call(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait):
         if self._dead:
             self._reap_locked()
         if type(x) is np.ndarray or (isinstance(x, np.ndarray) and not _is_tensor(x)):
             return self._call_numpy(
-                x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait
+                x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait
             )
         if _is_tensor(x):
             return self._call_torch(
-                x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait
+                x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait
             )
         raise invalid(
             f"the input must be a numpy array or a torch tensor, not {type(x).__name__}"
@@ -550,7 +555,7 @@ class Client:
 
     # numpy ----------------------------------------------------------------
 
-    def _call_numpy(self, x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait):
+    def _call_numpy(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait):
         if type(w) is not np.ndarray:
             if not isinstance(w, np.ndarray):
                 raise invalid(
@@ -564,11 +569,11 @@ class Client:
         key = (
             "np", x.shape, x.dtype, w.shape, w.dtype,
             None if b is None else (b.shape, b.dtype),
-            _hashable(stride), _hashable(padding), _hashable(dilation), groups, relu, dtype, layout,
+            _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, layout,
         )
         plan = self._plan_for(
             key,
-            lambda: self._numpy_plan(x, w, b, stride, padding, dilation, groups, relu, dtype, layout),
+            lambda: self._numpy_plan(x, w, b, stride, padding, dilation, groups, act, dtype, layout),
         )
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
@@ -587,7 +592,7 @@ class Client:
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
 
-    def _numpy_plan(self, x, w, b, stride, padding, dilation, groups, relu, dtype, layout):
+    def _numpy_plan(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout):
         explicit = dtype_code(dtype) if dtype is not None else None
         code = np_code(x.dtype, explicit)
         if w.dtype != x.dtype:
@@ -613,14 +618,14 @@ class Client:
             padding=padding,
             dilation=dilation,
             groups=groups,
-            relu=relu,
+            act=act,
             out_nhwc_order=nhwc,
             squeeze=squeeze,
         )
 
     # torch ----------------------------------------------------------------
 
-    def _call_torch(self, x, w, b, stride, padding, dilation, groups, relu, dtype, layout, prio, wait):
+    def _call_torch(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait):
         torch = _torch()
         held = isinstance(w, Held)
         if not held and not isinstance(w, torch.Tensor):
@@ -643,12 +648,12 @@ class Client:
             wkey = (w.shape, w.dtype, w.device, None if b is None else (b.shape, b.dtype, b.device))
         key = (
             "cuda" if cuda else "cpu", x.shape, x.dtype, wkey, nhwc, x.device if cuda else None,
-            _hashable(stride), _hashable(padding), _hashable(dilation), groups, relu, dtype, None,
+            _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, None,
         )
         plan = self._plan_for(
             key,
             lambda: self._torch_plan(
-                x, w, b, held, nhwc, stride, padding, dilation, groups, relu, dtype
+                x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype
             ),
         )
         squeeze = plan.squeeze
@@ -677,7 +682,7 @@ class Client:
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
 
-    def _torch_plan(self, x, w, b, held, nhwc, stride, padding, dilation, groups, relu, dtype):
+    def _torch_plan(self, x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype):
         code = dtype_code(x.dtype)
         if dtype is not None and dtype_code(dtype) != code:
             raise invalid(f"dtype={dtype!r} was asked for, but the input is {x.dtype}")
@@ -716,7 +721,7 @@ class Client:
             padding=padding,
             dilation=dilation,
             groups=groups,
-            relu=relu,
+            act=act,
             out_nhwc_order=False,
             squeeze=squeeze,
         )

@@ -19,6 +19,7 @@ from ctypes import (
     c_bool,
     c_char,
     c_char_p,
+    c_float,
     c_int,
     c_int32,
     c_int64,
@@ -28,6 +29,15 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+
+# enum convd_activation (conv.h)
+ACT_NONE = 0
+ACT_RELU = 1
+ACT_CLAMP = 2
+ACT_SILU = 3
+ACT_HARDSWISH = 4
+ACT_GELU = 5
+ACT_GELU_TANH = 6
 
 # enum convd_dtype / convd_layout (conv.h)
 DTYPE_FP32 = 1
@@ -97,8 +107,10 @@ class Problem(Structure):
         ("dtype", c_int),  # enum convd_dtype
         ("layout", c_int),  # enum convd_layout
         ("has_bias", c_bool),
-        ("relu", c_bool),
         ("allow_tf32", c_bool),
+        ("activation", c_int),  # enum convd_activation
+        ("act_min", c_float),
+        ("act_max", c_float),
     ]
 
 
@@ -359,12 +371,14 @@ def check_layouts(lib: ctypes.CDLL) -> None:
     p = f.check("convd_problem")
     got = (p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.groups, p.stride_h, p.stride_w, p.dil_h, p.dil_w)
     raw = bytes(f.buf[: f.size])
-    flags = raw[Problem.has_bias.offset : Problem.allow_tf32.offset + 1]
+    # From has_bias on, everything is zero: the flags, the activation and its bounds (and an
+    # older library, whose struct ends after the flags, leaves the sentinel there).
+    flags = raw[Problem.has_bias.offset :]
     if (
         got != (2, 9, 7, 6, 4, 3, 2, 2, 1, 1, 1, 1)
         or (p.pad_top, p.pad_bottom, p.pad_left, p.pad_right) != (0, 0, 0, 0)
         or (p.dtype, p.layout) != (DTYPE_FP32, LAYOUT_NCHW)
-        or flags != b"\0\0\0"
+        or flags != bytes(len(flags))
     ):
         raise LibraryError(f"{_path}: struct convd_problem differs from this package's mirror")
     p.pad_top, p.pad_bottom, p.pad_left, p.pad_right = 1, 0, 2, 0

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from convd import _lib
+from convd._args import activation_spec
 from convd._client import channels_last
 from convd._errors import invalid
 
@@ -32,6 +34,33 @@ def _version(t) -> int:
     through convd_refresh()."""
     # Asking an inference tensor for its version raises, which costs half a millisecond.
     return -1 if t.is_inference() else t._version
+
+
+_ACT_NAMES = {
+    _lib.ACT_RELU: "relu",
+    _lib.ACT_SILU: "silu",
+    _lib.ACT_HARDSWISH: "hardswish",
+    _lib.ACT_GELU: "gelu",
+    _lib.ACT_GELU_TANH: "gelu_tanh",
+}
+
+
+def _torch_act(y, spec):
+    """The activation of an activation_spec() with PyTorch's functions, for a module that
+    computes with PyTorch (no client)."""
+    act, lo, hi = spec
+    F = torch.nn.functional
+    if act == _lib.ACT_NONE:
+        return y
+    if act == _lib.ACT_RELU:
+        return F.relu(y)
+    if act == _lib.ACT_CLAMP:
+        return torch.clamp(y, lo, hi)
+    if act == _lib.ACT_SILU:
+        return F.silu(y)
+    if act == _lib.ACT_HARDSWISH:
+        return F.hardswish(y)
+    return F.gelu(y, approximate="tanh" if act == _lib.ACT_GELU_TANH else "none")
 
 
 def can_serve(conv: nn.Module) -> bool:
@@ -55,17 +84,18 @@ class Conv2d(nn.Conv2d):
     """torch.nn.Conv2d computed by the convd daemon.
 
     Takes nn.Conv2d's arguments plus ``client`` (a convd.Client; None computes with PyTorch) and
-    ``relu`` (fuse a ReLU after the bias). The parameters are the module's own, trained and saved
+    ``activation`` (fused after the bias, as in Client.conv2d(): 'relu', 'relu6', 'silu',
+    'hardswish', 'gelu', 'gelu_tanh' or ('clamp', lo, hi); ``relu=True`` is 'relu'). The parameters are the module's own, trained and saved
     as usual. On the CPU the weight (and bias) is copied once into memory the daemon has mapped
     and kept there; it is copied again only when it changes (a new tensor, or an in-place update,
     which bumps the tensor's version). CUDA weights are used in place; for channels_last input
     a channels_last copy of the weight is made once and kept the same way.
     """
 
-    def __init__(self, *args, client=None, relu: bool = False, **kwargs):
+    def __init__(self, *args, client=None, relu: bool = False, activation=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.convd_client = client
-        self.convd_relu = bool(relu)
+        self.convd_act = activation_spec(relu, activation)
         self._convd_held = None
         self._convd_held_key = None
         self._convd_cl = None
@@ -80,7 +110,7 @@ class Conv2d(nn.Conv2d):
         m._buffers = conv._buffers
         m._modules = conv._modules
         m.convd_client = client
-        m.convd_relu = False
+        m.convd_act = activation_spec(False, None)
         m._convd_held = None
         m._convd_held_key = None
         m._convd_cl = None
@@ -89,8 +119,11 @@ class Conv2d(nn.Conv2d):
 
     def extra_repr(self) -> str:
         s = super().extra_repr()
-        if self.convd_relu:
-            s += ", relu=True"
+        act, lo, hi = self.convd_act
+        if act == _lib.ACT_CLAMP:
+            s += f", activation=('clamp', {lo}, {hi})"
+        elif act != _lib.ACT_NONE:
+            s += f", activation={_ACT_NAMES[act]!r}"
         return s + (", convd" if self.convd_client is not None else "")
 
     def __getstate__(self):
@@ -145,12 +178,11 @@ class Conv2d(nn.Conv2d):
     def forward(self, input):
         client = self.convd_client
         if client is None or self.padding_mode != "zeros":
-            y = super().forward(input)
-            return torch.relu(y) if self.convd_relu else y
+            return _torch_act(super().forward(input), self.convd_act)
         if not isinstance(input, torch.Tensor):
             raise invalid(f"Conv2d takes a torch tensor, not {type(input).__name__}")
         nhwc = channels_last(input)
-        args = (self.stride, self.padding, self.dilation, self.groups, self.convd_relu, None)
+        args = (self.stride, self.padding, self.dilation, self.groups, self.convd_act, None)
         layout = "nhwc" if nhwc else "nchw"
         if input.is_cuda:
             w = self._convd_weight_cl() if nhwc else self.weight.detach()

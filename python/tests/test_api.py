@@ -158,6 +158,10 @@ def bad_calls(rng):
         ("EUNSUPPORTED", (x.astype(np.float64), w.astype(np.float64)), {}),
         ("EUNSUPPORTED", (x.astype(np.int32), w.astype(np.int32)), {}),
         ("EINVAL", (x, w), {"priority": 7}),
+        ("EINVAL", (x, w), {"activation": "tanh"}),
+        ("EINVAL", (x, w), {"activation": ("clamp", 1.0, 0.0)}),
+        ("EINVAL", (x, w), {"activation": ("clamp", 0.0)}),
+        ("EINVAL", (x, w), {"activation": "silu", "relu": True}),
     ]
 
 

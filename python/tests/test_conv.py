@@ -38,9 +38,29 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(torch, "empty", empty_torch)
 
 
+# The activations conv2d() takes, None and relu=True twice as often, with PyTorch's own.
+ACTS = [None, None, True, True, "relu6", ("clamp", -0.3, 0.4), "silu", "hardswish", "gelu",
+        "gelu_tanh"]
+TORCH_ACT = {
+    None: lambda y: y,
+    True: F.relu,
+    "relu6": F.relu6,
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+}
+
+
+def torch_act(act, y):
+    if isinstance(act, tuple):
+        return torch.clamp(y, act[1], act[2])
+    return TORCH_ACT[act](y)
+
+
 def random_problem(rng):
     """A problem in F.conv2d's argument forms: shapes, stride/padding/dilation as ints, pairs
-    or words, bias, ReLU, sometimes unbatched."""
+    or words, bias, an activation (relu as relu=True, or by name), sometimes unbatched."""
     while True:
         kind = rng.integers(0, 4)
         if kind == 0:  # depthwise, sometimes with a channel multiplier
@@ -73,7 +93,7 @@ def random_problem(rng):
         return dict(
             n=n, c=g * cpg, k=g * kpg, h=h, w=w, r=r, s=s, groups=g, stride=stride,
             padding=padding, dilation=dil, bias=bool(rng.integers(0, 2)),
-            relu=bool(rng.integers(0, 2)), unbatched=bool(rng.integers(0, 6) == 0),
+            act=ACTS[rng.integers(0, len(ACTS))], unbatched=bool(rng.integers(0, 6) == 0),
         )
 
 
@@ -92,7 +112,7 @@ def reference(p, x, w, b):
     stride = args["stride"]
     args["stride"] = tuple(stride) if isinstance(stride, list) else stride
     y = F.conv2d(x.double(), w.double(), None if b is None else b.double(), **args)
-    return torch.relu(y) if p["relu"] else y
+    return torch_act(p["act"], y)
 
 
 def to_numpy(t, dtype):
@@ -110,10 +130,12 @@ def from_numpy(a, dtype):
 
 
 def call_args(p):
-    return dict(
-        stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"],
-        relu=p["relu"],
-    )
+    kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"])
+    if p["act"] is True:
+        kw["relu"] = True
+    elif p["act"] is not None:
+        kw["activation"] = p["act"]
+    return kw
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])

@@ -25,7 +25,7 @@ import torchvision
 import convd
 import convd.torch
 from conftest import TOL, Daemon, rel_l2, served
-from test_conv import make_data, random_problem, reference
+from test_conv import call_args, make_data, random_problem, reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 
@@ -94,7 +94,7 @@ def test_cuda_random_problems(gclient, rng, dtype, channels_last, poisoned):
             x = x.to(memory_format=torch.channels_last)
         if p["unbatched"]:
             x, want = x[0], want[0]
-        kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"], relu=p["relu"])
+        kw = call_args(p)
         y = gclient.conv2d(x, w, b, **kw)
         assert y.device == dev and y.dtype == DT[dtype]
         if channels_last and not p["unbatched"] and y.shape[1] > 1 and y.shape[2] * y.shape[3] > 1:

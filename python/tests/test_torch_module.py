@@ -15,9 +15,10 @@ import torch.nn.functional as F
 import convd
 import convd.torch
 from conftest import TOL, rel_l2, served
+from test_conv import torch_act
 
 
-def ref(conv, x, relu=False):
+def ref(conv, x, act=None):
     y = F.conv2d(
         x.double(),
         conv.weight.double(),
@@ -27,7 +28,7 @@ def ref(conv, x, relu=False):
         conv.dilation,
         conv.groups,
     )
-    return torch.relu(y) if relu else y
+    return torch_act(act, y)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
@@ -39,15 +40,24 @@ def test_module_matches_functional(client, dtype):
         dict(in_channels=6, out_channels=12, kernel_size=5, stride=2, dilation=2, padding=3),
         dict(in_channels=4, out_channels=6, kernel_size=1, padding="valid"),
     ):
-        for relu in (False, True):
-            m = convd.torch.Conv2d(**kw, client=client, relu=relu).to(dt)
+        for act in (None, True, "relu6", ("clamp", -0.2, 0.3), "silu", "hardswish", "gelu",
+                    "gelu_tanh"):
+            akw = {"relu": True} if act is True else {"activation": act}
+            m = convd.torch.Conv2d(**kw, client=client, **akw).to(dt)
             x = torch.randn(2, kw["in_channels"], 13, 11).to(dt)
             for xx in (x, x.to(memory_format=torch.channels_last), x[0]):
                 with torch.no_grad():
                     y = m(xx)
                 assert y.dtype == dt
-                want = ref(m, xx, relu).detach()
-                assert rel_l2(y.double().numpy(), want.numpy()) <= TOL[dtype], (kw, relu)
+                want = ref(m, xx, act).detach()
+                assert rel_l2(y.double().numpy(), want.numpy()) <= TOL[dtype], (kw, act)
+                if dt == torch.float32:  # PyTorch's CPU convolutions are fp32 only
+                    # the same module without a client computes with PyTorch
+                    m.convd_client = None
+                    with torch.no_grad():
+                        y_torch = m(xx)
+                    m.convd_client = client
+                    assert rel_l2(y_torch.double().numpy(), want.numpy()) <= TOL[dtype], (kw, act)
 
 
 def test_weights_are_copied_once_and_again_when_they_change(client, monkeypatch):

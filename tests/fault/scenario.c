@@ -102,7 +102,7 @@ static void job_init(struct job *j, int which)
         p->pad_top = p->pad_bottom = p->pad_left = p->pad_right = 1;
         p->layout = CONVD_LAYOUT_NHWC;
         p->has_bias = true;
-        p->relu = true;
+        p->activation = CONVD_ACT_RELU;
     } else {
         convd_problem_init(p, 1, 7, 6, 6, 6, 3, 3, 6);
         p->stride_h = p->stride_w = 2;

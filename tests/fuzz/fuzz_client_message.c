@@ -94,7 +94,7 @@ static void check_conv(const Convd__ConvRequest *req)
     FX_CHECK(sz.weight_bytes > 0 && sz.weight_bytes <= CONVD_MAX_TENSOR_BYTES);
     FX_CHECK(sz.output_bytes > 0 && sz.output_bytes <= CONVD_MAX_TENSOR_BYTES);
     FX_CHECK(sz.bias_bytes <= CONVD_MAX_TENSOR_BYTES && (sz.bias_bytes > 0) == p.has_bias);
-    rc = wire_request_supported(&p, why, sizeof(why));
+    rc = wire_request_supported(&p, CONVD_PROTOCOL_VERSION, why, sizeof(why));
     if (rc != 0)
         fx_check_sentence(rc, why, sizeof(why));
     /* What the client library sends for this problem is what arrived. */
@@ -108,8 +108,11 @@ static void check_conv(const Convd__ConvRequest *req)
              back.pad_left == in->pad_left && back.pad_right == in->pad_right &&
              back.dil_h == in->dil_h && back.dil_w == in->dil_w);
     FX_CHECK(back.dtype == in->dtype && back.layout == in->layout &&
-             back.has_bias == in->has_bias && back.relu == in->relu &&
-             back.allow_tf32 == in->allow_tf32);
+             back.has_bias == in->has_bias && back.act_min == in->act_min &&
+             back.act_max == in->act_max && back.allow_tf32 == in->allow_tf32);
+    /* ReLU arrives as the flag, the enum or both, and goes back as both. */
+    const Convd__Activation act = in->relu ? CONVD__ACTIVATION__ACTIVATION_RELU : in->activation;
+    FX_CHECK(back.activation == act && back.relu == (act == CONVD__ACTIVATION__ACTIVATION_RELU));
     char str[256];
     convd_problem_str(&p, str, sizeof(str));
     FX_CHECK(memchr(str, '\0', sizeof(str)) != NULL);

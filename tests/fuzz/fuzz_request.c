@@ -13,6 +13,7 @@
 #include "fixture.h"
 #include "idmap.h"
 #include "request.h"
+#include "wire.h"
 
 static struct idmap inflight;
 static int tokens[3];
@@ -29,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     Convd__ConvRequest *pb = convd__conv_request__unpack(NULL, size, data);
     if (pb == NULL)
         return 0;
-    struct req_context ctx = {regions, fx_backend(), &inflight, 64};
+    struct req_context ctx = {regions, fx_backend(), &inflight, 64, CONVD_PROTOCOL_VERSION};
     struct dreq *r = malloc(sizeof(*r));
     FX_CHECK(r != NULL);
     /* What the daemon's calloc would hide: fields validation forgot to set. */

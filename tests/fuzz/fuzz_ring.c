@@ -1,11 +1,11 @@
 /*
  * libFuzzer target: the bytes as a client's ring, and a script of what the client and the daemon
  * do next. The daemon's side runs as connection.c runs it: ring_take until EMPTY, FULL or
- * CORRUPT, each entry turned into a ConvRequest (ring_entry_request, a copy of
- * conn_ring_request), validated against the fixture (fixture.h) with the requests in flight as
- * the idmap, a rejection giving its reservation back (ring_release), an accepted request holding
- * its regions until it completes with ring_post (success) or ring_release (failure). The client
- * may move cq_head and sq_tail anywhere and scribble on the daemon's line between steps.
+ * CORRUPT, each entry turned into a ConvRequest (wire_ring_request, as the daemon does),
+ * validated against the fixture (fixture.h) with the requests in flight as the idmap, a
+ * rejection giving its reservation back (ring_release), an accepted request holding its regions
+ * until it completes with ring_post (success) or ring_release (failure). The client may move
+ * cq_head and sq_tail anywhere and scribble on the daemon's line between steps.
  *
  * Input: shape (sq_entries = 1 << (b & 3), cq_entries = 1 << ((b >> 2) & 3)), max_inflight - 1
  * (low 4 bits), 4 bytes of start (little-endian: every counter has already wrapped this far), the
@@ -30,6 +30,7 @@
 #include "request.h"
 #include "ring.h"
 #include "why.h"
+#include "wire.h"
 
 #define MAX_STEPS  512
 #define MAX_FLIGHT 16
@@ -59,63 +60,6 @@ struct state {
     int held[FX_N_REGIONS]; /* region references the requests in flight hold */
 };
 
-/* conn_ring_request (daemon/connection.c), copied: connection.c keeps it static, and the
- * fuzzer must turn entries into requests exactly as the daemon does. Keep the two in step. */
-static int ring_entry_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req,
-                              Convd__Problem *pb, Convd__TensorRef refs[4], char *why,
-                              size_t why_len)
-{
-    if (e->opcode != CONVD_RING_OP_CONV)
-        return why_fail(why, why_len, CONVD_EPROTO,
-                        "ring entry for request %llu has opcode %u; the only one is CONV (1)",
-                        (unsigned long long)e->id, e->opcode);
-    if ((e->flags & ~CONVD_RING_F_ALL) != 0 || e->reserved != 0)
-        return why_fail(why, why_len, CONVD_EPROTO,
-                        "ring entry for request %llu sets unknown flags (0x%x) or its reserved "
-                        "field (%u)",
-                        (unsigned long long)e->id, e->flags, e->reserved);
-    *pb = (Convd__Problem)CONVD__PROBLEM__INIT;
-    pb->n = e->n;
-    pb->h = e->h;
-    pb->w = e->w;
-    pb->c = e->c;
-    pb->k = e->k;
-    pb->r = e->r;
-    pb->s = e->s;
-    pb->groups = e->groups;
-    pb->stride_h = e->stride_h;
-    pb->stride_w = e->stride_w;
-    pb->pad_top = e->pad_top;
-    pb->pad_bottom = e->pad_bottom;
-    pb->pad_left = e->pad_left;
-    pb->pad_right = e->pad_right;
-    pb->dil_h = e->dil_h;
-    pb->dil_w = e->dil_w;
-    pb->dtype = (Convd__DType)e->dtype;
-    pb->layout = (Convd__Layout)e->layout;
-    pb->has_bias = (e->flags & CONVD_RING_F_BIAS) != 0;
-    pb->relu = (e->flags & CONVD_RING_F_RELU) != 0;
-    pb->allow_tf32 = (e->flags & CONVD_RING_F_ALLOW_TF32) != 0;
-    const struct convd_ring_tensor *t[4] = {&e->input, &e->weight, &e->bias, &e->output};
-    for (int i = 0; i < 4; i++) {
-        refs[i] = (Convd__TensorRef)CONVD__TENSOR_REF__INIT;
-        refs[i].region_id = t[i]->region_id;
-        refs[i].offset = t[i]->offset;
-        refs[i].bytes = t[i]->bytes;
-    }
-    *req = (Convd__ConvRequest)CONVD__CONV_REQUEST__INIT;
-    req->id = e->id;
-    req->problem = pb;
-    req->input = &refs[0];
-    req->weight = &refs[1];
-    bool bias_named = e->bias.region_id != 0 || e->bias.offset != 0 || e->bias.bytes != 0;
-    req->bias = pb->has_bias || bias_named ? &refs[2] : NULL;
-    req->output = &refs[3];
-    req->priority = e->priority;
-    req->timeout_us = e->timeout_us;
-    return 0;
-}
-
 static void check_state(const struct state *s)
 {
     const struct ring *r = &s->ring;
@@ -134,7 +78,7 @@ static void accept_entry(struct state *s, const struct convd_ring_sqe *e)
     Convd__Problem pb;
     Convd__TensorRef refs[4];
     char why[320];
-    int rc = ring_entry_request(e, &req, &pb, refs, why, sizeof(why));
+    int rc = wire_ring_request(e, &req, &pb, refs, why, sizeof(why));
     if (rc == 0) {
         FX_CHECK(s->n_flight < MAX_FLIGHT);
         struct dreq *d = malloc(sizeof(*d));
@@ -323,7 +267,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     s->alive = true;
     idmap_init(&s->inflight);
     s->ctx =
-        (struct req_context){fx_regions_table(), fx_backend(), &s->inflight, 1u + (head[1] & 15u)};
+        (struct req_context){fx_regions_table(), fx_backend(), &s->inflight, 1u + (head[1] & 15u),
+                             CONVD_PROTOCOL_VERSION};
     check_state(s);
 
     /* The daemon looks at a ring as soon as it is attached. */

@@ -106,13 +106,15 @@ static void make_requests(void)
     r->p.stride_h = r->p.stride_w = 2;
     r->p.dil_h = r->p.dil_w = 2;
     r->p.pad_top = r->p.pad_bottom = r->p.pad_left = r->p.pad_right = 2;
-    r->p.relu = true;
+    r->p.activation = CONVD_ACT_RELU;
     r->priority = 3;
     r->timeout_us = 5000;
-    /* inputs through region 5, the alias of region 1's start; output in region 1 past it */
+    /* inputs through region 5, the alias of region 1's start; output in region 1 past it; ReLU6 */
     r = add("fp16_nchw_alias", 103, problem(4, 14, 32, 32, 3, 4, F16, NCHW, true),
             (struct place[4]){{5, 0}, {5, K64}, {5, 2 * K64}, {1, 6 * K64}});
     r->priority = 2;
+    r->p.activation = CONVD_ACT_CLAMP;
+    r->p.act_max = 6.0f;
     /* a 2 GiB input and a 4 GiB output offset, in the 6 GiB region */
     add("fp32_nhwc_big", 104, problem(1, 4096, 32, 16, 3, 1, F32, NHWC, true),
         (struct place[4]){{BIG, 0}, {BIG, 2 * GiB}, {BIG, 2 * GiB + K64}, {BIG, 4 * GiB}});
@@ -161,7 +163,7 @@ static void to_pb(const struct seed_req *s, struct pb_req *out)
     out->req.timeout_us = s->timeout_us;
 }
 
-/* The same request as a ring entry (conn_ring_request's inverse). */
+/* The same request as a ring entry (wire_ring_request's inverse). */
 static void to_sqe(const struct seed_req *s, uint64_t id, struct convd_ring_sqe *e)
 {
     struct pb_req pb;
@@ -169,7 +171,11 @@ static void to_sqe(const struct seed_req *s, uint64_t id, struct convd_ring_sqe 
     memset(e, 0, sizeof(*e));
     e->id = id;
     e->opcode = CONVD_RING_OP_CONV;
-    e->flags = (s->p.has_bias ? CONVD_RING_F_BIAS : 0) | (s->p.relu ? CONVD_RING_F_RELU : 0);
+    const bool relu = s->p.activation == CONVD_ACT_RELU;
+    e->flags = (s->p.has_bias ? CONVD_RING_F_BIAS : 0) | (relu ? CONVD_RING_F_RELU : 0);
+    e->activation = relu ? 0 : (uint32_t)s->p.activation;
+    e->act_min = s->p.act_min;
+    e->act_max = s->p.act_max;
     const Convd__Problem *p = &pb.prob;
     e->n = p->n;
     e->h = p->h;

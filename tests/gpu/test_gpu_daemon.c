@@ -183,9 +183,10 @@ static const char *const fam_names[FAM_COUNT] = {"depthwise", "cpg 4", "cpg 32",
 
 /* A random valid problem of a family (depthwise: one channel per group; cpg 4, 32, 3: that many
  * input and output channels per group; groups 1: dense with odd channel counts) with random
- * geometry (filter 1-5, stride, dilation, asymmetric padding), small enough for the reference. */
+ * geometry (filter 1-5, stride, dilation, asymmetric padding), small enough for the reference.
+ * `act`: a random activation (tu_random_activation), else none. */
 static void gd_problem(struct tu_rng *g, enum gd_family f, enum convd_dtype dt,
-                       enum convd_layout lay, bool bias, bool relu, struct convd_problem *p)
+                       enum convd_layout lay, bool bias, bool act, struct convd_problem *p)
 {
     for (;;) {
         int groups = 1, cpg = 1, kpg = 1, max_rs = 3;
@@ -218,7 +219,10 @@ static void gd_problem(struct tu_rng *g, enum gd_family f, enum convd_dtype dt,
         p->dtype = dt;
         p->layout = lay;
         p->has_bias = bias;
-        p->relu = relu;
+        p->activation = CONVD_ACT_NONE;
+        p->act_min = p->act_max = 0.0f;
+        if (act)
+            tu_random_activation(g, p);
         p->allow_tf32 = false; /* the fp32 tolerance is for fp32 arithmetic */
         if (convd_problem_check(p, NULL, 0) == 0)
             return;
@@ -332,7 +336,7 @@ static void test_handshake_says_gpu(void **state)
 
 #define HOST_CASES (FAM_COUNT * 3 * 2 * 4)
 
-/* Every family x dtype x layout x {none, bias, relu, bias+relu}, all in flight at once on one
+/* Every family x dtype x layout x {none, bias, activation, bias+activation}, all in flight at once on one
  * client, each in its own memfd region at a small non-zero offset. */
 static void test_host_regions(void **state)
 {
@@ -441,7 +445,7 @@ static void batch_problem(struct convd_problem *p)
     p->dtype = CONVD_DTYPE_FP16;
     p->layout = CONVD_LAYOUT_NHWC;
     p->has_bias = true;
-    p->relu = true;
+    p->activation = CONVD_ACT_RELU;
 }
 
 static uint64_t gd_align64(uint64_t v)
@@ -588,7 +592,7 @@ static void blocker_problem(struct convd_problem *p, bool relu)
 {
     convd_problem_init(p, 16, 32, 32, 1024, 1024, 3, 3, 1);
     p->pad_top = p->pad_bottom = p->pad_left = p->pad_right = 1;
-    p->relu = relu;
+    tu_set_activation(p, relu ? CONVD_ACT_RELU : CONVD_ACT_NONE);
 }
 
 static void test_batching(void **state)
@@ -958,7 +962,7 @@ struct dev_spec {
     enum gd_family fam;
     enum convd_dtype dt;
     enum convd_layout lay;
-    bool bias, relu;
+    bool bias, act;
 };
 
 static const struct dev_spec dev_specs[] = {
@@ -985,7 +989,7 @@ static void test_device_regions(void **state)
     for (size_t si = 0; si < nspec; si++) {
         const struct dev_spec *s = &dev_specs[si];
         struct convd_problem p;
-        gd_problem(it_rng(), s->fam, s->dt, s->lay, s->bias, s->relu, &p);
+        gd_problem(it_rng(), s->fam, s->dt, s->lay, s->bias, s->act, &p);
         char label[96];
         snprintf(label, sizeof label, "device [%s]", fam_names[s->fam]);
         struct dcase per, all;

@@ -211,7 +211,15 @@ static struct convd_problem mk(int n, int h, int w, int c, int k, int r, int s, 
 static const enum convd_dtype dtypes[] = {CONVD_DTYPE_FP32, CONVD_DTYPE_FP16, CONVD_DTYPE_BF16};
 static const enum convd_layout layouts[] = {CONVD_LAYOUT_NHWC, CONVD_LAYOUT_NCHW};
 
-/* Runs one geometry over every dtype and layout (and a bias+ReLU variant) on a family. */
+/* Sets p's activation to the i-th of the six that are not none (i < 0: none), so that the
+ * variants of a sweep cover all of them. */
+static void set_act(struct convd_problem *p, int i)
+{
+    tu_set_activation(p, i < 0 ? CONVD_ACT_NONE : (enum convd_activation)(1 + i % 6));
+}
+
+/* Runs one geometry over every dtype and layout, plain and with a bias and an activation (each
+ * of the six once over the six dtype-layout pairs), on a family. */
 static void sweep(struct convd_problem p, enum convd_gpu_family fam, int must, int half_only)
 {
     for (int d = 0; d < 3; d++) {
@@ -221,10 +229,10 @@ static void sweep(struct convd_problem p, enum convd_gpu_family fam, int must, i
             p.dtype = dtypes[d];
             p.layout = layouts[l];
             p.has_bias = false;
-            p.relu = false;
+            set_act(&p, -1);
             check_problem(&p, fam, must);
             p.has_bias = true;
-            p.relu = true;
+            set_act(&p, d * 2 + l);
             check_problem(&p, fam, must);
         }
     }
@@ -415,7 +423,8 @@ static void test_depthwise_planes(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         for (int d = 0; d < 3; d++) {
             cases[i].dtype = dtypes[d];
-            cases[i].has_bias = cases[i].relu = d != 1;
+            cases[i].has_bias = d != 1;
+            set_act(&cases[i], d != 1 ? (int)i + d : -1);
             assert_false(dw_is_direct(&cases[i]));
             assert_false(described_as(&cases[i], F, "planes 0 ")); /* several per block */
             check_problem(&cases[i], F, 1);
@@ -543,17 +552,17 @@ static void test_fma_gemm(void **state)
     assert_int_equal(convd_gpu_tune_fma_gemm(3), CONVD_EINVAL);
 }
 
-/* Runs p in NCHW over every dtype, plain and with bias and ReLU. */
+/* Runs p in NCHW over every dtype, plain and with a bias and an activation. */
 static void sweep_nchw(struct convd_problem p, enum convd_gpu_family fam)
 {
     p.layout = CONVD_LAYOUT_NCHW;
     for (int d = 0; d < 3; d++) {
         p.dtype = dtypes[d];
         p.has_bias = false;
-        p.relu = false;
+        set_act(&p, -1);
         check_problem(&p, fam, 1);
         p.has_bias = true;
-        p.relu = true;
+        set_act(&p, d * 2 + (int)(p.k % 2));
         check_problem(&p, fam, 1);
     }
 }
@@ -673,7 +682,8 @@ static void test_direct(void **state)
         h.layout = CONVD_LAYOUT_NHWC;
         for (int d = 0; d < 3; d++) {
             h.dtype = dtypes[d];
-            h.has_bias = h.relu = d != 1;
+            h.has_bias = d != 1;
+            set_act(&h, d != 1 ? (int)i + d : -1);
             check_problem(&h, F, 1);
         }
     }
@@ -757,7 +767,8 @@ static void test_mma_padded(void **state)
                 struct convd_problem q = ps[i];
                 q.dtype = dtypes[d];
                 q.layout = layouts[l];
-                q.has_bias = q.relu = l == 1;
+                q.has_bias = l == 1;
+                set_act(&q, l == 1 ? (int)i + d : -1);
                 if (!described_as(&q, CONVD_GPU_FAMILY_AUTO, "(C padded to"))
                     fail_msg("case %zu dtype %d layout %d not padded", i, d, l);
                 check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
@@ -1072,7 +1083,7 @@ static void test_auto(void **state)
                 p = mk(2, s[0], s[1], s[2], s[3], s[4], s[4], s[7], s[5], s[6], 1, dtypes[d],
                        layouts[l]);
                 p.has_bias = d == 1;
-                p.relu = l == 1;
+                set_act(&p, l == 1 ? (int)i + d : -1);
                 check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
             }
     }
@@ -1173,7 +1184,7 @@ static void test_group_identity(void **state)
         for (int l = 0; l < 2; l++) {
             struct convd_problem p = mk(2, 11, 12, 24, 36, 3, 3, 3, 1, 1, 1, dtypes[d], layouts[l]);
             p.has_bias = true;
-            p.relu = l == 0;
+            set_act(&p, l == 0 ? d : -1);
             identity_case(&t, p, CONVD_GPU_FAMILY_FMA);
             identity_case(&t, p, CONVD_GPU_FAMILY_GENERIC);
             p = mk(2, 10, 9, 32, 48, 3, 3, 4, 2, 1, 1, dtypes[d], layouts[l]); /* cpg 8, kpg 12 */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "wire.h"
 
 #ifndef CONVD_DAEMON_PATH
 #error "CONVD_DAEMON_PATH must name the convd binary under test"
@@ -256,7 +257,7 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
     struct convd_server_info info;
     convd_server_info(d->mon, &info);
     assert_string_equal(info.backend, "cpu");
-    assert_int_equal(info.protocol_version, 1);
+    assert_int_equal(info.protocol_version, CONVD_PROTOCOL_VERSION);
 
     /* Warm up once (workers and lazily opened resources), then take the baseline with only the
      * monitor connected and nothing registered. */
@@ -460,8 +461,8 @@ bool it_case_ok(const struct it_case *t, char *why, size_t why_len)
     char desc[128];
     convd_problem_str(&t->p, desc, sizeof(desc));
     snprintf(why, why_len,
-             "%s bias=%d relu=%d: relative error %g > %g (element %zu: got %g, want %g)", desc,
-             t->p.has_bias, t->p.relu, err, tu_tolerance(t->p.dtype), bad,
+             "%s: relative error %g > %g (element %zu: got %g, want %g)", desc, err,
+             tu_tolerance(t->p.dtype), bad,
              (double)tu_load(t->p.dtype, base + t->off_out, bad), (double)t->ref[bad]);
     return false;
 }

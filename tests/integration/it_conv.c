@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "raw.h"
+#include "wire.h"
 
 static struct it_daemon daemon_;
 
@@ -62,7 +63,7 @@ static void run_cases(convd_client *c, const struct convd_problem *probs, size_t
     }
 }
 
-/* Every dtype x layout x bias x ReLU, on random geometries (groups, strides, dilation,
+/* Every dtype x layout x bias x activation, on random geometries (groups, strides, dilation,
  * asymmetric padding) plus a few fixed shapes that resemble real layers. */
 static void test_roundtrip_every_dtype_layout_epilogue(void **state)
 {
@@ -73,12 +74,12 @@ static void test_roundtrip_every_dtype_layout_epilogue(void **state)
     for (size_t d = 0; d < 3; d++)
         for (size_t l = 0; l < 2; l++)
             for (int bias = 0; bias < 2; bias++)
-                for (int relu = 0; relu < 2; relu++) {
+                for (int act = CONVD_ACT_NONE; act <= CONVD_ACT_GELU_TANH; act++) {
                     struct convd_problem probs[5];
                     for (size_t i = 0; i < 3; i++) {
                         tu_random_problem(it_rng(), &probs[i], dtypes[d], layouts[l], 8);
                         probs[i].has_bias = bias;
-                        probs[i].relu = relu;
+                        tu_set_activation(&probs[i], (enum convd_activation)act);
                     }
                     /* Depthwise, 3x3, stride 2, like a MobileNet block. */
                     convd_problem_init(&probs[3], 2, 15, 14, 24, 24, 3, 3, 24);
@@ -93,7 +94,7 @@ static void test_roundtrip_every_dtype_layout_epilogue(void **state)
                         probs[i].dtype = dtypes[d];
                         probs[i].layout = layouts[l];
                         probs[i].has_bias = bias;
-                        probs[i].relu = relu;
+                        tu_set_activation(&probs[i], (enum convd_activation)act);
                     }
                     run_cases(c, probs, 5);
                 }
@@ -644,7 +645,7 @@ static void fake_server(const char *path, int mode)
     } else if (mode == 2) {
         Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
         Convd__HelloReply hr = CONVD__HELLO_REPLY__INIT;
-        hr.protocol_version = 2;
+        hr.protocol_version = CONVD_PROTOCOL_VERSION + 1;
         hr.server_version = "9.9.9";
         hr.backend = "cpu";
         hr.device = "fake";
@@ -714,7 +715,7 @@ static void test_status_and_metrics(void **state)
     struct convd_status before, after;
     assert_int_equal(convd_status_get(c, &before), 0);
     assert_string_equal(before.backend, "cpu");
-    assert_int_equal(before.protocol_version, 1);
+    assert_int_equal(before.protocol_version, CONVD_PROTOCOL_VERSION);
     assert_true(before.clients >= 2);
     assert_true(strlen(before.server_version) > 0);
     for (int i = 0; i < 3; i++)

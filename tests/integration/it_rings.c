@@ -287,10 +287,8 @@ static void case_check(const struct ring_case *t)
     if (err > tu_tolerance(t->p.dtype)) {
         char desc[128];
         convd_problem_str(&t->p, desc, sizeof(desc));
-        fail_msg("request %llu (%s bias=%d relu=%d): relative error %g > %g (element %zu: got "
-                 "%g, want %g)",
-                 (unsigned long long)t->rc.req.id, desc, t->p.has_bias, t->p.relu, err,
-                 tu_tolerance(t->p.dtype), bad,
+        fail_msg("request %llu (%s): relative error %g > %g (element %zu: got %g, want %g)",
+                 (unsigned long long)t->rc.req.id, desc, err, tu_tolerance(t->p.dtype), bad,
                  (double)tu_load(t->p.dtype, t->mem + t->rc.out.offset, bad), (double)t->ref[bad]);
     }
 }
@@ -350,8 +348,8 @@ static void heavy_conv(int fd, struct raw_conv *hc, uint64_t id, uint64_t region
 static void test_hello_ring_version(void **state)
 {
     (void)state;
-    const uint32_t versions[] = {1, 2};
-    for (size_t i = 0; i < 2; i++) {
+    const uint32_t versions[] = {1, CONVD_PROTOCOL_VERSION, CONVD_PROTOCOL_VERSION + 1};
+    for (size_t i = 0; i < 3; i++) {
         int fd = open_conn();
         Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
         Convd__Hello h = CONVD__HELLO__INIT;
@@ -361,7 +359,7 @@ static void test_hello_ring_version(void **state)
         m.hello = &h;
         raw_send(fd, &m, NULL, 0);
         Convd__ServerMessage *r = raw_expect(fd, CONVD__SERVER_MESSAGE__MSG_HELLO_REPLY);
-        if (versions[i] == 1) {
+        if (versions[i] <= CONVD_PROTOCOL_VERSION) {
             assert_int_equal(r->hello_reply->status, 0);
             assert_int_equal(r->hello_reply->ring_version, CONVD_RING_VERSION);
             assert_int_equal(r->hello_reply->ring_version, 1);
@@ -839,7 +837,7 @@ static void test_bad_entries(void **state)
     raw_conv_init(&rc, 1, &p, 1);
     struct convd_ring_sqe e;
 
-    /* What only a ring entry has: opcode, flags, reserved (EPROTO, counted). */
+    /* What only a ring entry has: opcode and flags (EPROTO, counted). */
     raw_ring_sqe_from_conv(&rc, &e);
     e.id = 11, e.opcode = 7;
     ring_expect(fd, &r, &e, CONVD_EPROTO, "opcode");
@@ -852,9 +850,17 @@ static void test_bad_entries(void **state)
     raw_ring_sqe_from_conv(&rc, &e);
     e.id = 14, e.flags |= 0x80000000u;
     ring_expect(fd, &r, &e, CONVD_EPROTO, "flags");
+    /* The activation word, which layout 1 had as reserved: an unknown value, and relu said twice
+     * over with another activation, are bad problems (the Problem message's checks). */
     raw_ring_sqe_from_conv(&rc, &e);
-    e.id = 15, e.reserved = 1;
-    ring_expect(fd, &r, &e, CONVD_EPROTO, "reserved");
+    e.id = 15, e.activation = 99;
+    ring_expect(fd, &r, &e, CONVD_EBADSHAPE, "activation is 99");
+    raw_ring_sqe_from_conv(&rc, &e);
+    e.id = 16, e.activation = CONVD_ACT_SILU, e.flags |= CONVD_RING_F_RELU;
+    ring_expect(fd, &r, &e, CONVD_EBADSHAPE, "relu is set with activation 3");
+    raw_ring_sqe_from_conv(&rc, &e);
+    e.id = 17, e.activation = CONVD_ACT_CLAMP, e.act_min = 1.0f, e.act_max = -1.0f;
+    ring_expect(fd, &r, &e, CONVD_EBADSHAPE, "act_min <= act_max");
 
     /* What both paths check: the same codes, the same sentences. */
     raw_conv_init(&rc, 20, &p, 1);

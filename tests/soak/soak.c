@@ -230,7 +230,7 @@ static bool conditioned_ok(const struct convd_problem *p, const struct convd_pro
     if (mag == NULL)
         abort();
     struct convd_problem pa = *p;
-    pa.relu = false;
+    pa.activation = CONVD_ACT_NONE;
     tu_ref_conv(&pa, ain, aw, ab, mag);
     const double tol = tu_tolerance(p->dtype);
     const double floor_abs = p->dtype == CONVD_DTYPE_FP16 ? 6e-8 : 1e-30;
@@ -603,10 +603,8 @@ static void h_case_check(const struct h_case *hc, const struct h_region *r)
         char desc[128], why[600];
         convd_problem_str(&hc->p, desc, sizeof(desc));
         snprintf(why, sizeof(why),
-                 "raw request %llu (%s bias=%d relu=%d): relative error %g > %g (element %zu: "
-                 "got %g, want %g)",
-                 (unsigned long long)hc->rc.req.id, desc, hc->p.has_bias, hc->p.relu, err,
-                 tu_tolerance(hc->p.dtype), bad, (double)tu_load(hc->p.dtype, out, bad),
+                 "raw request %llu (%s): relative error %g > %g (element %zu: got %g, want %g)",
+                 (unsigned long long)hc->rc.req.id, desc, err, tu_tolerance(hc->p.dtype), bad, (double)tu_load(hc->p.dtype, out, bad),
                  (double)hc->ref[bad]);
         const struct raw_conv *rc = &hc->rc;
         if (!conditioned_ok(&hc->p, &hc->z, r->map + rc->in.offset, r->map + rc->w.offset,
@@ -1101,8 +1099,8 @@ static void h_do_ring_entries(struct tu_rng *g)
             break;
         case 2:
             raw_ring_sqe_from_conv(&hc.rc, &e);
-            e.reserved = 1;
-            want = CONVD_EPROTO, word = "reserved";
+            e.activation = 7u + (uint32_t)tu_rng_range(g, 0, 1000);
+            want = CONVD_EBADSHAPE, word = "activation";
             break;
         case 3:
             hc.rc.in.region_id = 99;
@@ -1199,7 +1197,7 @@ static void h_do_before_hello(struct tu_rng *g)
 
 static void h_do_version(struct tu_rng *g)
 {
-    const uint32_t versions[] = {0, 2, 0xffffffffu};
+    const uint32_t versions[] = {0, CONVD_PROTOCOL_VERSION + 1, 0xffffffffu};
     uint32_t v = versions[tu_rng_range(g, 0, 2)];
     int fd = raw_connect(daemon_.sock);
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;

@@ -206,7 +206,8 @@ uint32_t raw_hello(int fd)
 {
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     Convd__Hello h = CONVD__HELLO__INIT;
-    h.protocol_version = 1;
+    h.protocol_version = CONVD_PROTOCOL_VERSION;
+    h.min_protocol_version = CONVD_PROTOCOL_VERSION_MIN;
     h.client_name = "it-raw";
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_HELLO;
     m.hello = &h;
@@ -215,7 +216,7 @@ uint32_t raw_hello(int fd)
     if (r->hello_reply->status != 0)
         fail_msg("Hello refused: %s: %s", convd_status_name(r->hello_reply->status),
                  r->hello_reply->error);
-    assert_int_equal(r->hello_reply->protocol_version, 1);
+    assert_int_equal(r->hello_reply->protocol_version, CONVD_PROTOCOL_VERSION);
     assert_true(r->hello_reply->max_inflight > 0);
     uint32_t max = r->hello_reply->max_inflight;
     raw_free(r);
@@ -407,8 +408,12 @@ void raw_ring_sqe_from_conv(const struct raw_conv *rc, struct convd_ring_sqe *e)
     memset(e, 0, sizeof(*e));
     e->id = rc->req.id;
     e->opcode = CONVD_RING_OP_CONV;
-    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (p->relu ? CONVD_RING_F_RELU : 0) |
+    const bool relu = p->relu || p->activation == CONVD__ACTIVATION__ACTIVATION_RELU;
+    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (relu ? CONVD_RING_F_RELU : 0) |
                (p->allow_tf32 ? CONVD_RING_F_ALLOW_TF32 : 0);
+    e->activation = relu ? 0 : (uint32_t)p->activation;
+    e->act_min = p->act_min;
+    e->act_max = p->act_max;
     e->n = p->n;
     e->h = p->h;
     e->w = p->w;

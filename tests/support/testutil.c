@@ -116,6 +116,46 @@ float tu_load(enum convd_dtype dtype, const void *data, size_t i)
     return NAN;
 }
 
+double tu_ref_act(const struct convd_problem *p, double y)
+{
+    switch (p->activation) {
+    case CONVD_ACT_NONE:
+        return y;
+    case CONVD_ACT_RELU:
+        return y < 0.0 ? 0.0 : y;
+    case CONVD_ACT_CLAMP:
+        return y < p->act_min ? p->act_min : y > p->act_max ? p->act_max : y;
+    case CONVD_ACT_SILU:
+        return y / (1.0 + exp(-y));
+    case CONVD_ACT_HARDSWISH:
+        return y * fmin(fmax(y + 3.0, 0.0), 6.0) / 6.0;
+    case CONVD_ACT_GELU:
+        return 0.5 * y * (1.0 + erf(y / sqrt(2.0)));
+    case CONVD_ACT_GELU_TANH:
+        return 0.5 * y * (1.0 + tanh(0.79788456080286536 /* sqrt(2 / pi) */ * (y + 0.044715 * y * y * y)));
+    }
+    abort();
+}
+
+void tu_set_activation(struct convd_problem *p, enum convd_activation act)
+{
+    p->activation = act;
+    p->act_min = act == CONVD_ACT_CLAMP ? -0.25f : 0.0f;
+    p->act_max = act == CONVD_ACT_CLAMP ? 0.5f : 0.0f;
+}
+
+void tu_random_activation(struct tu_rng *g, struct convd_problem *p)
+{
+    /* relu twice as often as each of the others: it is what most models use. */
+    int a = tu_rng_range(g, 0, 7);
+    p->activation = a == 7 ? CONVD_ACT_RELU : (enum convd_activation)a;
+    p->act_min = p->act_max = 0.0f;
+    if (p->activation == CONVD_ACT_CLAMP) {
+        p->act_min = -0.125f * (float)tu_rng_range(g, 0, 4);
+        p->act_max = p->act_min + 0.25f * (float)tu_rng_range(g, 1, 8);
+    }
+}
+
 void tu_ref_conv(const struct convd_problem *p, const void *input, const void *weight,
                  const void *bias, float *ref)
 {
@@ -147,8 +187,7 @@ void tu_ref_conv(const struct convd_problem *p, const void *input, const void *w
                                 acc += (double)tu_load(p->dtype, input, xi) *
                                        (double)tu_load(p->dtype, weight, wi);
                             }
-                    if (p->relu && acc < 0.0)
-                        acc = 0.0;
+                    acc = tu_ref_act(p, acc);
                     size_t yi = nhwc ? (size_t)(((n * OH + oh) * OW + ow) * K + k)
                                      : (size_t)(((n * K + k) * OH + oh) * OW + ow);
                     ref[yi] = (float)acc;
@@ -211,7 +250,7 @@ void tu_random_problem(struct tu_rng *g, struct convd_problem *p, enum convd_dty
         p->dtype = dtype ? dtype : (enum convd_dtype)tu_rng_range(g, 1, 3);
         p->layout = layout ? layout : (enum convd_layout)tu_rng_range(g, 1, 2);
         p->has_bias = tu_rng_range(g, 0, 1);
-        p->relu = tu_rng_range(g, 0, 1);
+        tu_random_activation(g, p);
         if (convd_problem_check(p, NULL, 0) == 0)
             return;
     }

@@ -72,6 +72,17 @@ double tu_rel_error(enum convd_dtype dtype, const void *out, const float *ref, s
  * 11465520243125233); 1e-4 still fails TF32 (about 1e-3) and every indexing error. */
 double tu_tolerance(enum convd_dtype dtype);
 
+/* The activation of p applied to y, in double, from the definitions (PyTorch's), written apart
+ * from the library's own so that the two check each other. */
+double tu_ref_act(const struct convd_problem *p, double y);
+
+/* Sets p's activation, with clamp's bounds at -0.25 and 0.5 (cutting both ways on the tests'
+ * data) and 0 for the others. */
+void tu_set_activation(struct convd_problem *p, enum convd_activation act);
+
+/* A random activation for p (any of them, relu most often; clamp with random bounds). */
+void tu_random_activation(struct tu_rng *g, struct convd_problem *p);
+
 /* Random stride and dilation (1 or 2 each way) and padding (0-2 on each side). */
 void tu_random_geometry(struct tu_rng *g, struct convd_problem *p);
 

@@ -29,6 +29,16 @@ else()
   message(WARNING "no C++ compiler: test_cxx_header (convd.h from C++) is not built")
 endif()
 
+# A program of convd 0.1's ABI: the old struct convd_problem, bound to the CONVD_0 symbols that
+# client/compat.c keeps, against a daemon it starts.
+if(TARGET convd)
+  add_executable(test_abi_v0 ${CMAKE_CURRENT_LIST_DIR}/test_abi_v0.c)
+  target_link_libraries(test_abi_v0 PRIVATE convd-client PkgConfig::CMOCKA)
+  target_compile_definitions(test_abi_v0 PRIVATE CONVD_DAEMON_PATH="$<TARGET_FILE:convd>")
+  add_test(NAME test_abi_v0 COMMAND test_abi_v0)
+  set_tests_properties(test_abi_v0 PROPERTIES LABELS unit)
+endif()
+
 find_program(CONVD_READELF readelf)
 if(CONVD_READELF)
   add_test(NAME check_abi

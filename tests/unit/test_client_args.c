@@ -100,7 +100,7 @@ static void test_problem_option(void **state)
         {"n", "2"},         {"c", "64"},        {"h", "7"},        {"w", "9"},
         {"k", "32"},        {"r", "3"},         {"s", "5"},        {"groups", "8"},
         {"stride", "2,1"},  {"pad", "0,1,2,3"}, {"dilation", "3"}, {"dtype", "bf16"},
-        {"layout", "NHWC"}, {"bias", NULL},     {"relu", NULL},
+        {"layout", "NHWC"}, {"bias", NULL},     {"relu", NULL},    {"act", "relu"},
     };
     /* The table that convctl's getopt entries are made from holds exactly these, in order. */
     assert_int_equal(CLI_PO_COUNT, sizeof(set) / sizeof(set[0]));
@@ -129,7 +129,26 @@ static void test_problem_option(void **state)
     assert_int_equal(p.dtype, CONVD_DTYPE_BF16);
     assert_int_equal(p.layout, CONVD_LAYOUT_NHWC);
     assert_true(p.has_bias);
-    assert_true(p.relu);
+    assert_int_equal(p.activation, CONVD_ACT_RELU);
+
+    /* --act: names, relu6, clamp with its bounds; bad ones refused with the problem unchanged */
+    assert_int_equal(cli_problem_option(&p, "act", "gelu_tanh", why, sizeof(why)), 0);
+    assert_int_equal(p.activation, CONVD_ACT_GELU_TANH);
+    assert_int_equal(cli_problem_option(&p, "act", "relu6", why, sizeof(why)), 0);
+    assert_true(p.activation == CONVD_ACT_CLAMP && p.act_min == 0.0f && p.act_max == 6.0f);
+    assert_int_equal(cli_problem_option(&p, "act", "clamp:-1.5,2", why, sizeof(why)), 0);
+    assert_true(p.activation == CONVD_ACT_CLAMP && p.act_min == -1.5f && p.act_max == 2.0f);
+    struct convd_problem kept = p;
+    static const char *const bad_acts[] = {"clamp", "clamp:1", "clamp:2,1", "clamp:a,b",
+                                           "clamp:1,2x", "tanh", ""};
+    for (size_t i = 0; i < sizeof(bad_acts) / sizeof(bad_acts[0]); i++) {
+        assert_int_equal(cli_problem_option(&p, "act", bad_acts[i], why, sizeof(why)),
+                         CONVD_EINVAL);
+        assert_memory_equal(&p, &kept, sizeof(p));
+    }
+    assert_non_null(strstr(why, "unknown activation ''"));
+    assert_int_equal(cli_problem_option(&p, "relu", NULL, why, sizeof(why)), 0);
+    assert_true(p.activation == CONVD_ACT_RELU && p.act_min == 0.0f && p.act_max == 0.0f);
 
     struct convd_problem before = p;
     assert_int_equal(cli_problem_option(&p, "n", "0", why, sizeof(why)), CONVD_EINVAL);
@@ -173,7 +192,7 @@ static void test_shapes_variants(void **state)
     struct convd_problem p;
     convd_problem_init(&p, 9, 9, 9, 9, 9, 9, 9, 9);
     p.dtype = CONVD_DTYPE_FP16;
-    p.relu = true;
+    p.activation = CONVD_ACT_RELU;
     cli_shape_apply(&rows[1], &p);
     assert_int_equal(p.n, 2);
     assert_int_equal(p.h, 7);
@@ -184,7 +203,7 @@ static void test_shapes_variants(void **state)
     assert_int_equal(p.dil_h, 2);
     assert_int_equal(p.groups, 1);
     assert_int_equal(p.dtype, CONVD_DTYPE_FP16);
-    assert_true(p.relu);
+    assert_int_equal(p.activation, CONVD_ACT_RELU);
     free(rows);
 
     static const struct {

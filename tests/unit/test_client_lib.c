@@ -77,7 +77,7 @@ struct hello_opts {
 };
 #define HELLO_DEFAULTS                                                                             \
     {                                                                                              \
-        1, 0, "", 64, 16, 1u << 30, "cpu"                                                          \
+        CONVD_PROTOCOL_VERSION, 0, "", 64, 16, 1u << 30, "cpu"                                     \
     }
 
 static void peer_hello_reply(int fd, const struct hello_opts *o)
@@ -257,7 +257,39 @@ static void small_args(struct convd_conv_args *a, convd_region *r)
     a->output = (struct convd_tensor){r, 1024, 128};
 }
 
-/* Submits a request and has the peer receive it. Returns the id. */
+/* A daemon of protocol 1 knows relu only: relu still goes (as Problem.relu, which it reads), and
+ * any other activation is refused here by name rather than sent to be silently dropped. */
+static void test_old_daemon_activations(void **state)
+{
+    (void)state;
+    struct fake f;
+    struct hello_opts o = HELLO_DEFAULTS;
+    o.version = 1;
+    fake_connect_opts(&f, &o, 2000);
+    convd_region *r = fake_region(&f, 4096, NULL);
+    struct convd_conv_args a;
+    uint64_t id = 5;
+    for (int act = CONVD_ACT_CLAMP; act <= CONVD_ACT_GELU_TANH; act++) {
+        small_args(&a, r);
+        a.problem.activation = (enum convd_activation)act;
+        a.problem.act_max = act == CONVD_ACT_CLAMP ? 6.0f : 0.0f;
+        assert_int_equal(convd_conv_submit(f.c, &a, &id), CONVD_EUNSUPPORTED);
+        assert_non_null(strstr(convd_errstr(f.c), "needs protocol version 2"));
+        assert_non_null(strstr(convd_errstr(f.c), convd_activation_name(a.problem.activation)));
+        assert_int_equal(id, 5);
+        assert_true(peer_idle(f.peer));
+    }
+    small_args(&a, r);
+    a.problem.activation = CONVD_ACT_RELU;
+    uint64_t got;
+    assert_int_equal(convd_conv_submit(f.c, &a, &got), 0);
+    Convd__ClientMessage *m = peer_recv(f.peer, NULL);
+    assert_int_equal(m->msg_case, CONVD__CLIENT_MESSAGE__MSG_CONV);
+    assert_true(m->conv->problem->relu);
+    convd__client_message__free_unpacked(m, NULL);
+    fake_close(&f);
+}
+
 static uint64_t submit_seen(struct fake *f, const struct convd_conv_args *a)
 {
     uint64_t id;
@@ -285,7 +317,7 @@ static void test_handshake(void **state)
     fake_connect_opts(&f, &o, 2000);
     struct convd_server_info info;
     convd_server_info(f.c, &info);
-    assert_int_equal(info.protocol_version, 1);
+    assert_int_equal(info.protocol_version, CONVD_PROTOCOL_VERSION);
     assert_string_equal(info.server_version, "9.8.7");
     assert_string_equal(info.backend, "gpu");
     assert_string_equal(info.device, "fake device");
@@ -342,7 +374,7 @@ static void test_handshake_failures(void **state)
         int want;
         const char *says;
     } cases[] = {
-        {0, 2, 0, "", CONVD_EVERSION, "version 2"},
+        {0, CONVD_PROTOCOL_VERSION + 1, 0, "", CONVD_EVERSION, "version 3"},
         {0, 0, 0, "", CONVD_EVERSION, "version 0"},
         {0, 1, CONVD_EVERSION, "client too old", CONVD_EVERSION, "client too old"},
         {0, 1, CONVD_EPERM, "uid 1000 not allowed", CONVD_EPERM, "uid 1000 not allowed"},
@@ -1288,7 +1320,7 @@ static void test_queries(void **state)
     s.requests_failed = 7;
     s.batches = 8;
     s.uptime_ms = 9;
-    s.protocol_version = 1;
+    s.protocol_version = 2;
     Convd__ServerMessage sm = CONVD__SERVER_MESSAGE__INIT;
     sm.msg_case = CONVD__SERVER_MESSAGE__MSG_STATUS_REPLY;
     sm.status_reply = &s;
@@ -1298,7 +1330,7 @@ static void test_queries(void **state)
     assert_string_equal(st.server_version, "9.8.7");
     assert_string_equal(st.backend, "cpu");
     assert_string_equal(st.device, "fake device");
-    assert_int_equal(st.protocol_version, 1);
+    assert_int_equal(st.protocol_version, 2);
     assert_int_equal(st.clients, 3);
     assert_int_equal(st.queue_depth, 4);
     assert_int_equal(st.inflight, 5);
@@ -1513,7 +1545,7 @@ static void test_blocking_conv(void **state)
             tu_random_problem(&g, &p, 0, 0, 8);
         while (p.k == 7);
         p.has_bias = i % 2 == 0;
-        p.relu = i % 3 == 0;
+        tu_random_activation(&g, &p);
         assert_int_equal(run_conv(c, &g, &p), 0);
     }
     /* Larger than the staging region so far: it is replaced by a bigger one. */
@@ -1554,6 +1586,7 @@ int main(void)
         cmocka_unit_test(test_region_refused),
         cmocka_unit_test(test_region_gpu),
         cmocka_unit_test(test_submit_validation),
+        cmocka_unit_test(test_old_daemon_activations),
         cmocka_unit_test(test_args_struct_size),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_wait_timeout),

@@ -191,7 +191,8 @@ static void test_run_batch(void **state)
             p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
             p.layout = i == 5 ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
             p.dtype = i == 5 ? CONVD_DTYPE_FP32 : CONVD_DTYPE_FP16;
-            p.has_bias = p.relu = true;
+            p.has_bias = true;
+            p.activation = CONVD_ACT_RELU;
         } else {
             tu_random_problem(&rng, &p, 0, 0, 6); /* to be broken below */
         }

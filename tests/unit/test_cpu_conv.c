@@ -143,7 +143,8 @@ static void check_problem(const struct convd_problem *p, int threads)
     check_problem_isa(p, threads, cpu_isa_best());
 }
 
-/* The problem in every dtype and layout, with and without bias + ReLU. */
+/* The problem in every dtype and layout, plain and with a bias and an activation (a different
+ * one for each dtype-layout pair: all six over the six). */
 static void check_all_variants(struct convd_problem p, int threads)
 {
     for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++)
@@ -152,7 +153,8 @@ static void check_all_variants(struct convd_problem p, int threads)
                 p.dtype = (enum convd_dtype)dt;
                 p.layout = (enum convd_layout)lay;
                 p.has_bias = epi;
-                p.relu = epi;
+                tu_set_activation(&p, epi ? (enum convd_activation)(1 + ((dt - 1) * 2 + lay - 1))
+                                          : CONVD_ACT_NONE);
                 check_problem(&p, threads);
             }
 }
@@ -168,6 +170,27 @@ static void test_random_problems(void **state)
                                   i % 2 ? 6 : 26);
                 check_problem(&p, tu_rng_range(&rng, 1, 4));
             }
+}
+
+/* Each activation, in every dtype and layout, on every ISA this CPU runs: against the test's
+ * own double-precision definitions (tu_ref_act). */
+static void test_every_activation(void **state)
+{
+    (void)state;
+    for (size_t k = 0; cpu_isa_list[k] != NULL; k++) {
+        const struct cpu_isa *isa = cpu_isa_find(cpu_isa_list[k]->name);
+        if (isa == NULL)
+            continue;
+        for (int act = CONVD_ACT_NONE; act <= CONVD_ACT_GELU_TANH; act++)
+            for (int dt = CONVD_DTYPE_FP32; dt <= CONVD_DTYPE_BF16; dt++)
+                for (int lay = CONVD_LAYOUT_NCHW; lay <= CONVD_LAYOUT_NHWC; lay++) {
+                    struct convd_problem p;
+                    tu_random_problem(&rng, &p, (enum convd_dtype)dt, (enum convd_layout)lay,
+                                      act % 2 ? 4 : 20);
+                    tu_set_activation(&p, (enum convd_activation)act);
+                    check_problem_isa(&p, tu_rng_range(&rng, 1, 3), isa);
+                }
+    }
 }
 
 /* Every ISA variant this CPU can run, on random problems of both layouts. */
@@ -215,7 +238,7 @@ static void test_channel_vectorised(void **state)
                 p.pad_right = tu_rng_range(&rng, 0, 1);
                 p.pad_top = tu_rng_range(&rng, 0, 2);
                 p.has_bias = tu_rng_range(&rng, 0, 1);
-                p.relu = tu_rng_range(&rng, 0, 1);
+                tu_random_activation(&rng, &p);
                 if (convd_problem_check(&p, NULL, 0) != 0)
                     continue;
                 struct cpu_plan plan;
@@ -578,6 +601,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_problems),    cmocka_unit_test(test_every_isa),
+        cmocka_unit_test(test_every_activation),
         cmocka_unit_test(test_depthwise),          cmocka_unit_test(test_channels_per_group),
         cmocka_unit_test(test_kpg_not_cpg),        cmocka_unit_test(test_pointwise_and_dense),
         cmocka_unit_test(test_geometry),           cmocka_unit_test(test_large_images),

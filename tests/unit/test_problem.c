@@ -4,6 +4,7 @@
  * derived sizes, the output-extent formula, names and parsers, and problem equality.
  */
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -324,11 +325,13 @@ static void test_init_and_str(void **state)
     assert_int_equal(p.pad_top + p.pad_bottom + p.pad_left + p.pad_right, 0);
     assert_int_equal(p.dtype, CONVD_DTYPE_FP32);
     assert_int_equal(p.layout, CONVD_LAYOUT_NCHW);
-    assert_false(p.has_bias || p.relu || p.allow_tf32);
+    assert_false(p.has_bias || p.allow_tf32);
+    assert_int_equal(p.activation, CONVD_ACT_NONE);
+    assert_true(p.act_min == 0.0f && p.act_max == 0.0f);
 
     p.dtype = CONVD_DTYPE_BF16;
     p.layout = CONVD_LAYOUT_NHWC;
-    p.relu = true;
+    p.activation = CONVD_ACT_RELU;
     char buf[160];
     assert_ptr_equal(convd_problem_str(&p, buf, sizeof(buf)), buf);
     assert_non_null(strstr(buf, "n32"));
@@ -365,11 +368,74 @@ static void test_same(void **state)
     b.has_bias = true;
     assert_false(convd_problem_same(&a, &b));
     b = a;
-    b.relu = true;
+    b.activation = CONVD_ACT_RELU;
     assert_false(convd_problem_same(&a, &b));
     b = a;
     b.allow_tf32 = true;
     assert_false(convd_problem_same(&a, &b));
+    /* clamp bounds are part of the problem */
+    a.activation = b.activation = CONVD_ACT_CLAMP;
+    a.act_max = 6.0f;
+    b = a;
+    assert_true(convd_problem_same(&a, &b));
+    b.act_max = 5.0f;
+    assert_false(convd_problem_same(&a, &b));
+    b = a;
+    b.act_min = -1.0f;
+    assert_false(convd_problem_same(&a, &b));
+}
+
+/* Activations: names both ways, relu6 and swish as aliases, and the checks of the enum and of
+ * clamp's bounds, each naming the field. */
+static void test_activations(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"none", "relu", "clamp", "silu",
+                                        "hardswish", "gelu", "gelu_tanh"};
+    for (int a = CONVD_ACT_NONE; a <= CONVD_ACT_GELU_TANH; a++) {
+        assert_string_equal(convd_activation_name((enum convd_activation)a), names[a]);
+        struct convd_problem p = valid_problem();
+        p.act_max = 9.0f;
+        assert_int_equal(convd_activation_parse(names[a], &p), 0);
+        assert_int_equal(p.activation, a);
+        assert_true(p.act_min == 0.0f && p.act_max == 0.0f);
+    }
+    assert_string_equal(convd_activation_name((enum convd_activation)7), "unknown");
+    struct convd_problem p = valid_problem();
+    assert_int_equal(convd_activation_parse("ReLU6", &p), 0);
+    assert_int_equal(p.activation, CONVD_ACT_CLAMP);
+    assert_true(p.act_min == 0.0f && p.act_max == 6.0f);
+    assert_int_equal(convd_problem_check(&p, NULL, 0), 0);
+    assert_int_equal(convd_activation_parse("swish", &p), 0);
+    assert_int_equal(p.activation, CONVD_ACT_SILU);
+    assert_int_equal(convd_activation_parse("tanh", &p), CONVD_EINVAL);
+    assert_int_equal(convd_activation_parse(NULL, &p), CONVD_EINVAL);
+
+    char why[200];
+    p = valid_problem();
+    p.activation = (enum convd_activation)7;
+    assert_int_equal(convd_problem_check(&p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "activation is 7"));
+    p = valid_problem();
+    p.activation = CONVD_ACT_CLAMP;
+    p.act_min = 1.0f;
+    p.act_max = 0.5f;
+    assert_int_equal(convd_problem_check(&p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "act_min <= act_max"));
+    p.act_min = NAN;
+    assert_int_equal(convd_problem_check(&p, why, sizeof(why)), CONVD_EBADSHAPE);
+    p.act_min = -INFINITY; /* a one-sided clamp */
+    assert_int_equal(convd_problem_check(&p, why, sizeof(why)), 0);
+    char buf[160];
+    p.act_min = 0.0f;
+    p.act_max = 6.0f;
+    assert_non_null(strstr(convd_problem_str(&p, buf, sizeof(buf)), "clamp(0,6)"));
+    p = valid_problem();
+    p.activation = CONVD_ACT_SILU;
+    p.act_max = 1.0f;
+    assert_int_equal(convd_problem_check(&p, why, sizeof(why)), CONVD_EBADSHAPE);
+    assert_non_null(strstr(why, "clamp activation only"));
+    assert_non_null(strstr(why, "silu"));
 }
 
 /* The kernels' division by invariant divisors against the '/' operator: every divisor up to 4096
@@ -422,7 +488,7 @@ int main(void)
         cmocka_unit_test(test_out_dim),
         cmocka_unit_test(test_names_and_parsers),
         cmocka_unit_test(test_init_and_str),
-        cmocka_unit_test(test_same),
+        cmocka_unit_test(test_same), cmocka_unit_test(test_activations),
         cmocka_unit_test(test_fdiv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

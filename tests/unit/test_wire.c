@@ -32,7 +32,9 @@ static void fill_pb(Convd__Problem *pb)
     pb->dtype = CONVD__DTYPE__DTYPE_BF16;
     pb->layout = CONVD__LAYOUT__LAYOUT_NHWC;
     pb->has_bias = 1;
-    pb->relu = 1;
+    pb->activation = CONVD__ACTIVATION__ACTIVATION_CLAMP;
+    pb->act_min = -0.5f;
+    pb->act_max = 6.0f;
 }
 
 static void test_round_trip(void **state)
@@ -50,7 +52,9 @@ static void test_round_trip(void **state)
     assert_int_equal(p.dil_w, 2);
     assert_int_equal(p.dtype, CONVD_DTYPE_BF16);
     assert_int_equal(p.layout, CONVD_LAYOUT_NHWC);
-    assert_true(p.has_bias && p.relu && !p.allow_tf32);
+    assert_true(p.has_bias && !p.allow_tf32);
+    assert_int_equal(p.activation, CONVD_ACT_CLAMP);
+    assert_true(p.act_min == -0.5f && p.act_max == 6.0f);
 
     convd__problem__init(&back);
     wire_problem_to_pb(&p, &back);
