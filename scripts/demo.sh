@@ -71,11 +71,11 @@ runs=(
     "resnext50_l1 fp16 nchw"
     "regnety16_l2 fp16 nhwc --bias --relu"
     "regnety16_l2 fp32 nchw"
-    "mbv2_dw_s1 fp16 nhwc"
+    "mbv2_dw_s1 fp16 nhwc --bias --act relu6"
     "mbv2_dw_s1 fp32 nchw --bias"
     "convnext_dw7 fp32 nhwc"
-    "convnext_dw7 bf16 nchw --relu"
-    "shufflenet_1x1_g3 fp16 nhwc --bias --relu"
+    "convnext_dw7 bf16 nchw --act gelu"
+    "shufflenet_1x1_g3 fp16 nhwc --bias --act silu"
     "dense_resnet50_l1 fp32 nhwc"
 )
 failed=0
@@ -91,7 +91,7 @@ for run in "${runs[@]}"; do
     fi
     result=$(grep -E '^result' <<< "$out" | sed 's/^result *//') || true
     timing=$(grep -E '^timing' <<< "$out" | sed 's/^timing *//') || true
-    printf '%-18s %-4s %-4s %-14s %s\n' "$shape" "$dtype" "$layout" "${extra:-}" "$status"
+    printf '%-18s %-4s %-4s %-20s %s\n' "$shape" "$dtype" "$layout" "${extra:-}" "$status"
     if [[ $status == PASS && -n $result ]]; then
         printf '    %s\n    %s\n' "$result" "$timing"
     else

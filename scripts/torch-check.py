@@ -59,7 +59,25 @@ def from_npy(a, dtype):
     return torch.from_numpy(a.copy())
 
 
-def check(convctl, socket, tmp, prob, dtype, layout, bias, relu, rng):
+# convctl's --act values and PyTorch's functions for them; none and relu half the time.
+ACTS = {
+    "none": lambda y: y,
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "clamp:-0.5,0.25": lambda y: torch.clamp(y, -0.5, 0.25),
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+}
+
+
+def pick_act(pr):
+    names = list(ACTS)
+    return names[pr.randrange(2)] if pr.random() < 0.5 else names[pr.randrange(2, len(names))]
+
+
+def check(convctl, socket, tmp, prob, dtype, layout, bias, act, rng):
     n, c, h, w, k, r, s, g, stride, pad, dil = prob
     td = TORCH_DTYPE[dtype]
     x = (torch.rand(n, c, h, w, generator=rng) * 2 - 1).to(td)
@@ -72,9 +90,7 @@ def check(convctl, socket, tmp, prob, dtype, layout, bias, relu, rng):
     ref = F.conv2d(xp, wt.double().to(REF_DEVICE),
                    None if b is None else b.double().to(REF_DEVICE), stride=stride, padding=0,
                    dilation=dil, groups=g)
-    if relu:
-        ref = torch.relu(ref)
-    ref = ref.cpu()
+    ref = ACTS[act](ref).cpu()
 
     if layout == "nhwc":
         xs, ws = x.permute(0, 2, 3, 1), wt.permute(0, 2, 3, 1)
@@ -90,8 +106,8 @@ def check(convctl, socket, tmp, prob, dtype, layout, bias, relu, rng):
     if b is not None:
         np.save(paths["b"], to_npy(b, dtype))
         cmd += ["--bias", paths["b"]]
-    if relu:
-        cmd.append("--relu")
+    if act != "none":
+        cmd += ["--act", act]
     t0 = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True)
     ms = (time.monotonic() - t0) * 1e3
@@ -164,13 +180,13 @@ def main():
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for label, prob, dtype, layout in jobs:
-            bias, relu = pr.random() < 0.5, pr.random() < 0.5
-            ok, msg, ms = check(args.convctl, args.socket, tmp, prob, dtype, layout, bias, relu,
+            bias, act = pr.random() < 0.5, pick_act(pr)
+            ok, msg, ms = check(args.convctl, args.socket, tmp, prob, dtype, layout, bias, act,
                                 rng)
             if not ok:
                 failures += 1
-            print("%-4s %-2s %-4s %-4s bias=%d relu=%d %s  %s  (%.0f ms)" % (
-                "ok" if ok else "FAIL", label, dtype, layout, bias, relu, prob, msg, ms))
+            print("%-4s %-2s %-4s %-4s bias=%d act=%s %s  %s  (%.0f ms)" % (
+                "ok" if ok else "FAIL", label, dtype, layout, bias, act, prob, msg, ms))
     total = len(jobs)
     print("torch-check: %d of %d passed" % (total - failures, total))
     return 1 if failures else 0
