@@ -20,23 +20,25 @@
  * The grid is persistent: each block walks a contiguous range of work items (problem, n-block,
  * tile), prefetching the next item's halo with cp.async while the current one computes; weights
  * stay resident while the n-block does not change. Large cpg is split in chunks of kc channels,
- * then halo and weights are double-buffered per chunk. The epilogue (bias, activation, rounding) goes
- * through shared memory so global stores are 16-byte and coalesced (NHWC) or pixel-contiguous
- * (NCHW). NCHW input is gathered with ordinary loads (it has to be transposed on the way in).
+ * then halo and weights are double-buffered per chunk. The epilogue (bias, activation,
+ * rounding) goes through shared memory so global stores are 16-byte and coalesced (NHWC) or
+ * pixel-contiguous (NCHW). NCHW input is gathered with ordinary loads (it has to be transposed on
+ * the way in).
  *
  * On sm_90, NHWC problems whose block channels are one chunk run mma_tma_kernel instead: the halo
  * and the output tile each move as one tensor copy per item (see its comment), which measured
  * faster on every NHWC shape of the suite.
+ *
+ * This file holds the kernels and their launch; the planner that picks a plan for them is
+ * mma_plan.hip, the PTX primitives they use gpu_async.h.
  */
 #include <pthread.h>
 
-#include "gpu_internal.h"
-
-#if defined(CONVD_GPU_NVIDIA)
-#include <cuda.h> /* CUtensorMap and cuTensorMapEncodeTiled's types (the entry point is looked up) */
-#endif
+#include "conv_mma.h"
 
 #define MMA_U 8
+
+int mma_prefetch_mode = -1; /* convd_gpu_tune_mma_prefetch */
 
 struct mma_args {
     struct gpu_geom g;
@@ -66,23 +68,6 @@ struct mma_args {
     int prefetch;      /* L2 prefetch of the first item before the grid dependency */
 };
 
-struct mma_cfg {
-    int mt, nt, wm, wn;
-};
-#define MMA_NCFG 7
-#if defined(CONVD_GPU_NVIDIA)
-static const struct mma_cfg mma_cfgs[] = {
-    {7, 1, 1, 8}, {7, 1, 1, 4}, {7, 2, 1, 4}, {7, 3, 1, 2},
-    {4, 4, 2, 2}, {2, 4, 2, 2}, {4, 5, 2, 2},
-};
-static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG counts mma_cfgs");
-#endif
-
-static int mma_forced_cfg = -1;
-static int mma_tma_mode = -1;      /* convd_gpu_tune_mma_tma */
-static int mma_forced_nst = -1;    /* convd_gpu_tune_mma_stages */
-static int mma_prefetch_mode = -1; /* convd_gpu_tune_mma_prefetch */
-
 #if defined(CONVD_GPU_NVIDIA)
 /* Tensor maps of the tensor-copy kernel, passed by value (__grid_constant__): input and output of
  * up to MMA_TMA_PROBS problems per launch (larger batches take several launches). */
@@ -94,11 +79,6 @@ struct mma_tmaps {
 #endif
 
 #if defined(CONVD_GPU_NVIDIA)
-
-GPU_D uint32_t mma_smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 
 #if defined(CONVD_MMA_TRACE)
 #define MMA_TRACE_BLOCKS CONVD_MMA_TRACE_BLOCKS
@@ -120,177 +100,6 @@ GPU_D void mma_tr(int ev)
 #define MMA_TR(ev)       ((void)0)
 #define MMA_TRACE_EV_END 0
 #endif
-
-GPU_D void mma_cp16(uint32_t dst, const void *src, bool valid)
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-#endif
-}
-
-GPU_D void mma_commit()
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-template <int N> GPU_D void mma_wait()
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-GPU_D void mma_ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-#endif
-}
-
-GPU_D void mma_ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1)
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r0), "=r"(r1)
-                 : "r"(addr));
-#endif
-}
-
-/* ---- sm_90 tensor copies and mbarriers ---- */
-
-GPU_D void mma_mbar_init(uint32_t bar, int count)
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-#endif
-}
-
-/* Makes the initialised mbarriers visible to the tensor-copy unit (the async proxy). */
-GPU_D void mma_mbar_init_fence()
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-/* Waits until the barrier's phase with parity `parity` has completed. */
-GPU_D void mma_mbar_wait(uint32_t bar, uint32_t parity)
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "wait_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n"
-                 "}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-
-/* One 4-D box (channels, columns, rows, images) from global memory into shared memory, its bytes
- * counted on `bar` (the caller's arrive announced them); coordinates outside the tensor read as
- * zero, which is the convolution's padding. */
-GPU_D void mma_tma_load4(uint32_t dst, const CUtensorMap *map, int c, int w, int h, int n,
-                         uint32_t bar, uint32_t bytes)
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar)
-                 : "memory");
-#endif
-}
-
-/* Hints that bring one 4-D box, or a byte range, into L2 without touching shared memory or any
- * register. Safe before griddepcontrol.wait even where the previous kernel writes that memory: L2
- * is the one coherent copy of global memory, so a line fetched early is updated in place by those
- * writes, and nothing of it reaches the SM before the wait. */
-GPU_D void mma_tma_prefetch4(const CUtensorMap *map, int c, int w, int h, int n)
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                     (uint64_t)map),
-                 "r"(c), "r"(w), "r"(h), "r"(n)
-                 : "memory");
-#endif
-}
-
-/* The whole 16-byte units inside [p, p + bytes). */
-GPU_D void mma_prefetch_l2(const void *p, size_t bytes)
-{
-#if defined(CONVD_DEVICE_SM90)
-    const uint64_t b = ((uint64_t)p + 15) & ~(uint64_t)15,
-                   e = ((uint64_t)p + bytes) & ~(uint64_t)15;
-    for (uint64_t q = b; q < e; q += 1u << 20) {
-        const uint32_t n = (uint32_t)(e - q < (1u << 20) ? e - q : (1u << 20));
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(q), "r"(n) : "memory");
-    }
-#endif
-}
-
-/* One 4-D box from shared memory to global memory; elements outside the tensor are dropped. */
-GPU_D void mma_tma_store4(const CUtensorMap *map, uint32_t src, int c, int w, int h, int n)
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
-                 " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"((uint64_t)map),
-                 "r"(src), "r"(c), "r"(w), "r"(h), "r"(n)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-
-/* Waits until the bulk stores issued by this thread have read their shared memory (READ) or
- * have completed. */
-template <bool READ> GPU_D void mma_tma_store_wait()
-{
-#if defined(CONVD_DEVICE_SM90)
-    if (READ)
-        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    else
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
-}
-
-/* Orders this thread's ordinary shared-memory writes before later tensor copies that read them. */
-GPU_D void mma_fence_async_smem()
-{
-#if defined(CONVD_DEVICE_SM90)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-template <class DT> struct mma_op;
-template <> struct mma_op<dt_f16> {
-    static GPU_D void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-    {
-#if defined(CONVD_DEVICE_SM80)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-    }
-};
-template <> struct mma_op<dt_bf16> {
-    static GPU_D void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-    {
-#if defined(CONVD_DEVICE_SM80)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-    }
-};
 
 /* Where a work item sits: problem, image/tile origin, output channels and input channels. */
 struct mma_item {
@@ -366,7 +175,7 @@ GPU_D void mma_halo_nhwc(const struct mma_args &a, const struct mma_item &it, co
 #pragma unroll
         for (int j = 0; j < VPT; j++) {
             const bool valid = pvalid && cvalid[j];
-            mma_cp16(dst + j * tpp * 16, valid ? xc[j] + po : x, valid);
+            gpu_cp16_s(dst + j * tpp * 16, valid ? xc[j] + po : x, valid);
         }
     }
 }
@@ -390,7 +199,7 @@ GPU_D void mma_halo_nhwc_any(const struct mma_args &a, const struct mma_item &it
         const T *src = valid ? x + (size_t)(uint32_t)((n * g.h + ih) * g.w + iw) * g.c + it.ch0 +
                                    sgl * a.cpgm + c
                              : x;
-        mma_cp16(abase + pix * a.ps + cv * 16, src, valid);
+        gpu_cp16_s(abase + pix * a.ps + cv * 16, src, valid);
     }
 }
 
@@ -406,7 +215,7 @@ GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
     const int hpix = a.imgs * ihw;
     const int ih0 = it.oh0 * g.sh - g.pt, iw0 = it.ow0 * g.sw - g.pl;
     if (NHWC) {
-        const uint32_t abase = mma_smem_addr(abuf);
+        const uint32_t abase = gpu_smem_addr(abuf);
         if (a.halo_vpt == 3)
             mma_halo_nhwc<T, 3>(a, it, x, c0, abase, tid, nthr, ih0, iw0, hpix);
         else if (a.halo_vpt == 2)
@@ -520,14 +329,14 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
     } else if (a.fast_w) {
         const int vpr = kt >> 3;
         const gpu_div_fast by_vpr{a.fd_kt8};
-        const uint32_t bbase = mma_smem_addr(bbuf);
+        const uint32_t bbase = gpu_smem_addr(bbuf);
         for (int v = tid; v < a.bn * vpr; v += nthr) {
             const int nl = by_vpr.div(v), q = (v - nl * vpr) * 8;
             const int tap = by_kc.div(q), c = c0 + q - tap * a.kc;
             const int k = it.k0 + nl;
             const bool valid = k < it.kend && q < kflat && c < a.cpgm;
             const T *src = valid ? w + ((size_t)k * rs + tap) * g.cpg + c : w;
-            mma_cp16(bbase + nl * a.brs + (q >> 3) * 16, src, valid);
+            gpu_cp16_s(bbase + nl * a.brs + (q >> 3) * 16, src, valid);
         }
     } else {
         const int nel = a.bn * kt;
@@ -752,25 +561,25 @@ GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const
             uint32_t o = (uint32_t)(abase[mt] + off);
             if (SWZ)
                 o ^= (o >> 3) & (uint32_t)smask;
-            mma_ldsm_x4(sa + o, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+            gpu_ldsm_x4(sa + o, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
         }
         const uint32_t sbk = sb + ks * 32;
 #pragma unroll
         for (int nt = 0; nt + 1 < NT; nt += 2) {
             uint32_t b0, b1, b2, b3;
-            mma_ldsm_x4(sbk + nt * 8 * a.brs, b0, b1, b2, b3);
+            gpu_ldsm_x4(sbk + nt * 8 * a.brs, b0, b1, b2, b3);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                mma_op<DT>::run(acc[mt][nt], af[mt], b0, b1);
-                mma_op<DT>::run(acc[mt][nt + 1], af[mt], b2, b3);
+                gpu_mma_op<DT>::run(acc[mt][nt], af[mt], b0, b1);
+                gpu_mma_op<DT>::run(acc[mt][nt + 1], af[mt], b2, b3);
             }
         }
         if (NT & 1) {
             uint32_t b0, b1;
-            mma_ldsm_x2(sbk + (NT - 1) * 8 * a.brs, b0, b1);
+            gpu_ldsm_x2(sbk + (NT - 1) * 8 * a.brs, b0, b1);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                mma_op<DT>::run(acc[mt][NT - 1], af[mt], b0, b1);
+                gpu_mma_op<DT>::run(acc[mt][NT - 1], af[mt], b0, b1);
         }
     }
 }
@@ -819,7 +628,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
         const struct mma_item it = mma_decode(a, it_begin);
         mma_load_a<DT, NHWC>(a, b, it, 0, MMA_ABUF(0), tid, nthr);
         mma_load_b<DT, NHWC>(a, b, it, 0, MMA_BBUF(0), tid, nthr);
-        mma_commit();
+        gpu_cp_commit();
     }
 
     float acc[MT][NT][4];
@@ -836,10 +645,10 @@ __global__ void __launch_bounds__(WM *WN * 32,
             mma_load_a<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_ABUF(ab ^ 1), tid, nthr);
             if (!resident)
                 mma_load_b<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_BBUF(bb ^ 1), tid, nthr);
-            mma_commit();
-            mma_wait<1>();
+            gpu_cp_commit();
+            gpu_cp_wait<1>();
         } else {
-            mma_wait<0>();
+            gpu_cp_wait<0>();
         }
         __syncthreads();
 
@@ -853,8 +662,8 @@ __global__ void __launch_bounds__(WM *WN * 32,
                         acc[mt][nt][i] = 0.0f;
         }
 
-        const uint32_t sa = mma_smem_addr(MMA_ABUF(ab));
-        const uint32_t sb = mma_smem_addr(MMA_BBUF(resident ? 0 : bb)) + brow * a.brs + bko * 16;
+        const uint32_t sa = gpu_smem_addr(MMA_ABUF(ab));
+        const uint32_t sb = gpu_smem_addr(MMA_BBUF(resident ? 0 : bb)) + brow * a.brs + bko * 16;
         mma_mainloop<DT, MT, NT, false>(acc, a, oct, sa, abase, sb, khalf, 0);
 
         if (chunk == a.nchunks - 1) {
@@ -929,7 +738,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
             const struct mma_item nit = mma_decode(a, nitem);
             mma_load_a<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_ABUF(ab ^ 1), tid, nthr);
             mma_load_b<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_BBUF(0), tid, nthr);
-            mma_commit();
+            gpu_cp_commit();
         }
         ab ^= 1;
         if (!resident)
@@ -963,7 +772,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
 #if defined(CONVD_DEVICE_SM90)
     extern __shared__ __align__(1024) uint8_t mma_smem[];
     /* The swizzle patterns repeat every 1024 bytes of address: align the buffers to that. */
-    uint8_t *smem = mma_smem + ((1024u - (mma_smem_addr(mma_smem) & 1023u)) & 1023u);
+    uint8_t *smem = mma_smem + ((1024u - (gpu_smem_addr(mma_smem) & 1023u)) & 1023u);
     const struct gpu_geom &g = a.g;
     const int nthr = WM * WN * 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -986,22 +795,22 @@ __global__ void __launch_bounds__(WM *WN * 32,
     mma_stage_offs<MT, NT> soffs;
     mma_stage_offs_init<MT, NT>(soffs, wm, wn, lane, a.bn * 2, a.smask_s);
 
-    const uint32_t bar0 = mma_smem_addr(smem + a.off_bar);
+    const uint32_t bar0 = gpu_smem_addr(smem + a.off_bar);
 #define MMA_TMA_A(i)   (smem + a.off_a0 + (i)*a.a_stride)
 #define MMA_TMA_BAR(i) (bar0 + 8u * (uint32_t)(i))
     if (tid == 0) {
         for (int i = 0; i < a.nst; i++)
-            mma_mbar_init(MMA_TMA_BAR(i), 1);
-        mma_mbar_init_fence();
+            gpu_mbar_init(MMA_TMA_BAR(i), 1);
+        gpu_mbar_init_fence();
     }
     /* The first item's halo and weights into L2 while the previous kernel finishes (a hint:
-     * see mma_tma_prefetch4; inputs that kernel wrote are in L2 already). */
+     * see gpu_tma_prefetch4; inputs that kernel wrote are in L2 already). */
     const struct mma_item first = mma_decode(a, it_begin);
     if (tid == 0 && a.prefetch) {
-        mma_tma_prefetch4(&tm.x[first.prob], first.ch0, first.ow0 * g.sw - g.pl,
+        gpu_tma_prefetch4(&tm.x[first.prob], first.ch0, first.ow0 * g.sw - g.pl,
                           first.oh0 * g.sh - g.pt, first.n0);
         const size_t row = (size_t)g.r * g.s * g.cpg * sizeof(typename DT::T);
-        mma_prefetch_l2((const uint8_t *)b.w[first.prob] + (size_t)first.k0 * row,
+        gpu_prefetch_l2((const uint8_t *)b.w[first.prob] + (size_t)first.k0 * row,
                         (size_t)(first.kend - first.k0) * row);
     }
     __syncthreads();
@@ -1013,7 +822,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
 #define MMA_TMA_HALO(item, i)                                                                      \
     do {                                                                                           \
         const struct mma_item hit_ = mma_decode(a, (item));                                        \
-        mma_tma_load4(mma_smem_addr(MMA_TMA_A(i)), &tm.x[hit_.prob], hit_.ch0,                     \
+        gpu_tma_load4(gpu_smem_addr(MMA_TMA_A(i)), &tm.x[hit_.prob], hit_.ch0,                     \
                       hit_.ow0 *g.sw - g.pl, hit_.oh0 * g.sh - g.pt, hit_.n0, MMA_TMA_BAR(i),      \
                       (uint32_t)a.a_tx);                                                           \
     } while (0)
@@ -1023,19 +832,19 @@ __global__ void __launch_bounds__(WM *WN * 32,
     if (tid == 0)
         MMA_TMA_HALO(it_begin, 0);
     mma_load_b<DT, 1>(a, b, first, 0, smem + a.off_b0, tid, nthr);
-    mma_commit();
+    gpu_cp_commit();
     bool bfresh = true;
     uint32_t phase = 0;
-    const uint32_t sb = mma_smem_addr(smem + a.off_b0) + brow * a.brs + bko * 16;
+    const uint32_t sb = gpu_smem_addr(smem + a.off_b0) + brow * a.brs + bko * 16;
     int ab = 0, sbuf = 0; /* A stage of this item (a ring of nst), staging buffer */
     for (int item = it_begin; item < it_end; item++, ab = ab + 1 == a.nst ? 0 : ab + 1, sbuf ^= 1) {
         if (bfresh) { /* the weights' cp.async copies, by every thread */
-            mma_wait<0>();
+            gpu_cp_wait<0>();
             __syncthreads();
             bfresh = false;
             MMA_TR(2);
         }
-        mma_mbar_wait(MMA_TMA_BAR(ab), (phase >> ab) & 1u);
+        gpu_mbar_wait(MMA_TMA_BAR(ab), (phase >> ab) & 1u);
         phase ^= 1u << ab;
         MMA_TR(3 + 3 * (item - it_begin));
         if (item == it_begin && tid == 0)
@@ -1050,7 +859,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     acc[mt][nt][i] = 0.0f;
-        mma_mainloop<DT, MT, NT, true>(acc, a, oct, mma_smem_addr(MMA_TMA_A(ab)), abase, sb, khalf,
+        mma_mainloop<DT, MT, NT, true>(acc, a, oct, gpu_smem_addr(MMA_TMA_A(ab)), abase, sb, khalf,
                                        a.smask_a);
 
         MMA_TR(4 + 3 * (item - it_begin));
@@ -1059,12 +868,12 @@ __global__ void __launch_bounds__(WM *WN * 32,
             mma_bias_act<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
         uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
         mma_stage_pre<DT, MT, NT>(acc, stage, soffs, wm, wn, lane, a.bn * 2, a.smask_s);
-        mma_fence_async_smem();
+        gpu_fence_async_smem();
         if (tid == 0)
-            mma_tma_store_wait<true>(); /* the previous item's store has read the other buffer */
+            gpu_tma_store_wait<true>(); /* the previous item's store has read the other buffer */
         __syncthreads();
         if (tid == 0) {
-            mma_tma_store4(&tm.y[it.prob], mma_smem_addr(stage), it.k0, it.ow0, it.oh0, it.n0);
+            gpu_tma_store4(&tm.y[it.prob], gpu_smem_addr(stage), it.k0, it.ow0, it.oh0, it.n0);
             if (item + a.nst < it_end)
                 MMA_TMA_HALO(item + a.nst, ab);
             MMA_TR(5 + 3 * (item - it_begin));
@@ -1074,12 +883,12 @@ __global__ void __launch_bounds__(WM *WN * 32,
                                      convd_math_fdiv_div((uint32_t)item, a.fd_tiles)) {
             const struct mma_item nit = mma_decode(a, item + 1);
             mma_load_b<DT, 1>(a, b, nit, 0, smem + a.off_b0, tid, nthr);
-            mma_commit();
+            gpu_cp_commit();
             bfresh = true;
         }
     }
     if (tid == 0)
-        mma_tma_store_wait<false>();
+        gpu_tma_store_wait<false>();
     MMA_TR(MMA_TRACE_EV_END);
 #undef MMA_TMA_HALO
 #undef MMA_TMA_A
@@ -1218,11 +1027,6 @@ static int mma_per_thread(int vecs, int threads, int most)
     return 0;
 }
 
-/* cuTensorMapEncodeTiled, looked up once through the runtime (no link against the driver). */
-typedef CUresult (*mma_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static mma_encode_fn mma_encode;
 static pthread_once_t mma_encode_once = PTHREAD_ONCE_INIT;
 
@@ -1238,15 +1042,13 @@ static void mma_encode_lookup(void)
         (void)cudaGetLastError();
 }
 
-static mma_encode_fn mma_encoder(void)
+mma_encode_fn mma_encoder(void)
 {
     pthread_once(&mma_encode_once, mma_encode_lookup);
     return mma_encode;
 }
 
-/* The bits of (offset >> 3) that the tensor map's swizzle XORs into an offset's 16-byte unit,
- * for rows of `row` bytes (mma_map's choice): 0 where rows stay plain. */
-static int mma_swizzle_mask(int row)
+int mma_swizzle_mask(int row)
 {
     return row == 128 ? 0x70 : row == 64 ? 0x30 : row == 32 ? 0x10 : 0;
 }
@@ -1479,377 +1281,11 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
                      : "");
 }
 
-/* ---- planning (host) ---- */
-
-#if defined(CONVD_GPU_NVIDIA)
-
-/* Bytes rounded up to the tensor-copy kernel's 1024-byte buffer alignment. */
-static int mma_round1k(int bytes)
-{
-    return (bytes + 1023) & ~1023;
-}
-
-/* Channels per super-group per chunk: all of them unless the flattened K of one chunk would pass
- * 1152 elements (then 576 per chunk). Depends on cpgm and R*S only, so the accumulation order of an
- * output does not depend on how many groups the problem has. */
-static int mma_pick_kc(int cpgm, int rs)
-{
-    int kc = cpgm;
-    if (rs * kc > 1152) {
-        /* Streamed in chunks: halo and weights are double-buffered, so take half as much. */
-        kc = (576 / rs) & ~7;
-        if (kc < 8)
-            kc = 8;
-    }
-    return kc;
-}
-
-struct mma_tile {
-    int imgs, th, tw, tiles_h, tiles_w;
-    int64_t tiles;
-};
-
-/* Candidate spatial tiles for bm slots; returns how many were written. */
-static int mma_tiles(const struct gpu_geom *g, int bm, struct mma_tile *out, int max)
-{
-    int n = 0;
-    const int plane = g->ho * g->wo;
-    if (plane <= bm) {
-        struct mma_tile t;
-        t.imgs = bm / plane;
-        t.th = g->ho;
-        t.tw = g->wo;
-        t.tiles_h = 1;
-        t.tiles_w = 1;
-        t.tiles = (g->n + t.imgs - 1) / t.imgs;
-        out[n++] = t;
-        return n;
-    }
-    const int tws[] = {0, 8, 16, 28, 32, 56, 64, bm};
-    for (size_t i = 0; i < sizeof(tws) / sizeof(tws[0]) && n < max; i++) {
-        int tw = tws[i] == 0 ? g->wo : tws[i];
-        if (tw > g->wo || tw > bm)
-            continue;
-        if (i > 0 && tw == g->wo)
-            continue;
-        struct mma_tile t;
-        t.imgs = 1;
-        t.tw = tw;
-        t.th = bm / tw;
-        if (t.th > g->ho)
-            t.th = g->ho;
-        t.tiles_h = (g->ho + t.th - 1) / t.th;
-        t.tiles_w = (g->wo + tw - 1) / tw;
-        t.tiles = (int64_t)g->n * t.tiles_h * t.tiles_w;
-        out[n++] = t;
-    }
-    return n;
-}
-
-/* How well a tile suits NCHW output: 2 divides the output width and fills all bm pixel slots,
- * 1 divides the width, 0 neither. */
-static int mma_tile_fit(const struct gpu_geom *g, const struct mma_tile *t, int bm)
-{
-    if (g->wo % t->tw != 0)
-        return 0;
-    return t->imgs * t->th * t->tw == bm ? 2 : 1;
-}
-
-#endif /* CONVD_GPU_NVIDIA: the planner's helpers */
-
-int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
-                      char *why, size_t why_len)
-{
-#if !defined(CONVD_GPU_NVIDIA)
-    (void)p;
-    (void)ret;
-    (void)out_nchw;
-    snprintf(why, why_len, "mma: no tensor-core kernel for AMD yet (MFMA); FMA family used");
-    return CONVD_EUNSUPPORTED;
-#else
-    if (p->dtype != CONVD_DTYPE_FP16 && p->dtype != CONVD_DTYPE_BF16) {
-        snprintf(why, why_len, "mma: fp16 and bf16 only");
-        return CONVD_EUNSUPPORTED;
-    }
-    struct gpu_geom g;
-    gpu_geom_from_problem(p, &g);
-    int gm = 0;
-    for (int f = 1; f <= 4; f *= 2)
-        if ((f * g.cpg) % 8 == 0 && (f * g.kpg) % 8 == 0 && g.g % f == 0) {
-            gm = f;
-            break;
-        }
-    if (gm == 0) {
-        snprintf(why, why_len,
-                 "mma: cpg=%d, kpg=%d do not reach multiples of 8 by merging 1, 2 or 4 groups",
-                 g.cpg, g.kpg);
-        return CONVD_EUNSUPPORTED;
-    }
-    /* A 1x1, stride-1, unpadded NHWC problem is one long row of pixels: no halo, no tile waste. */
-    if (p->layout == CONVD_LAYOUT_NHWC && !out_nchw && g.r == 1 && g.s == 1 && g.sh == 1 &&
-        g.sw == 1 && g.pt == 0 && g.pl == 0 && g.ho == g.h && g.wo == g.w) {
-        g.w = g.wo = g.n * g.h * g.w;
-        g.h = g.ho = 1;
-        g.n = 1;
-    }
-    const int cpgm = gm * g.cpg, kpgm = gm * g.kpg, gms = g.g / gm;
-    const bool nchw_out = out_nchw || p->layout == CONVD_LAYOUT_NCHW;
-    const int rs = g.r * g.s;
-    const int kc = mma_pick_kc(cpgm, rs);
-    const int nchunks = (cpgm + kc - 1) / kc;
-    const int noct = rs * kc / 8;
-    const int nk16 = (noct + 1) / 2;
-    const int brs = nk16 * 32 + 16;
-
-    struct gpu_device_info dev;
-    if (gpu_device_info_get(&dev) != 0) {
-        snprintf(why, why_len, "mma: no device");
-        return CONVD_EDEVICE;
-    }
-
-    /* Tensor copies: sm_90 code, NHWC in and out, 16-byte pixel strides, the encoder found. */
-    const bool tma_ok = mma_tma_mode != 0 && dev.code_cc >= 90 && !nchw_out && g.c % 8 == 0 &&
-                        g.k % 8 == 0 && mma_encoder() != NULL;
-
-    double best = 0.0;
-    struct gpu_mma_plan bp;
-    memset(&bp, 0, sizeof(bp));
-    bp.cfg = -1;
-    for (int ci = 0; ci < MMA_NCFG; ci++) {
-        if (mma_forced_cfg >= 0 && ci != mma_forced_cfg)
-            continue;
-        const struct mma_cfg *c = &mma_cfgs[ci];
-        const int wnw = c->nt * 8, bn = c->wn * wnw, bm = 16 * c->mt * c->wm;
-        if (kpgm % wnw != 0)
-            continue;
-        int sgb = 0, nsplit = 1;
-        if (bn % kpgm == 0)
-            sgb = bn / kpgm;
-        else if (kpgm % bn == 0)
-            nsplit = kpgm / bn;
-        else
-            continue;
-        const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
-        const int cbc = (sgb > 0 ? sgb : 1) * kc;
-        /* Tensor copies need the block's channels contiguous (one chunk) and box rows of at
-         * most 256 elements; boxes are checked per tile below. Rows of 32, 64 or 128 bytes are
-         * swizzled; other rows of an even number of 16-byte units (48, 80, 128 channels) are
-         * padded to an odd one, the box taking 8 channels past the block's (the next block's,
-         * or zeros past C) that no octet reads: conflict-free ldmatrix. Swizzled rows stay
-         * unpadded: their two swizzle instructions per A fragment cost less than a larger
-         * halo. */
-        const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
-        int ps = cbc * 2;
-        if ((ps / 16) % 2 == 0 && (!tma_cfg || (mma_swizzle_mask(ps) == 0 && cbc + 8 <= 256)))
-            ps += 16;
-        struct mma_tile tiles[8];
-        const int nt = mma_tiles(&g, bm, tiles, 8);
-        /* NCHW output: prefer tiles that divide the width and fill the block's bm pixel slots
-         * (the write term below favours wide tiles, and wide tiles that waste columns or slots
-         * are slower). */
-        int want = 0;
-        for (int ti = 0; ti < nt && nchw_out; ti++) {
-            const int lvl = mma_tile_fit(&g, &tiles[ti], bm);
-            want = lvl > want ? lvl : want;
-        }
-        for (int ti = 0; ti < nt; ti++) {
-            const struct mma_tile *t = &tiles[ti];
-            const int lvl = mma_tile_fit(&g, t, bm);
-            if (nchw_out && lvl < want)
-                continue;
-            const int ih = (t->th - 1) * g.sh + (g.r - 1) * g.dh + 1;
-            const int iw = (t->tw - 1) * g.sw + (g.s - 1) * g.dw + 1;
-            const int a_bytes = t->imgs * ih * iw * ps;
-            const int b_bytes = bn * brs;
-            const int oct_bytes = nk16 * 2 * 4;
-            const bool tma =
-                tma_cfg && ih <= 256 && iw <= 256 && t->imgs <= 256 && t->th <= 256 && t->tw <= 256;
-            /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue); with tensor copies,
-             * two dense [m][n] buffers. */
-            int stage_bytes = nchw_out ? bn * (bm + 8) * 2 : bm * (bn + 8) * 2;
-            int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
-            if (tma) {
-                stage_bytes = mma_round1k(bm * bn * 2);
-                smem = 2 * mma_round1k(a_bytes) + 2 * stage_bytes + b_bytes + oct_bytes + 16 + 1024;
-            } else if (stage_bytes > a_bytes) {
-                smem += stage_bytes;
-            }
-            if (smem > dev.smem_optin)
-                continue;
-            const int64_t items = t->tiles * nblk;
-            const double mmas = (double)items * nchunks * nk16 * (bm / 16) * (bn / 8);
-            const double l2_bytes =
-                (double)items * nchunks * (double)(a_bytes + (nchunks > 1 ? b_bytes : 0));
-            /* Fragment reads from shared memory: every warp reads its A (16x16) and B (16x8)
-             * fragments for each k16 step, so warps that share a row of the block tile re-read
-             * the same A. At ~33 TB/s (128 B per clock per SM) this is what separates
-             * configurations of equal mma count. */
-            const int nwarps = c->wm * c->wn;
-            const double lds_bytes =
-                (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
-            double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12 + lds_bytes / 33e12;
-            /* NCHW output writes: a run is a tile row of one channel (or th whole rows when
-             * the tile spans the width), and each run touches about one partial 32-byte sector
-             * more than its bytes fill; rated at 4.6 TB/s, fitted to two H200 measurements.
-             * (NHWC writes whole pixels, the same bytes in every configuration.) */
-            if (nchw_out) {
-                const double run = (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * 2.0;
-                cost += (double)g.n * g.ho * g.wo * g.k * 2.0 * (ceil(run / 32.0) + 1.0) * 32.0 /
-                        run / 4.6e12;
-            }
-            int per_sm = dev.smem_per_sm / (smem + 1024);
-            const int threads = c->wm * c->wn * 32;
-            if (per_sm * threads > 2048)
-                per_sm = 2048 / threads;
-            if (per_sm < 2)
-                cost *= 1.3;
-            /* Tensor copies: faster than the cp.async halo on every layout that takes them, and
-             * more so with more blocks resident, which the terms above rate equal. */
-            if (tma)
-                cost *= 0.85 * (1.0 + 0.2 / (per_sm > 1 ? per_sm : 1));
-            /* A grid smaller than the GPU: the cost grows with the idle share. At most two
-             * resident blocks per SM count here: spreading a small problem over more SMs
-             * beats stacking more blocks on fewer, which a count of all slots did not see. */
-            const int counted = per_sm > 2 ? 2 : (per_sm > 0 ? per_sm : 1);
-            const double slots = (double)dev.sm_count * counted;
-            if ((double)items < slots)
-                cost *= slots / (double)items;
-            if (bp.cfg < 0 || cost < best) {
-                best = cost;
-                bp.cfg = ci;
-                bp.bm = bm;
-                bp.bn = bn;
-                bp.sgb = sgb;
-                bp.nsplit = nsplit;
-                bp.nblk = nblk;
-                bp.imgs = t->imgs;
-                bp.th = t->th;
-                bp.tw = t->tw;
-                bp.tiles_h = t->tiles_h;
-                bp.tiles_w = t->tiles_w;
-                bp.tiles = (int)t->tiles;
-                bp.ih = ih;
-                bp.iw = iw;
-                bp.cbc = cbc;
-                bp.ps = ps;
-                bp.a_bytes = a_bytes;
-                bp.b_bytes = b_bytes;
-                bp.stage_bytes = stage_bytes;
-                bp.smem = smem;
-                bp.threads = threads;
-                bp.tma = tma;
-            }
-        }
-    }
-    if (bp.cfg < 0) {
-        snprintf(why, why_len, "mma: no tile configuration fits in shared memory");
-        return CONVD_EUNSUPPORTED;
-    }
-    bp.g = g;
-    bp.dtype = p->dtype;
-    bp.layout = p->layout;
-    bp.gm = gm;
-    bp.cpgm = cpgm;
-    bp.kpgm = kpgm;
-    bp.kc = kc;
-    bp.nchunks = nchunks;
-    bp.noct = noct;
-    bp.nk16 = nk16;
-    bp.brs = brs;
-    bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
-    bp.out_nchw = out_nchw;
-    if (bp.tma) {
-        /* Two halo buffers: deeper rings (convd_gpu_tune_mma_stages) were no faster where
-         * they kept every resident block, and slower where they cost one: the loads are not
-         * what the items wait for. */
-        const int a_stride = mma_round1k(bp.a_bytes);
-        bp.nst = 2;
-        if (mma_forced_nst == 1 ||
-            (mma_forced_nst > 2 && bp.smem + (mma_forced_nst - 2) * a_stride <= dev.smem_optin))
-            bp.nst = mma_forced_nst;
-        /* A ring (1024-byte aligned from the kernel's aligned base), S0 S1, B0, oct, bars, and
-         * the 1024 bytes of slack the kernel's alignment may use. */
-        int off = 0;
-        bp.off_a0 = off;
-        bp.a_stride = a_stride;
-        off += bp.nst * a_stride;
-        bp.off_a1 = bp.off_a0 + a_stride;
-        bp.off_stage = off;
-        off += bp.stage_bytes;
-        bp.off_stage1 = off;
-        off += bp.stage_bytes;
-        bp.off_b0 = bp.off_b1 = off;
-        off += bp.b_bytes;
-        bp.off_oct = off;
-        off += nk16 * 2 * 4;
-        off = (off + 15) & ~15;
-        bp.off_bar = off;
-        off += 8 * bp.nst;
-        bp.smem = off + 1024;
-        bp.a_tx = bp.a_bytes;
-        *ret = bp;
-        return 0;
-    }
-    /* Shared-memory layout: A0 A1 B0 [B1] oct [stage]. */
-    int off = 0;
-    bp.off_a0 = off;
-    off += bp.a_bytes;
-    bp.off_a1 = off;
-    off += bp.a_bytes;
-    bp.off_b0 = off;
-    off += bp.b_bytes;
-    bp.off_b1 = bp.off_b0;
-    if (nchunks > 1) {
-        bp.off_b1 = off;
-        off += bp.b_bytes;
-    }
-    bp.off_oct = off;
-    off += nk16 * 2 * 4;
-    off = (off + 15) & ~15;
-    if (bp.stage_bytes > bp.a_bytes) {
-        bp.off_stage = off;
-        off += bp.stage_bytes;
-    } else {
-        bp.off_stage = bp.off_a0;
-    }
-    bp.smem = off;
-    *ret = bp;
-    return 0;
-#endif
-}
-
-extern "C" int convd_gpu_tune_mma_tma(int mode)
-{
-    if (mode < -1 || mode > 1)
-        return CONVD_EINVAL;
-    mma_tma_mode = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
-
-extern "C" int convd_gpu_tune_mma_stages(int n)
-{
-    if (n != -1 && (n < 1 || n > 4))
-        return CONVD_EINVAL;
-    mma_forced_nst = n;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
-
 extern "C" int convd_gpu_tune_mma_prefetch(int mode)
 {
     if (mode < -1 || mode > 1)
         return CONVD_EINVAL;
     mma_prefetch_mode = mode;
-    return 0;
-}
-
-extern "C" int convd_gpu_tune_mma_cfg(int cfg)
-{
-    if (cfg < -1 || cfg >= MMA_NCFG)
-        return CONVD_EINVAL;
-    mma_forced_cfg = cfg;
-    gpu_plan_cache_invalidate();
     return 0;
 }
 

@@ -43,7 +43,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpu_backend_vendor.h"
+#include "vendor.h"
 
 extern "C" {
 #include "backend.h"

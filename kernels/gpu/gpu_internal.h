@@ -168,36 +168,7 @@ template <class DT> GPU_D void gpu_store4(typename DT::T *p, const float *v)
         *(uint2 *)p = make_uint2(DT::store2(v[0], v[1]), DT::store2(v[2], v[3]));
 }
 
-/* Asynchronous copies global -> shared of 4 or 16 bytes, zero-filled when !valid (cp.async on
- * NVIDIA sm_80+; a plain load and store elsewhere), and the wait for all of a thread's copies. */
-GPU_D void gpu_cp4(float *dst, const float *src, bool valid)
-{
-#if defined(CONVD_DEVICE_SM80)
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
-                 "r"(valid ? 4 : 0));
-#else
-    *dst = valid ? *src : 0.0f;
-#endif
-}
-
-GPU_D void gpu_cp16(void *dst, const void *src, bool valid)
-{
-#if defined(CONVD_DEVICE_SM80)
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(valid ? 16 : 0));
-#else
-    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-GPU_D void gpu_cp_wait_all()
-{
-#if defined(CONVD_DEVICE_SM80)
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-#endif
-}
+#include "gpu_async.h"
 
 /* The activations the kernels' epilogue applies: ReLU and clamp, as a clamp (two selects,
  * bounds from the kernel's parameters). The others (hardswish, SiLU, GELU) run as a pass of
@@ -328,7 +299,7 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
 int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 
-/* Grouped direct NCHW kernel (conv_gd.hip): the "direct" family. */
+/* Grouped direct NCHW kernel (conv_direct.hip): the "direct" family. */
 struct gpu_gd_plan {
     struct gpu_geom g;
     int dtype;
@@ -350,7 +321,7 @@ int gpu_gd_routes_nhwc(const struct convd_problem *p);
 int gpu_gd_launch(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
                   hipStream_t stream);
 
-/* Implicit GEMM on the FMA units (conv_pw.hip): part of the fma family. */
+/* Implicit GEMM on the FMA units (conv_fma_gemm.hip): part of the fma family. */
 struct gpu_pw_plan {
     struct gpu_geom g;
     int dtype, layout;

@@ -100,7 +100,7 @@ int convd_gpu_tune_mma_stages(int n);
  * Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_mma_prefetch(int mode);
 
-/* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_dw.hip:
+/* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_depthwise.hip:
  * NHWC 3x3 and 5x5, NCHW 3x3, 5x5 and 7x7 with "same" left padding and widths of whole 4-element
  * chunks; equal strides of 1 or 2, no dilation, one output per channel) to it, 0 keeps every
  * problem on the tiled kernels, 1 + i forces the direct kernels' shape of work i where its layout,
@@ -108,7 +108,7 @@ int convd_gpu_tune_mma_prefetch(int mode);
  * last shape. */
 int convd_gpu_tune_dw_direct(int mode);
 
-/* Tests and benchmark only: the fma family's implicit-GEMM kernel (conv_pw.hip; 1x1 with unit
+/* Tests and benchmark only: the fma family's implicit-GEMM kernel (conv_fma_gemm.hip; 1x1 with unit
  * stride and no padding, and NHWC with cpg % 4 == 0 and kpg >= 24) for 0: no problem (all on the
  * direct kernel), 1 (the default): those its planner expects to fill the GPU, 2: every problem it
  * takes. Process-global; CONVD_EINVAL for other values. */
@@ -119,7 +119,7 @@ int convd_gpu_tune_fma_gemm(int mode);
  * Process-global; CONVD_EINVAL for other values. */
 int convd_gpu_tune_fma_outputs3(int mode);
 
-/* Tests and benchmark only: the direct family (conv_gd.hip; NCHW 3x3 with pad_left 1, equal
+/* Tests and benchmark only: the direct family (conv_direct.hip; NCHW 3x3 with pad_left 1, equal
  * strides of 1 or 2, no dilation, W and Wo multiples of 4) for -1 (the default): routed where
  * it measured faster than the other families (cpg <= 64 in fp32; cpg <= 4, or 8 at stride 2, in
  * 16-bit), rows per thread from the planner; 0: never routed; 1, 2 or 4: routed

@@ -56,6 +56,35 @@ typedef cudaFuncAttributes hipFuncAttributes;
 #define hipDeviceSynchronize    cudaDeviceSynchronize
 #define hipStreamSynchronize    cudaStreamSynchronize
 
+/* The daemon's GPU backend: devices, streams, events, host callbacks, pinning, IPC. */
+typedef cudaDeviceProp hipDeviceProp_t;
+typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
+#define hipErrorOutOfMemory           cudaErrorMemoryAllocation
+#define hipGetErrorName               cudaGetErrorName
+#define hipGetDeviceProperties        cudaGetDeviceProperties
+#define hipDeviceAttributeComputeMode cudaDevAttrComputeMode
+#define hipComputeModeProhibited      cudaComputeModeProhibited
+#define hipMemGetInfo                 cudaMemGetInfo
+#define hipDeviceGetPCIBusId          cudaDeviceGetPCIBusId
+#define hipStreamCreateWithFlags      cudaStreamCreateWithFlags
+#define hipStreamNonBlocking          cudaStreamNonBlocking
+#define hipStreamDestroy              cudaStreamDestroy
+#define hipMemsetAsync                cudaMemsetAsync
+#define hipHostRegister               cudaHostRegister
+#define hipHostUnregister             cudaHostUnregister
+#define hipHostRegisterDefault        cudaHostRegisterDefault
+#define hipIpcOpenMemHandle           cudaIpcOpenMemHandle
+#define hipIpcCloseMemHandle          cudaIpcCloseMemHandle
+#define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
+#define hipErrorNotReady              cudaErrorNotReady
+#define hipEventCreateWithFlags       cudaEventCreateWithFlags
+#define hipEventDisableTiming         cudaEventDisableTiming
+#define hipEventDestroy               cudaEventDestroy
+#define hipEventRecord                cudaEventRecord
+#define hipEventQuery                 cudaEventQuery
+#define hipEventSynchronize           cudaEventSynchronize
+#define hipLaunchHostFunc             cudaLaunchHostFunc
+
 /* Kernel launch with HIP's macro, expressed as cudaLaunchKernelEx with programmatic stream
  * serialization (unless switched off by convd_gpu_tune_pdl): the kernel's blocks may start while
  * the previous kernel in the stream finishes, and every kernel of ours begins with

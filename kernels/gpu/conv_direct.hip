@@ -1,7 +1,7 @@
 /*
  * Grouped direct convolution in NCHW (the "direct" family): 3x3 filters with "same" left padding
  * (pad_left 1), equal strides of 1 or 2, no dilation, W and Wo multiples of 4, any number of
- * channels per group. It is the NCHW depthwise direct kernel (conv_dw.hip) grown to several input
+ * channels per group. It is the NCHW depthwise direct kernel (conv_depthwise.hip) grown to several input
  * channels and outputs per group: a thread owns 4 adjacent output columns x TH rows x KT outputs
  * of one (image, group) and walks the group's input planes one after another; each input row of
  * its window arrives as aligned 4-element chunks (8 bytes for 16-bit types, 16 for fp32; with W a
