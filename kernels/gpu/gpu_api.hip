@@ -93,6 +93,42 @@ extern "C" int convd_gpu_tune_pdl(int mode)
     return 0;
 }
 
+/* Per architecture: the reference device, and what the mma planner's cost model charges on it.
+ * sm_90 is the H200 the model was fitted on (bench/gpu/NOTES.md); the others scale the H200's
+ * effective fraction of the tensor-core peak (450 of 989 TFLOP/s) by their vendor peaks, shared
+ * memory by 128 bytes a clock per SM, L2 and DRAM writes by their published bandwidths: estimates
+ * until measured there. The last row serves anything else. */
+static const struct {
+    int cc_major, cc_minor; /* -1: any */
+    int sm_count, clock_khz;
+    struct gpu_rates rate;
+} gpu_rate_table[] = {
+    {9, -1, 132, 1980000, {450e12, 7e12, 33e12, 4.6e12}},  /* H200 */
+    {8, 0, 108, 1410000, {142e12, 4.2e12, 19.5e12, 1.9e12}}, /* A100 */
+    {8, 6, 84, 1800000, {70e12, 2.5e12, 19.4e12, 0.7e12}},   /* RTX A6000 */
+    {8, 9, 58, 2040000, {55e12, 2.0e12, 15.1e12, 0.28e12}},  /* L4 */
+    {-1, -1, 132, 1980000, {450e12, 7e12, 33e12, 4.6e12}},
+};
+
+static struct gpu_rates gpu_rates_for(const struct gpu_device_info *d)
+{
+    size_t i = 0;
+    const size_t n = sizeof(gpu_rate_table) / sizeof(gpu_rate_table[0]);
+    while (i + 1 < n && !(gpu_rate_table[i].cc_major == d->cc_major &&
+                          (gpu_rate_table[i].cc_minor < 0 || gpu_rate_table[i].cc_minor == d->cc_minor)))
+        i++;
+    const double ref = (double)gpu_rate_table[i].sm_count * gpu_rate_table[i].clock_khz;
+    const double here = (double)d->sm_count * (d->clock_khz > 0 ? d->clock_khz
+                                                                 : gpu_rate_table[i].clock_khz);
+    const double f = here / ref;
+    struct gpu_rates r = gpu_rate_table[i].rate;
+    r.mma *= f;
+    r.l2 *= f;
+    r.lds *= f;
+    r.nchw_write *= f;
+    return r;
+}
+
 int gpu_device_info_get(struct gpu_device_info *ret)
 {
     int dev = 0;
@@ -115,6 +151,13 @@ int gpu_device_info_get(struct gpu_device_info *ret)
                                           hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, dev));
     CONVD_GPU_CHECK(
         hipDeviceGetAttribute(&info.cc_major, hipDeviceAttributeComputeCapabilityMajor, dev));
+    CONVD_GPU_CHECK(
+        hipDeviceGetAttribute(&info.cc_minor, hipDeviceAttributeComputeCapabilityMinor, dev));
+    if (hipDeviceGetAttribute(&info.clock_khz, hipDeviceAttributeClockRate, dev) != hipSuccess) {
+        info.clock_khz = 0;
+        (void)hipGetLastError();
+    }
+    info.rate = gpu_rates_for(&info);
     info.code_cc = 0;
 #ifdef CONVD_GPU_NVIDIA
     hipFuncAttributes fa;

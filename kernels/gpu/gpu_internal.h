@@ -253,6 +253,15 @@ GPU_D void gpu_walk_step(struct gpu_walk *w, int nmid, int nlo)
 }
 
 /* Device limits, read once per device. */
+/* Rates the planners' cost models charge, per second: the tensor cores' effective fp16 rate on
+ * the mma kernel (flops), L2 traffic, shared-memory fragment reads and NCHW output writes
+ * (bytes). Per architecture from gpu_rate_table (gpu_api.hip), scaled by the device's SM count
+ * and clock against the table's reference device. The planners compare costs of one problem on
+ * one device, so what steers them is the ratios between the four. */
+struct gpu_rates {
+    double mma, l2, lds, nchw_write;
+};
+
 struct gpu_device_info {
     int sm_count;
     int smem_optin; /* most dynamic shared memory one block may ask for */
@@ -262,6 +271,8 @@ struct gpu_device_info {
      * (80 for compute_80 PTX, even on an sm_90 device); what the kernels may use is bounded by
      * it, not by cc_major. 0 on AMD. */
     int code_cc;
+    int cc_minor, clock_khz; /* clock_khz 0 when the runtime does not say */
+    struct gpu_rates rate;
 };
 int gpu_device_info_get(struct gpu_device_info *ret);
 

@@ -218,15 +218,17 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             const int nwarps = c->wm * c->wn;
             const double lds_bytes =
                 (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
-            double cost = mmas * 4096.0 / 450e12 + l2_bytes / 7e12 + lds_bytes / 33e12;
+            double cost = mmas * 4096.0 / dev.rate.mma + l2_bytes / dev.rate.l2 +
+                          lds_bytes / dev.rate.lds;
             /* NCHW output writes: a run is a tile row of one channel (or th whole rows when
              * the tile spans the width), and each run touches about one partial 32-byte sector
-             * more than its bytes fill; rated at 4.6 TB/s, fitted to two H200 measurements.
+             * more than its bytes fill; rated at nchw_write (4.6 TB/s on the H200, fitted to two
+             * measurements).
              * (NHWC writes whole pixels, the same bytes in every configuration.) */
             if (nchw_out) {
                 const double run = (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * 2.0;
                 cost += (double)g.n * g.ho * g.wo * g.k * 2.0 * (ceil(run / 32.0) + 1.0) * 32.0 /
-                        run / 4.6e12;
+                        run / dev.rate.nchw_write;
             }
             int per_sm = dev.smem_per_sm / (smem + 1024);
             const int threads = c->wm * c->wn * 32;

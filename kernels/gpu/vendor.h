@@ -36,6 +36,7 @@ typedef cudaFuncAttributes hipFuncAttributes;
 #define hipDeviceAttributeMultiprocessorCount    cudaDevAttrMultiProcessorCount
 #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 #define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
+#define hipDeviceAttributeClockRate              cudaDevAttrClockRate
 #define hipFuncGetAttributes(attr, f)            cudaFuncGetAttributes(attr, (const void *)(f))
 #define hipErrorInvalidDeviceFunction            cudaErrorInvalidDeviceFunction
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
