@@ -133,43 +133,6 @@ static void cl_mark_closed(convd_client *c)
  * Dispatch.
  */
 
-void cl_complete(convd_client *c, uint64_t id, int status, const char *error, uint64_t queue_us,
-                 uint64_t exec_us, uint32_t batch_size)
-{
-    int32_t s = cl_slot_find(c, id);
-    if (s < 0 || c->slots[s].state == CL_SLOT_DONE) {
-        cl_trouble(c, CONVD_EPROTO,
-                   "the daemon sent a completion for request %llu, which is not in flight",
-                   (unsigned long long)id);
-        return;
-    }
-    struct cl_slot *slot = &c->slots[s];
-    if (slot->state == CL_SLOT_ABANDONED) {
-        c->n_abandoned--;
-        cl_slot_release(c, s);
-        return;
-    }
-    struct convd_completion *d = &slot->done;
-    d->id = id;
-    d->status = status;
-    cl_strlcpy(d->error, sizeof(d->error), error);
-    if (d->status != 0 && d->error[0] == '\0')
-        cl_strlcpy(d->error, sizeof(d->error), convd_strerror(d->status));
-    d->queue_us = queue_us;
-    d->exec_us = exec_us;
-    d->batch_size = batch_size;
-    slot->state = CL_SLOT_DONE;
-    c->n_waiting--;
-    c->n_done++;
-    slot->next = -1;
-    slot->prev = c->done_tail;
-    if (c->done_tail >= 0)
-        c->slots[c->done_tail].next = s;
-    else
-        c->done_head = s;
-    c->done_tail = s;
-}
-
 /* Matches a control reply against the one being waited for. Returns true when the message was
  * taken (the caller must not free it). Replies to calls that timed out earlier (a key below the
  * next one we would use) are dropped silently; anything else is trouble. */
@@ -572,7 +535,7 @@ int cl_connect_fd(int fd, const char *name, int timeout_ms, bool use_rings, int 
     c->next_id = 1;
     c->next_region_id = 1;
     c->next_tag = 1;
-    c->free_head = c->done_head = c->done_tail = -1;
+    cl_slots_init(c);
     c->rxbuf = malloc(CONVD_MAX_MESSAGE_BYTES);
     c->txbuf = malloc(CONVD_MAX_MESSAGE_BYTES);
     if (c->rxbuf == NULL || c->txbuf == NULL) {

@@ -93,8 +93,8 @@ struct convd_client {
     uint64_t next_region_id; /* region ids: 1, 2, 3, ... */
     uint64_t next_tag;       /* ping, status and metrics tags */
 
-    /* Requests. slots grows by doubling; index maps id -> slot (open addressing, linear probing,
-     * -1 empty, capacity a power of two at least twice the slots). */
+    /* Requests, requests.c's. slots grows by doubling; index maps id -> slot (open addressing,
+     * linear probing, -1 empty, capacity a power of two at least twice the slots). */
     struct cl_slot *slots;
     int32_t slot_cap;
     int32_t free_head;
@@ -195,9 +195,10 @@ int cl_ring_flush(convd_client *c, uint64_t deadline);
 /* Copies a protobuf string into a fixed buffer, truncated on a UTF-8 character boundary. */
 void cl_strlcpy(char *dst, size_t cap, const char *src);
 
-/* Request slots (requests.c). */
+/* Request slots (requests.c, which alone reads and writes slots, index, the free list, the done
+ * list and the counts). */
+void cl_slots_init(convd_client *c);
 int32_t cl_slot_find(const convd_client *c, uint64_t id);
-void cl_slot_release(convd_client *c, int32_t s);
 void cl_slots_free(convd_client *c);
 
 /* Regions (regions.c): unmaps and frees every region without telling the daemon. */

@@ -107,7 +107,12 @@ static int32_t cl_slot_alloc(convd_client *c, uint64_t id)
     return s;
 }
 
-void cl_slot_release(convd_client *c, int32_t s)
+void cl_slots_init(convd_client *c)
+{
+    c->free_head = c->done_head = c->done_tail = -1;
+}
+
+static void cl_slot_release(convd_client *c, int32_t s)
 {
     cl_index_remove(c, c->slots[s].id);
     c->slots[s].state = CL_SLOT_FREE;
@@ -123,6 +128,43 @@ void cl_slots_free(convd_client *c)
     c->index = NULL;
     c->slot_cap = 0;
     c->index_cap = 0;
+}
+
+void cl_complete(convd_client *c, uint64_t id, int status, const char *error, uint64_t queue_us,
+                 uint64_t exec_us, uint32_t batch_size)
+{
+    int32_t s = cl_slot_find(c, id);
+    if (s < 0 || c->slots[s].state == CL_SLOT_DONE) {
+        cl_trouble(c, CONVD_EPROTO,
+                   "the daemon sent a completion for request %llu, which is not in flight",
+                   (unsigned long long)id);
+        return;
+    }
+    struct cl_slot *slot = &c->slots[s];
+    if (slot->state == CL_SLOT_ABANDONED) {
+        c->n_abandoned--;
+        cl_slot_release(c, s);
+        return;
+    }
+    struct convd_completion *d = &slot->done;
+    d->id = id;
+    d->status = status;
+    cl_strlcpy(d->error, sizeof(d->error), error);
+    if (d->status != 0 && d->error[0] == '\0')
+        cl_strlcpy(d->error, sizeof(d->error), convd_strerror(d->status));
+    d->queue_us = queue_us;
+    d->exec_us = exec_us;
+    d->batch_size = batch_size;
+    slot->state = CL_SLOT_DONE;
+    c->n_waiting--;
+    c->n_done++;
+    slot->next = -1;
+    slot->prev = c->done_tail;
+    if (c->done_tail >= 0)
+        c->slots[c->done_tail].next = s;
+    else
+        c->done_head = s;
+    c->done_tail = s;
 }
 
 /* Hands a received completion to the caller and forgets the request. */

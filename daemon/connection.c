@@ -174,7 +174,7 @@ static void conn_protocol_error(struct conn *c, int status, const char *fmt, ...
     vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
     c->protocol_errors++;
-    c->d->metrics.protocol_errors++;
+    metrics_protocol_error(&c->d->metrics);
     log_debug("client %llu (%s): protocol error %s: %s", (unsigned long long)c->serial,
               conn_label(c), convd_status_name(status), text);
     conn_send_protocol_error(c, status, text);
@@ -244,7 +244,7 @@ void conn_request_done(struct dreq *r, int status, const char *error, uint64_t q
             conn_shutdown(c, true, why);
         } else if (!c->notify_queued) {
             c->notify_queued = true;
-            list_add_tail(&d->ring_notify, &c->notify_link);
+            list_add_tail(&d->conns.notify, &c->notify_link);
         }
     } else {
         if (r->via_ring && c->has_ring)
@@ -260,7 +260,7 @@ void conn_request_done(struct dreq *r, int status, const char *error, uint64_t q
     conn_free_request(c, r);
     if (was_running) {
         c->running--;
-        d->running--;
+        daemon_request_finished(d);
     }
     if (c->state == CONN_CLOSING)
         conn_maybe_free(c);
@@ -372,8 +372,7 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
     req_ref_regions(r);
     if (r->sched.deadline_ns != 0)
         daemon_note_deadline(d, r->sched.deadline_ns);
-    if (!d->defer_dispatch)
-        daemon_dispatch(d);
+    daemon_request_queued(d);
 }
 
 /* --- rings -------------------------------------------------------------------------------- */
@@ -414,7 +413,7 @@ static void conn_on_attach_ring(struct conn *c, const Convd__AttachRing *ar, con
         return;
     }
     c->has_ring = true;
-    list_add_tail(&d->ring_conns, &c->ring_link);
+    list_add_tail(&d->conns.rings, &c->ring_link);
     log_debug("client %llu (%s): rings attached (%u submissions, %u completions)",
               (unsigned long long)c->serial, conn_label(c), ar->sq_entries, ar->cq_entries);
     conn_send_ring_reply(c, 0, "");
@@ -472,7 +471,7 @@ static void conn_on_ring_stall(uv_timer_t *t)
     conn_shutdown(c, true, why);
 }
 
-unsigned conn_poll_ring(struct conn *c)
+static unsigned conn_poll_ring(struct conn *c)
 {
     unsigned taken = 0;
     while (taken < CONN_RING_BUDGET && c->state == CONN_READY && c->has_ring) {
@@ -486,7 +485,7 @@ unsigned conn_poll_ring(struct conn *c)
             break;
         }
         if (res == RING_CORRUPT) {
-            c->d->metrics.protocol_errors++;
+            metrics_protocol_error(&c->d->metrics);
             log_info("client %llu (%s): %s; disconnecting it", (unsigned long long)c->serial,
                      conn_label(c), why);
             conn_send_protocol_error(c, CONVD_EPROTO, why);
@@ -505,7 +504,7 @@ unsigned conn_poll_ring(struct conn *c)
         if (wire_ring_request(&e, &req, &pb, refs, why, sizeof(why)) != 0) {
             conn_reject(c, true, e.id, CONVD_EPROTO, why);
             c->protocol_errors++;
-            c->d->metrics.protocol_errors++;
+            metrics_protocol_error(&c->d->metrics);
             if (c->protocol_errors >= c->d->cfg.max_protocol_errors)
                 conn_shutdown(c, true, "too many protocol errors (max_protocol_errors)");
             continue;
@@ -515,7 +514,7 @@ unsigned conn_poll_ring(struct conn *c)
     return taken;
 }
 
-void conn_ring_doorbell(struct conn *c)
+static void conn_ring_doorbell(struct conn *c)
 {
     list_del(&c->notify_link);
     c->notify_queued = false;
@@ -559,12 +558,12 @@ static void conn_on_register(struct conn *c, const Convd__RegisterRegion *rr, co
                  (unsigned long long)rr->region_id, (int)rr->kind);
     }
     if (rc == 0) {
-        d->metrics.regions_registered++;
+        metrics_region(&d->metrics, true);
         log_debug("client %llu (%s): region %llu registered (%llu bytes)",
                   (unsigned long long)c->serial, conn_label(c), (unsigned long long)rr->region_id,
                   (unsigned long long)rr->size);
     } else {
-        d->metrics.region_failures++;
+        metrics_region(&d->metrics, false);
         if (conn_log_allowed(c))
             log_info("client %llu (%s): region %llu refused: %s: %s", (unsigned long long)c->serial,
                      conn_label(c), (unsigned long long)rr->region_id, convd_status_name(rc), why);
@@ -768,12 +767,9 @@ static void conn_read_some(struct conn *c);
 static void conn_read(struct conn *c)
 {
     struct convd_daemon *d = c->d;
-    bool outer = d->defer_dispatch;
-    d->defer_dispatch = true;
+    bool held = daemon_hold_dispatch(d);
     conn_read_some(c);
-    d->defer_dispatch = outer;
-    if (!outer)
-        daemon_dispatch(d);
+    daemon_release_dispatch(d, held);
 }
 
 static void conn_read_some(struct conn *c)
@@ -811,7 +807,7 @@ static void conn_read_some(struct conn *c)
             conn_shutdown(c, false, reason);
             return;
         }
-        d->activity++;
+        daemon_note_activity(d);
         c->last_active_ns = convd_now_ns();
         conn_on_datagram(c, d->rx, (size_t)n, fds, nfds);
         sock_close_fds(fds, nfds);
@@ -915,11 +911,11 @@ void conn_shutdown(struct conn *c, bool flush, const char *reason)
     c->state = CONN_CLOSING;
     conn_detach_ring(c);
     if (c->counted) {
-        d->n_clients--;
+        d->conns.clients--;
         c->user->conns--;
         c->counted = false;
     } else {
-        d->n_refused--;
+        d->conns.refused--;
     }
 
     /* Queued requests will never run; running ones finish and keep their regions alive. */
@@ -991,7 +987,7 @@ static bool conn_evict_idle(struct convd_daemon *d)
     const uint64_t now = convd_now_ns(), idle_ns = d->cfg.idle_timeout_ms * 1000000u;
     struct conn *oldest = NULL;
     struct list_node *pos;
-    list_for_each(pos, &d->conns)
+    list_for_each(pos, &d->conns.all)
     {
         struct conn *c = list_entry(pos, struct conn, link);
         if (!c->counted || c->state == CONN_CLOSING || c->inflight.count > 0 ||
@@ -1028,7 +1024,7 @@ void conn_accept(struct convd_daemon *d, int fd)
     }
     c->d = d;
     c->fd = fd;
-    c->serial = ++d->next_conn_serial;
+    c->serial = ++d->conns.next_serial;
     c->state = CONN_AWAIT_HELLO;
     list_init(&c->outq);
     idmap_init(&c->inflight);
@@ -1058,16 +1054,16 @@ void conn_accept(struct convd_daemon *d, int fd)
         snprintf(c->refuse_why, sizeof(c->refuse_why),
                  "uid %u already holds %u connections, its limit (max_clients_per_user)",
                  (unsigned)c->uid, (unsigned)c->user->conns);
-    } else if (d->n_clients >= d->cfg.max_clients && !conn_evict_idle(d)) {
+    } else if (d->conns.clients >= d->cfg.max_clients && !conn_evict_idle(d)) {
         c->refuse_status = CONVD_ELIMIT;
         snprintf(c->refuse_why, sizeof(c->refuse_why),
                  "the daemon already serves %u clients, the limit (max_clients)",
-                 (unsigned)d->n_clients);
+                 (unsigned)d->conns.clients);
     }
-    if (c->refuse_status != 0 && d->n_refused >= d->cfg.max_clients) {
+    if (c->refuse_status != 0 && d->conns.refused >= d->cfg.max_clients) {
         log_warn("client %llu (pid %d, uid %u) dropped: %s", (unsigned long long)c->serial,
                  (int)c->pid, (unsigned)c->uid, c->refuse_why);
-        d->metrics.connections_refused++;
+        metrics_connection(&d->metrics, false);
         region_table_destroy(&c->regions);
         users_put(&d->users, c->user);
         free(c);
@@ -1087,20 +1083,98 @@ void conn_accept(struct convd_daemon *d, int fd)
     c->poll.data = c;
     c->timer.data = c;
     c->handles_open = 2;
-    list_add_tail(&d->conns, &c->link);
+    list_add_tail(&d->conns.all, &c->link);
     if (c->refuse_status != 0) {
-        d->n_refused++;
-        d->metrics.connections_refused++;
+        d->conns.refused++;
+        metrics_connection(&d->metrics, false);
         log_info("client %llu (pid %d, uid %u) will be refused: %s", (unsigned long long)c->serial,
                  (int)c->pid, (unsigned)c->uid, c->refuse_why);
     } else {
         c->counted = true;
-        d->n_clients++;
+        d->conns.clients++;
         c->user->conns++;
-        d->metrics.connections_accepted++;
+        metrics_connection(&d->metrics, true);
         log_info("client %llu connected: pid %d, uid %u, gid %u", (unsigned long long)c->serial,
                  (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
     }
     conn_set_events(c, UV_READABLE | UV_DISCONNECT);
     uv_timer_start(&c->timer, conn_on_timer, d->cfg.hello_timeout_ms, 0);
+}
+
+/* --- the connections as a whole ------------------------------------------------------------ */
+
+void conn_registry_init(struct conn_registry *r)
+{
+    list_init(&r->all);
+    list_init(&r->rings);
+    list_init(&r->notify);
+    r->clients = 0;
+    r->refused = 0;
+    r->next_serial = 0;
+}
+
+uint32_t conn_clients(const struct convd_daemon *d)
+{
+    return d->conns.clients;
+}
+
+bool conn_have_rings(const struct convd_daemon *d)
+{
+    return !list_empty(&d->conns.rings);
+}
+
+void conn_shutdown_all(struct convd_daemon *d, bool flush, const char *reason)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &d->conns.all)
+    {
+        conn_shutdown(list_entry(pos, struct conn, link), flush, reason);
+    }
+}
+
+unsigned conn_poll_rings(struct convd_daemon *d)
+{
+    unsigned work = 0;
+    bool held = daemon_hold_dispatch(d);
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &d->conns.rings)
+    {
+        work += conn_poll_ring(list_entry(pos, struct conn, ring_link));
+    }
+    daemon_release_dispatch(d, held);
+    return work;
+}
+
+bool conn_rings_sleep(struct convd_daemon *d, bool sleeping)
+{
+    struct list_node *pos;
+    list_for_each(pos, &d->conns.rings)
+    {
+        ring_set_need_wakeup(&list_entry(pos, struct conn, ring_link)->ring, sleeping);
+    }
+    if (!sleeping)
+        return false;
+    ring_fence();
+    list_for_each(pos, &d->conns.rings)
+    {
+        if (ring_has_submissions(&list_entry(pos, struct conn, ring_link)->ring))
+            return true;
+    }
+    return false;
+}
+
+void conn_ring_doorbells(struct convd_daemon *d)
+{
+    if (list_empty(&d->conns.notify))
+        return;
+    ring_fence();
+    while (!list_empty(&d->conns.notify))
+        conn_ring_doorbell(list_entry(d->conns.notify.next, struct conn, notify_link));
+}
+
+void conn_request_started(struct dreq *r, uint64_t now_ns)
+{
+    r->running = true;
+    r->start_ns = now_ns;
+    r->conn->running++;
 }

@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "idmap.h"
+#include "conn_registry.h"
 #include "list.h"
 #include "regions.h"
 #include "request.h"
@@ -93,15 +94,36 @@ void conn_accept(struct convd_daemon *d, int fd);
  * without flush cuts a pending flush short. */
 void conn_shutdown(struct conn *c, bool flush, const char *reason);
 
-/* Takes what the connection's submission ring holds (up to a budget, so that every ring gets a
- * turn) and queues it, without dispatching: the caller dispatches once after polling every ring,
- * so that what arrived together runs together. Returns the number of submissions taken. A
- * corrupt ring closes the connection. */
-unsigned conn_poll_ring(struct conn *c);
+/*
+ * The daemon's connections as a whole (struct conn_registry, which only this file touches).
+ */
 
-/* Sends a Doorbell to a client whose completions were posted since its last one, if it sleeps.
- * The caller issues ring_fence() once before a round of these. */
-void conn_ring_doorbell(struct conn *c);
+void conn_registry_init(struct conn_registry *r);
+
+/* Connections counted against max_clients. */
+uint32_t conn_clients(const struct convd_daemon *d);
+
+/* Whether any READY connection has rings the loop must poll. */
+bool conn_have_rings(const struct convd_daemon *d);
+
+/* conn_shutdown() on every connection. */
+void conn_shutdown_all(struct convd_daemon *d, bool flush, const char *reason);
+
+/* Takes what the submission rings hold (up to a budget per ring, so that every ring gets a turn)
+ * and queues it under one dispatch hold, so that what arrived together runs together. Returns
+ * the number of submissions taken. A corrupt ring closes its connection. */
+unsigned conn_poll_rings(struct convd_daemon *d);
+
+/* Sets or clears NEED_WAKEUP on every ring. Returns, after setting it, whether a submission
+ * arrived meanwhile (then the loop must not sleep). */
+bool conn_rings_sleep(struct convd_daemon *d, bool sleeping);
+
+/* Sends one Doorbell to each client whose completions were posted since its last one, if it
+ * sleeps. */
+void conn_ring_doorbells(struct convd_daemon *d);
+
+/* Request r goes to a worker now: counted as running on its connection. */
+void conn_request_started(struct dreq *r, uint64_t now_ns);
 
 /* Finishes request r: sends its Completion when the connection is READY, drops its region
  * references and its id, frees it, and frees the connection if that was all it waited for. */

@@ -221,9 +221,7 @@ void daemon_dispatch(struct convd_daemon *d)
         }
         for (size_t i = 0; i < n; i++) {
             struct dreq *r = req_from_item(d->take[i]);
-            r->running = true;
-            r->start_ns = now;
-            r->conn->running++;
+            conn_request_started(r, now);
             d->running++;
             r->job.status = 0;
             r->job.error[0] = '\0';
@@ -235,14 +233,40 @@ void daemon_dispatch(struct convd_daemon *d)
     d->dispatching = false;
 }
 
-/* Rings whose clients sleep get one Doorbell for everything completed since the last round. */
-static void dmn_ring_doorbells(struct convd_daemon *d)
+bool daemon_hold_dispatch(struct convd_daemon *d)
 {
-    if (list_empty(&d->ring_notify))
+    bool was_held = d->defer_dispatch;
+    d->defer_dispatch = true;
+    return was_held;
+}
+
+void daemon_release_dispatch(struct convd_daemon *d, bool was_held)
+{
+    if (was_held)
         return;
-    ring_fence();
-    while (!list_empty(&d->ring_notify))
-        conn_ring_doorbell(list_entry(d->ring_notify.next, struct conn, notify_link));
+    d->defer_dispatch = false;
+    if (d->dispatch_pending) {
+        d->dispatch_pending = false;
+        daemon_dispatch(d);
+    }
+}
+
+void daemon_request_queued(struct convd_daemon *d)
+{
+    if (d->defer_dispatch)
+        d->dispatch_pending = true;
+    else
+        daemon_dispatch(d);
+}
+
+void daemon_note_activity(struct convd_daemon *d)
+{
+    d->activity++;
+}
+
+void daemon_request_finished(struct convd_daemon *d)
+{
+    d->running--;
 }
 
 static void dmn_begin_drain(struct convd_daemon *d, const char *cause);
@@ -274,7 +298,7 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
     bool lost = b->rc == CONVD_EDEVICE;
     free(b);
     d->activity++;
-    dmn_ring_doorbells(d);
+    conn_ring_doorbells(d);
     if (lost && !d->device_lost) {
         /* The backend says its device is gone for good (a lost context): every later request
          * would fail the same way. Drain, failing what is queued with the backend's sentence,
@@ -318,13 +342,8 @@ static void dmn_close_handles(struct convd_daemon *d)
 static void dmn_finish(struct convd_daemon *d)
 {
     d->finishing = true;
-    log_notice("drained: closing %u connection(s)", (unsigned)d->n_clients);
-    struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &d->conns)
-    {
-        struct conn *c = list_entry(pos, struct conn, link);
-        conn_shutdown(c, true, "the daemon is shutting down");
-    }
+    log_notice("drained: closing %u connection(s)", (unsigned)conn_clients(d));
+    conn_shutdown_all(d, true, "the daemon is shutting down");
     if (d->listener_open) {
         listener_close(&d->listener, NULL);
         d->listener_open = false;
@@ -450,7 +469,7 @@ static void dmn_on_status_timer(uv_timer_t *t)
     char line[256];
     snprintf(line, sizeof(line),
              "STATUS=%s backend on %s: %u client(s), %u queued, %u running, %llu served",
-             d->backend.info.name, d->listener.path, (unsigned)d->n_clients,
+             d->backend.info.name, d->listener.path, (unsigned)conn_clients(d),
              (unsigned)sched_depth(&d->sched), (unsigned)d->running,
              (unsigned long long)metrics_served(&d->metrics));
     if (strcmp(line, d->last_status) != 0 && !d->draining) {
@@ -466,7 +485,7 @@ void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st)
     st->server_version = (char *)CONVD_VERSION_STRING;
     st->backend = d->backend.info.name;
     st->device = d->backend.info.device;
-    st->clients = d->n_clients;
+    st->clients = conn_clients(d);
     st->queue_depth = sched_depth(&d->sched);
     st->inflight = sched_depth(&d->sched) + d->running;
     st->requests_served = metrics_served(&d->metrics);
@@ -479,7 +498,7 @@ void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st)
 int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf, size_t cap)
 {
     struct met_gauges g = {
-        .clients = d->n_clients,
+        .clients = conn_clients(d),
         .users = d->users.count,
         .queue_depth = sched_depth(&d->sched),
         .inflight = sched_depth(&d->sched) + d->running,
@@ -615,9 +634,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     d->cfg = *cfg;
     d->delay_fd = -1;
     d->start_ns = convd_now_ns();
-    list_init(&d->conns);
-    list_init(&d->ring_conns);
-    list_init(&d->ring_notify);
+    conn_registry_init(&d->conns);
     users_init(&d->users);
     metrics_init(&d->metrics, d->start_ns);
     daemon_apply_region_limits(d);
@@ -680,43 +697,13 @@ fail:
 static bool dmn_poll(struct convd_daemon *d)
 {
     unsigned work = 0;
-    if (!list_empty(&d->ring_conns) && !d->finishing) {
-        /* Everything the rings hold is queued first and dispatched once, so that requests that
-         * arrived together share batches. */
-        d->defer_dispatch = true;
-        struct list_node *pos, *tmp;
-        list_for_each_safe(pos, tmp, &d->ring_conns)
-        {
-            work += conn_poll_ring(list_entry(pos, struct conn, ring_link));
-        }
-        d->defer_dispatch = false;
-        if (work > 0)
-            daemon_dispatch(d);
-    }
+    if (conn_have_rings(d) && !d->finishing)
+        work += conn_poll_rings(d);
     if (d->pool_started)
         work += pool_poll(&d->pool);
     return work > 0;
 }
 
-/* Sets or clears NEED_WAKEUP on every ring. Returns, after setting it, whether a submission
- * arrived meanwhile (then the loop must not sleep). */
-static bool dmn_rings_sleep(struct convd_daemon *d, bool sleeping)
-{
-    struct list_node *pos;
-    list_for_each(pos, &d->ring_conns)
-    {
-        ring_set_need_wakeup(&list_entry(pos, struct conn, ring_link)->ring, sleeping);
-    }
-    if (!sleeping)
-        return false;
-    ring_fence();
-    list_for_each(pos, &d->ring_conns)
-    {
-        if (ring_has_submissions(&list_entry(pos, struct conn, ring_link)->ring))
-            return true;
-    }
-    return false;
-}
 
 #define DMN_INFLIGHT_POLL_MS 5
 #define DMN_UV_EVERY_NS      (5 * 1000)
@@ -749,7 +736,7 @@ int daemon_run(struct convd_daemon *d)
         /* libuv's poll is a system call: while rings or batches in flight keep the loop busy,
          * the sockets are looked at every DMN_UV_EVERY_NS rather than on every pass. */
         if (now - last_uv >= DMN_UV_EVERY_NS ||
-            (list_empty(&d->ring_conns) && (!d->pool_started || d->pool.busy == 0))) {
+            (!conn_have_rings(d) && (!d->pool_started || d->pool.busy == 0))) {
             if (uv_run(&d->loop, UV_RUN_NOWAIT) == 0)
                 break;
             last_uv = now;
@@ -763,8 +750,8 @@ int daemon_run(struct convd_daemon *d)
             convd_cpu_relax();
             continue;
         }
-        if (dmn_rings_sleep(d, true)) {
-            dmn_rings_sleep(d, false);
+        if (conn_rings_sleep(d, true)) {
+            conn_rings_sleep(d, false);
             last_work = now;
             continue;
         }
@@ -776,7 +763,7 @@ int daemon_run(struct convd_daemon *d)
         int alive = uv_run(&d->loop, UV_RUN_ONCE);
         if (inflight)
             uv_timer_stop(&d->inflight_timer);
-        dmn_rings_sleep(d, false);
+        conn_rings_sleep(d, false);
         if (alive == 0)
             break;
         last_work = convd_now_ns();
@@ -796,12 +783,7 @@ void daemon_destroy(struct convd_daemon *d)
             /* finishing first: no dispatch while the connections go */
             d->draining = true;
             d->finishing = true;
-            struct list_node *pos, *tmp;
-            list_for_each_safe(pos, tmp, &d->conns)
-            {
-                struct conn *c = list_entry(pos, struct conn, link);
-                conn_shutdown(c, false, "the daemon is shutting down");
-            }
+            conn_shutdown_all(d, false, "the daemon is shutting down");
         }
         if (d->listener_open) {
             listener_close(&d->listener, NULL);

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "conn_registry.h"
 #include "doorbell.h"
 #include "list.h"
 #include "listener.h"
@@ -47,15 +48,11 @@ struct convd_daemon {
     struct region_stats region_stats;
     struct region_limits region_limits;
 
-    struct list_node conns;       /* every struct conn not yet freed */
-    struct list_node ring_conns;  /* READY connections with rings, polled by the loop */
-    struct list_node ring_notify; /* connections owed a doorbell check */
-    bool defer_dispatch;          /* set while a ring pass queues; it dispatches after */
-    uint64_t activity;            /* bumped by every datagram and batch: the loop spins on */
-    uint32_t n_clients;           /* connections counted against max_clients */
-    uint32_t n_refused;           /* refused connections waiting to be told why */
-    uint64_t next_conn_serial;
-    uint32_t running; /* requests handed to workers */
+    struct conn_registry conns; /* connection.c's: the daemon asks it, never walks it */
+    bool defer_dispatch;        /* set while requests read together queue; they dispatch after */
+    bool dispatch_pending;      /* a request was queued during the hold */
+    uint64_t activity;          /* bumped by every datagram and batch: the loop spins on */
+    uint32_t running;           /* requests handed to workers */
 
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t watchdog_timer; /* WATCHDOG=1 at half of WATCHDOG_USEC */
@@ -117,6 +114,21 @@ void daemon_apply_region_limits(struct convd_daemon *d);
 
 /* Runs queued work on idle workers (and fails expired requests). */
 void daemon_dispatch(struct convd_daemon *d);
+
+/* Holds dispatching while requests that arrived together are queued, so that they can share
+ * batches; returns whether it was held already. daemon_release_dispatch() with that value ends
+ * the hold (and dispatches when it was the outermost). */
+bool daemon_hold_dispatch(struct convd_daemon *d);
+void daemon_release_dispatch(struct convd_daemon *d, bool was_held);
+
+/* A request was queued: dispatches now, unless a hold is on (its end dispatches). */
+void daemon_request_queued(struct convd_daemon *d);
+
+/* Something happened on a connection (a datagram): the loop keeps spinning a while. */
+void daemon_note_activity(struct convd_daemon *d);
+
+/* A request daemon_dispatch() handed to a worker has completed. */
+void daemon_request_finished(struct convd_daemon *d);
 
 /* Arms the deadline timer for a request queued with this deadline (ns, monotonic). */
 void daemon_note_deadline(struct convd_daemon *d, uint64_t deadline_ns);

@@ -61,6 +61,27 @@ void metrics_request(struct metrics *m, int status, int rejected)
         m->rejected[s]++;
 }
 
+void metrics_protocol_error(struct metrics *m)
+{
+    m->protocol_errors++;
+}
+
+void metrics_region(struct metrics *m, bool ok)
+{
+    if (ok)
+        m->regions_registered++;
+    else
+        m->region_failures++;
+}
+
+void metrics_connection(struct metrics *m, bool accepted)
+{
+    if (accepted)
+        m->connections_accepted++;
+    else
+        m->connections_refused++;
+}
+
 void metrics_hist_observe(struct met_hist *h, double v)
 {
     size_t i = 0;

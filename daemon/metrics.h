@@ -6,6 +6,7 @@
 #ifndef CONVD_DAEMON_METRICS_H
 #define CONVD_DAEMON_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,6 +68,11 @@ void metrics_init(struct metrics *m, uint64_t now_ns);
 
 /* Records one finished request (rejected: it never reached the queue). */
 void metrics_request(struct metrics *m, int status, int rejected);
+/* One malformed or out-of-order message; one region registered (ok) or refused; one connection
+ * accepted or refused. */
+void metrics_protocol_error(struct metrics *m);
+void metrics_region(struct metrics *m, bool ok);
+void metrics_connection(struct metrics *m, bool accepted);
 
 void metrics_hist_observe(struct met_hist *h, double v);
 
