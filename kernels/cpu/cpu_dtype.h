@@ -1,6 +1,6 @@
 /*
  * Inline element conversions for the CPU kernels. The same results as convd_f16_to_f32() and
- * friends in kernels/half.c (round to nearest even, NaN kept quiet, fp16 overflow to infinity),
+ * friends in core/half.c (round to nearest even, NaN kept quiet, fp16 overflow to infinity),
  * written without calls and with few branches so that the compiler inlines them into the packing
  * and store loops and vectorises those. test_half checks them against half.c bit for bit.
  */

@@ -35,6 +35,7 @@
 #define CONVD_HAVE_GPU 1
 #endif
 #include "backend.h"
+#include "convd_kernels.h"
 #include "testutil.h"
 
 /* The few runtime calls the test itself makes (device presence, the peer's allocation), in C. */

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "convd_kernels.h"
+#include "convd/conv.h"
 
 /* How long any wait of a test may take before the test fails: long enough for an ASan build on a
  * loaded two-core machine. Correctness never depends on it. */

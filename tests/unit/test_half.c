@@ -1,5 +1,5 @@
 /*
- * fp16 and bf16 conversions (kernels/half.c): every fp16 pattern round-trips through fp32 and
+ * fp16 and bf16 conversions (core/half.c): every fp16 pattern round-trips through fp32 and
  * decodes to the value of the IEEE formula; ties round to even in both formats; overflow goes to
  * infinity; subnormals are exact; NaN stays NaN. The CPU kernels' inline copies
  * (kernels/cpu/cpu_dtype.h) must give the same bits as half.c.

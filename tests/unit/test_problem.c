@@ -1,5 +1,5 @@
 /*
- * The problem's validation and shape math (kernels/problem.c): every field rejected with a
+ * The problem's validation and shape math (core/problem.c): every field rejected with a
  * sentence that names it, divisibility by groups, filters that do not fit, size overflow, the
  * derived sizes, the output-extent formula, names and parsers, and problem equality.
  */
