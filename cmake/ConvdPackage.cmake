@@ -31,7 +31,7 @@ set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS ON)
 set(CPACK_DEBIAN_DAEMON_PACKAGE_NAME "convd")
 set(CPACK_DEBIAN_DAEMON_PACKAGE_SECTION "misc")
 # postinst makes the user with systemd-sysusers, or with adduser where that is missing.
-set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "systemd-sysusers | adduser")
+set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "systemd-sysusers | adduser, procps")
 set(CPACK_DEBIAN_DAEMON_DESCRIPTION
     "grouped 2-D convolution daemon for local processes
 convd owns one GPU (or serves from its CPU backend) and runs grouped 2-D forward convolutions
