@@ -56,23 +56,9 @@ python3 -c 'import convd; print("convd package over", convd.library_path())' || 
 tmp=$(mktemp -d /tmp/convd-models.XXXXXX)
 sock=$tmp/convd.sock
 dpid=""
-mps_on=0
-cleanup() {
-    if [ "$mps_on" = 1 ]; then
-        echo quit | CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe nvidia-cuda-mps-control >/dev/null 2>&1
-        echo "MPS control daemon stopped (cleanup)"
-        mps_on=0
-    fi
-    if [ -n "$dpid" ] && kill -0 "$dpid" 2>/dev/null; then
-        kill -TERM "$dpid" 2>/dev/null
-        for _ in $(seq 1 100); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$dpid" 2>/dev/null && kill -KILL "$dpid" 2>/dev/null
-        dpid=""
-    fi
-    [ -d "$tmp/mps-log" ] && mkdir -p "$OUT/mps-log" && cp -r "$tmp/mps-log/." "$OUT/mps-log/"
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/serving/lifecycle.sh
+. bench/serving/lifecycle.sh
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 step "device"
@@ -148,20 +134,12 @@ for p in $PROCS; do row plain plain "$p" "$(limit_for "$p")"; done
 
 if [ "${MPS:-1}" = 1 ]; then
     step "plain PyTorch processes under MPS"
-    export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if nvidia-cuda-mps-control -d; then
-        mps_on=1
-        echo "MPS control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+    if mps_start; then
         for p in $PROCS; do row plain mps "$p" "$(limit_for "$p")"; done
-        echo get_server_list | nvidia-cuda-mps-control >"$OUT/mps-servers.txt" 2>&1
-        echo quit | nvidia-cuda-mps-control
-        mps_on=0
-        echo "MPS control daemon stopped"
+        mps_stop
     else
-        echo "nvidia-cuda-mps-control -d failed: no MPS rows"
+        echo "no MPS rows"
     fi
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
 step "table"

@@ -46,23 +46,9 @@ step "environment"
 tmp=$(mktemp -d /tmp/convd-serving.XXXXXX)
 sock=$tmp/convd.sock
 dpid=""
-mps_on=0
-cleanup() {
-    if [ "$mps_on" = 1 ]; then
-        echo quit | CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe nvidia-cuda-mps-control >/dev/null 2>&1
-        echo "MPS control daemon stopped (cleanup)"
-        mps_on=0
-    fi
-    if [ -n "$dpid" ] && kill -0 "$dpid" 2>/dev/null; then
-        kill -TERM "$dpid" 2>/dev/null
-        for _ in $(seq 1 100); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$dpid" 2>/dev/null && kill -KILL "$dpid" 2>/dev/null
-        dpid=""
-    fi
-    [ -d "$tmp/mps-log" ] && mkdir -p "$OUT/mps-log" && cp -r "$tmp/mps-log/." "$OUT/mps-log/"
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/serving/lifecycle.sh
+. "$here/lifecycle.sh"
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 have_torch=0
@@ -192,11 +178,7 @@ if [ "$have_torch" = 1 ]; then
     for p in 16 32 64; do torch_run batch 1 "$p" 60; done
     if [ "${MPS:-1}" = 1 ]; then
         step "PyTorch processes under MPS"
-        export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        if nvidia-cuda-mps-control -d; then
-            mps_on=1
-            echo "MPS control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+        if mps_start; then
             for p in 1 4 16 32 64; do
                 if [ "$SECONDS" -gt 320 ]; then
                     echo "skipping MPS P=$p: ${SECONDS}s spent, the run must stay under 6 minutes"
@@ -206,19 +188,14 @@ if [ "$have_torch" = 1 ]; then
                 fi
                 torch_run mps "$p" 1 $((p >= 32 ? 150 : 90))
             done
-            echo get_server_list | nvidia-cuda-mps-control >"$OUT/mps-servers.txt" 2>&1
-            echo "MPS servers that ran: $(tr '\n' ' ' <"$OUT/mps-servers.txt")"
-            echo quit | nvidia-cuda-mps-control
-            mps_on=0
-            echo "MPS control daemon stopped"
+            mps_stop
         else
-            echo "nvidia-cuda-mps-control -d failed: no MPS rows"
+            echo "no MPS rows"
             for p in 1 4 16 32 64; do
                 printf '{"mode": "mps", "procs": %s, "batch": 1, "images_per_s": null, "error": "MPS control daemon did not start"}\n' \
                     "$p" >>"$OUT/torch.jsonl"
             done
         fi
-        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     fi
 else
     echo "no torch in python3 (or TORCH=0): PyTorch rows and the copy bandwidth skipped"
