@@ -1,4 +1,5 @@
 #include <stdio.h>
+#include <string.h>
 
 #include "wire.h"
 #include "why.h"
@@ -257,4 +258,50 @@ int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, C
     req->priority = e->priority;
     req->timeout_us = e->timeout_us;
     return 0;
+}
+
+static void wire_ring_tensor(const Convd__TensorRef *t, struct convd_ring_tensor *out)
+{
+    out->region_id = t->region_id;
+    out->offset = t->offset;
+    out->bytes = t->bytes;
+}
+
+void wire_ring_entry(const Convd__ConvRequest *req, struct convd_ring_sqe *e)
+{
+    const Convd__Problem *p = req->problem;
+    memset(e, 0, sizeof(*e));
+    e->id = req->id;
+    e->opcode = CONVD_RING_OP_CONV;
+    const bool relu = p->relu || p->activation == CONVD__ACTIVATION__ACTIVATION_RELU;
+    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (relu ? CONVD_RING_F_RELU : 0) |
+               (p->allow_tf32 ? CONVD_RING_F_ALLOW_TF32 : 0);
+    e->activation = relu ? 0 : (uint32_t)p->activation;
+    e->act_min = p->act_min;
+    e->act_max = p->act_max;
+    e->n = p->n;
+    e->h = p->h;
+    e->w = p->w;
+    e->c = p->c;
+    e->k = p->k;
+    e->r = p->r;
+    e->s = p->s;
+    e->groups = p->groups;
+    e->stride_h = p->stride_h;
+    e->stride_w = p->stride_w;
+    e->pad_top = p->pad_top;
+    e->pad_bottom = p->pad_bottom;
+    e->pad_left = p->pad_left;
+    e->pad_right = p->pad_right;
+    e->dil_h = p->dil_h;
+    e->dil_w = p->dil_w;
+    e->dtype = (uint32_t)p->dtype;
+    e->layout = (uint32_t)p->layout;
+    e->priority = req->priority;
+    e->timeout_us = req->timeout_us;
+    wire_ring_tensor(req->input, &e->input);
+    wire_ring_tensor(req->weight, &e->weight);
+    if (req->bias != NULL)
+        wire_ring_tensor(req->bias, &e->bias);
+    wire_ring_tensor(req->output, &e->output);
 }

@@ -55,6 +55,11 @@ int wire_pick_version(uint32_t peer_min, uint32_t peer_max, uint32_t own_min, ui
 int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, Convd__Problem *pb,
                       Convd__TensorRef refs[4], char *why, size_t why_len);
 
+/* The ring entry for a ConvRequest: wire_ring_request's inverse (ReLU as the flag, any other
+ * activation in the activation word, an absent bias all zeros). For clients that speak the
+ * protocol by hand: the tests and the fuzzers' seeds. */
+void wire_ring_entry(const Convd__ConvRequest *req, struct convd_ring_sqe *e);
+
 /* Fills an initialised Problem message from a C struct (no allocation). */
 void wire_problem_to_pb(const struct convd_problem *p, Convd__Problem *pb);
 

@@ -234,7 +234,7 @@ void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g)
     g->dh = p->dil_h;
     g->dw = p->dil_w;
     g->bias = p->has_bias ? 1 : 0;
-    g->act = p->activation == CONVD_ACT_RELU || p->activation == CONVD_ACT_CLAMP;
+    g->act = p->activation != CONVD_ACT_NONE && gpu_act_inline((int)p->activation);
     g->act_lo = p->activation == CONVD_ACT_CLAMP ? p->act_min : 0.0f;
     g->act_hi = p->activation == CONVD_ACT_CLAMP ? p->act_max : INFINITY;
 }

@@ -168,43 +168,8 @@ static void to_sqe(const struct seed_req *s, uint64_t id, struct convd_ring_sqe 
 {
     struct pb_req pb;
     to_pb(s, &pb);
-    memset(e, 0, sizeof(*e));
-    e->id = id;
-    e->opcode = CONVD_RING_OP_CONV;
-    const bool relu = s->p.activation == CONVD_ACT_RELU;
-    e->flags = (s->p.has_bias ? CONVD_RING_F_BIAS : 0) | (relu ? CONVD_RING_F_RELU : 0);
-    e->activation = relu ? 0 : (uint32_t)s->p.activation;
-    e->act_min = s->p.act_min;
-    e->act_max = s->p.act_max;
-    const Convd__Problem *p = &pb.prob;
-    e->n = p->n;
-    e->h = p->h;
-    e->w = p->w;
-    e->c = p->c;
-    e->k = p->k;
-    e->r = p->r;
-    e->s = p->s;
-    e->groups = p->groups;
-    e->stride_h = p->stride_h;
-    e->stride_w = p->stride_w;
-    e->pad_top = p->pad_top;
-    e->pad_bottom = p->pad_bottom;
-    e->pad_left = p->pad_left;
-    e->pad_right = p->pad_right;
-    e->dil_h = p->dil_h;
-    e->dil_w = p->dil_w;
-    e->dtype = (uint32_t)p->dtype;
-    e->layout = (uint32_t)p->layout;
-    e->priority = s->priority;
-    e->timeout_us = s->timeout_us;
-    struct convd_ring_tensor *t[4] = {&e->input, &e->weight, &e->bias, &e->output};
-    for (int i = 0; i < 4; i++) {
-        if (i == 2 && !s->p.has_bias)
-            continue; /* an absent bias is all zeros */
-        t[i]->region_id = pb.t[i].region_id;
-        t[i]->offset = pb.t[i].offset;
-        t[i]->bytes = pb.t[i].bytes;
-    }
+    pb.req.id = id;
+    wire_ring_entry(&pb.req, e);
 }
 
 static void request_seeds(void)

@@ -395,50 +395,9 @@ void raw_ring_attach(int fd, struct raw_ring *r)
                  convd_status_name(st), why);
 }
 
-static void raw_ring_tensor(const Convd__TensorRef *t, struct convd_ring_tensor *out)
-{
-    out->region_id = t->region_id;
-    out->offset = t->offset;
-    out->bytes = t->bytes;
-}
-
 void raw_ring_sqe_from_conv(const struct raw_conv *rc, struct convd_ring_sqe *e)
 {
-    const Convd__Problem *p = &rc->prob;
-    memset(e, 0, sizeof(*e));
-    e->id = rc->req.id;
-    e->opcode = CONVD_RING_OP_CONV;
-    const bool relu = p->relu || p->activation == CONVD__ACTIVATION__ACTIVATION_RELU;
-    e->flags = (p->has_bias ? CONVD_RING_F_BIAS : 0) | (relu ? CONVD_RING_F_RELU : 0) |
-               (p->allow_tf32 ? CONVD_RING_F_ALLOW_TF32 : 0);
-    e->activation = relu ? 0 : (uint32_t)p->activation;
-    e->act_min = p->act_min;
-    e->act_max = p->act_max;
-    e->n = p->n;
-    e->h = p->h;
-    e->w = p->w;
-    e->c = p->c;
-    e->k = p->k;
-    e->r = p->r;
-    e->s = p->s;
-    e->groups = p->groups;
-    e->stride_h = p->stride_h;
-    e->stride_w = p->stride_w;
-    e->pad_top = p->pad_top;
-    e->pad_bottom = p->pad_bottom;
-    e->pad_left = p->pad_left;
-    e->pad_right = p->pad_right;
-    e->dil_h = p->dil_h;
-    e->dil_w = p->dil_w;
-    e->dtype = (uint32_t)p->dtype;
-    e->layout = (uint32_t)p->layout;
-    e->priority = rc->req.priority;
-    e->timeout_us = rc->req.timeout_us;
-    raw_ring_tensor(&rc->in, &e->input);
-    raw_ring_tensor(&rc->w, &e->weight);
-    if (rc->req.bias != NULL)
-        raw_ring_tensor(rc->req.bias, &e->bias);
-    raw_ring_tensor(&rc->out, &e->output);
+    wire_ring_entry(&rc->req, e);
 }
 
 void raw_ring_put(struct raw_ring *r, const struct convd_ring_sqe *e)
