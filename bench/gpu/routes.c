@@ -1,0 +1,219 @@
+/*
+ * convd-routes: prints what the GPU router does with each problem, one line per problem, so that
+ * a change to the router can be compared before and after on the same device (`diff`). For each
+ * row of the shape CSVs x dtype x layout x epilogue, then for seeded random problems:
+ *   the routed plan (convd_gpu_describe, the daemon's workspace level), the workspace bytes for
+ *   one problem and for a full launch, and each family's answer when asked for by name (its plan,
+ *   or why it refuses, without workspace as convd_gpu_family_check plans).
+ *
+ *   convd-routes [--shapes FILE]... [--random N] [--seed S]
+ *
+ * Needs a GPU (the planners read the device); no kernel is launched.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convd_kernels.h"
+#include "gpu_kernels.h"
+#include "mix.h"
+
+struct shape {
+    char name[64];
+    int n, h, w, c, k, r, s, stride, pad, dil, groups;
+};
+
+/* The epilogues that change a plan's inputs: none, bias+ReLU (inline), clamp (inline bounds),
+ * SiLU (a separate pass after the kernel). */
+static const struct {
+    const char *name;
+    int bias;
+    enum convd_activation act;
+} epilogues[] = {
+    {"plain", 0, CONVD_ACT_NONE},
+    {"bias+relu", 1, CONVD_ACT_RELU},
+    {"clamp", 0, CONVD_ACT_CLAMP},
+    {"bias+silu", 1, CONVD_ACT_SILU},
+};
+
+static void print_problem(const char *label, const struct convd_problem *p)
+{
+    char key[200];
+    snprintf(key, sizeof(key),
+             "%s n%d h%d w%d c%d k%d g%d r%d s%d st%d,%d pad%d,%d,%d,%d dil%d,%d %s %s%s %s", label,
+             p->n, p->h, p->w, p->c, p->k, p->groups, p->r, p->s, p->stride_h, p->stride_w,
+             p->pad_top, p->pad_bottom, p->pad_left, p->pad_right, p->dil_h, p->dil_w,
+             convd_dtype_name(p->dtype), convd_layout_name(p->layout), p->has_bias ? " bias" : "",
+             convd_activation_name(p->activation));
+    char why[200];
+    if (convd_gpu_check(p, why, sizeof(why)) != 0) {
+        printf("%s | refused: %s\n", key, why);
+        return;
+    }
+    char plan[240];
+    convd_gpu_describe(p, CONVD_GPU_FAMILY_AUTO, plan, sizeof(plan));
+    size_t ws1 = 0, wsn = 0;
+    convd_gpu_workspace(p, 1, &ws1);
+    convd_gpu_workspace(p, CONVD_GPU_BATCH_MAX, &wsn);
+    printf("%s | %s -> %s | ws %zu,%zu", key, convd_gpu_kernel_name(p), plan, ws1, wsn);
+    for (int f = 1; f < CONVD_GPU_FAMILY_COUNT; f++) {
+        const enum convd_gpu_family fam = (enum convd_gpu_family)f;
+        why[0] = '\0';
+        if (convd_gpu_family_check(p, fam, why, sizeof(why)) != 0) {
+            printf(" | %s: no (%s)", convd_gpu_family_name(fam), why);
+            continue;
+        }
+        convd_gpu_describe(p, fam, plan, sizeof(plan));
+        printf(" | %s: %s", convd_gpu_family_name(fam), plan);
+    }
+    printf("\n");
+}
+
+static void set_epilogue(struct convd_problem *p, size_t e)
+{
+    p->has_bias = epilogues[e].bias != 0;
+    p->activation = epilogues[e].act;
+    p->act_min = 0.0f; /* ReLU6 where clamped */
+    p->act_max = p->activation == CONVD_ACT_CLAMP ? 6.0f : 0.0f;
+}
+
+static int dump_csv(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "convd-routes: cannot open %s\n", path);
+        return 1;
+    }
+    char line[512];
+    for (int lineno = 1; fgets(line, sizeof(line), f) != NULL; lineno++) {
+        if (strncmp(line, "name,", 5) == 0 || line[0] == '#' || line[0] == '\n')
+            continue;
+        struct shape s;
+        if (sscanf(line, "%63[^,],%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", s.name, &s.n, &s.h, &s.w, &s.c,
+                   &s.k, &s.r, &s.s, &s.stride, &s.pad, &s.dil, &s.groups) != 12) {
+            fprintf(stderr,
+                    "convd-routes: %s:%d: expected name,n,h,w,c,k,r,s,stride,pad,dil,"
+                    "groups\n",
+                    path, lineno);
+            fclose(f);
+            return 1;
+        }
+        static const enum convd_dtype dts[] = {CONVD_DTYPE_FP16, CONVD_DTYPE_BF16,
+                                               CONVD_DTYPE_FP32};
+        for (int d = 0; d < 3; d++)
+            for (int l = 0; l < 2; l++)
+                for (size_t e = 0; e < sizeof(epilogues) / sizeof(epilogues[0]); e++) {
+                    struct convd_problem p;
+                    convd_problem_init(&p, s.n, s.h, s.w, s.c, s.k, s.r, s.s, s.groups);
+                    p.stride_h = p.stride_w = s.stride;
+                    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = s.pad;
+                    p.dil_h = p.dil_w = s.dil;
+                    p.dtype = dts[d];
+                    p.layout = l == 0 ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
+                    set_epilogue(&p, e);
+                    print_problem(s.name, &p);
+                }
+    }
+    fclose(f);
+    return 0;
+}
+
+static uint64_t rng_state;
+
+static int pick(int lo, int hi)
+{
+    rng_state = mix_splitmix64(rng_state);
+    return lo + (int)(rng_state % (uint64_t)(hi - lo + 1));
+}
+
+static int pick_of(const int *v, int n)
+{
+    return v[pick(0, n - 1)];
+}
+
+/* Random problems around the routing thresholds: channels per group near the tensor-core and
+ * vector widths, small and odd images, every filter size the families special-case. */
+static void dump_random(int count)
+{
+    static const int cpgs[] = {1, 1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128};
+    static const int kpgs[] = {1, 1, 2, 4, 8, 16, 24, 32, 64, 128};
+    static const int groups[] = {1, 1, 2, 4, 8, 16, 32, 64};
+    static const int filters[] = {1, 1, 3, 3, 3, 5, 7};
+    static const int dims[] = {1, 2, 3, 5, 7, 8, 14, 15, 28, 32, 35, 56};
+    for (int i = 0, made = 0; made < count && i < count * 50; i++) {
+        struct convd_problem p;
+        const int cpg = pick_of(cpgs, (int)(sizeof(cpgs) / sizeof(cpgs[0])));
+        const int kpg = cpg == 1 && pick(0, 1)
+                            ? pick(1, 2)
+                            : pick_of(kpgs, (int)(sizeof(kpgs) / sizeof(kpgs[0])));
+        int g = pick_of(groups, (int)(sizeof(groups) / sizeof(groups[0])));
+        if (cpg == 1 && kpg <= 2 && pick(0, 1))
+            g = pick_of((const int[]){32, 96, 144, 240, 384}, 5);
+        const int r = pick_of(filters, (int)(sizeof(filters) / sizeof(filters[0])));
+        const int s =
+            pick(0, 3) ? r : pick_of(filters, (int)(sizeof(filters) / sizeof(filters[0])));
+        const int h = pick_of(dims, (int)(sizeof(dims) / sizeof(dims[0])));
+        const int w = pick(0, 2) ? h : pick_of(dims, (int)(sizeof(dims) / sizeof(dims[0])));
+        convd_problem_init(&p, pick_of((const int[]){1, 1, 2, 8, 32}, 5), h, w, cpg * g, kpg * g, r,
+                           s, g);
+        p.stride_h = pick(1, 2);
+        p.stride_w = pick(0, 3) ? p.stride_h : pick(1, 2);
+        p.pad_top = p.pad_bottom = pick(0, r / 2);
+        p.pad_left = p.pad_right = pick(0, 3) ? p.pad_top : pick(0, s / 2);
+        if (pick(0, 7) == 0)
+            p.pad_bottom = pick(0, r / 2);
+        p.dil_h = p.dil_w = pick(0, 5) ? 1 : 2;
+        p.dtype = (enum convd_dtype)pick_of(
+            (const int[]){CONVD_DTYPE_FP16, CONVD_DTYPE_BF16, CONVD_DTYPE_FP32}, 3);
+        p.layout = pick(0, 1) ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
+        set_epilogue(&p, (size_t)pick(0, 3));
+        if (convd_problem_check(&p, NULL, 0) != 0)
+            continue;
+        char label[32];
+        snprintf(label, sizeof(label), "random%d", made);
+        print_problem(label, &p);
+        made++;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *csvs[8];
+    int ncsv = 0, nrandom = 2000;
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--shapes") == 0 && v && ncsv < 8) {
+            csvs[ncsv++] = v;
+            i++;
+        } else if (strcmp(argv[i], "--random") == 0 && v) {
+            nrandom = atoi(v);
+            i++;
+        } else if (strcmp(argv[i], "--seed") == 0 && v) {
+            seed = strtoull(v, NULL, 0);
+            i++;
+        } else {
+            printf("usage: convd-routes [--shapes FILE]... [--random N] [--seed S]\n");
+            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+        }
+    }
+    if (ncsv == 0) {
+        csvs[ncsv++] = "bench/shapes.csv";
+        csvs[ncsv++] = "bench/shapes-extra.csv";
+    }
+    int ndev = 0;
+    if (convd_gpu_device_count(&ndev) != 0 || ndev == 0) {
+        fprintf(stderr, "convd-routes: no GPU\n");
+        return 1;
+    }
+    char dev[160];
+    convd_gpu_device_name(dev, sizeof(dev));
+    printf("# convd-routes on %s\n", dev);
+    for (int i = 0; i < ncsv; i++)
+        if (dump_csv(csvs[i]) != 0)
+            return 1;
+    rng_state = seed;
+    dump_random(nrandom);
+    return 0;
+}
