@@ -27,7 +27,7 @@
 #include <cublas_api.h>
 
 #include "convd_kernels.h"
-#include "gpu_kernels.h"
+#include "gpu_dev.h"
 
 #define MAX_ROWS 512
 
@@ -41,7 +41,7 @@ struct row {
     enum convd_dtype dtype;
     enum convd_layout layout;
     int groups;
-    char kernel[16];
+    char kernel[24]; /* the routing rule, or the family asked for */
     double ours_us, cudnn_us, floor_us, frac, rel_err;
     double ours_call_us, cudnn_call_us; /* per-call event timing, host work included */
     char plan[200];
@@ -554,7 +554,9 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     out->groups = sh->groups;
     enum convd_gpu_family fam =
         o->family == CONVD_GPU_FAMILY_AUTO ? convd_gpu_route(&p) : o->family;
-    snprintf(out->kernel, sizeof(out->kernel), "%s", convd_gpu_family_name(fam));
+    snprintf(out->kernel, sizeof(out->kernel), "%s",
+             o->family == CONVD_GPU_FAMILY_AUTO ? convd_gpu_dev_rule(&p)
+                                                : convd_gpu_family_name(fam));
 
     struct bufs b;
     const double per = (double)(z.input_bytes + z.output_bytes);

@@ -6,7 +6,12 @@
  *   one problem and for a full launch, and each family's answer when asked for by name (its plan,
  *   or why it refuses, without workspace as convd_gpu_family_check plans).
  *
- *   convd-routes [--shapes FILE]... [--random N] [--seed S]
+ *   convd-routes [--shapes FILE]... [--random N] [--seed S] [--tune KNOB=VALUE]... [--brief]
+ *   convd-routes --table      (the routing table as docs/architecture.md carries it; no GPU)
+ *
+ * --tune sets a knob of the development policy (gpu_dev.h: pdl, mma_cfg, mma_tma, mma_stages,
+ * mma_prefetch, mma_pad, dw_direct, fma_gemm, fma_outputs3, direct, direct_nhwc,
+ * direct_prefetch, direct_outputs8) before anything is planned.
  *
  * Needs a GPU (the planners read the device); no kernel is launched.
  */
@@ -16,7 +21,7 @@
 #include <string.h>
 
 #include "convd_kernels.h"
-#include "gpu_kernels.h"
+#include "gpu_dev.h"
 #include "mix.h"
 
 struct shape {
@@ -37,6 +42,15 @@ static const struct {
     {"bias+silu", 1, CONVD_ACT_SILU},
 };
 
+/* The routing rule's name (the family's before the router had rules: ROUTES_FAMILY_ONLY). */
+#ifdef ROUTES_FAMILY_ONLY
+#define ROUTES_NAME(p) convd_gpu_family_name(convd_gpu_route(p))
+#else
+#define ROUTES_NAME(p) convd_gpu_dev_rule(p)
+#endif
+
+static int brief; /* --brief: the routed plan and workspace only, shapes without an epilogue */
+
 static void print_problem(const char *label, const struct convd_problem *p)
 {
     char key[200];
@@ -54,10 +68,10 @@ static void print_problem(const char *label, const struct convd_problem *p)
     char plan[240];
     convd_gpu_describe(p, CONVD_GPU_FAMILY_AUTO, plan, sizeof(plan));
     size_t ws1 = 0, wsn = 0;
-    convd_gpu_workspace(p, 1, &ws1);
-    convd_gpu_workspace(p, CONVD_GPU_BATCH_MAX, &wsn);
-    printf("%s | %s -> %s | ws %zu,%zu", key, convd_gpu_kernel_name(p), plan, ws1, wsn);
-    for (int f = 1; f < CONVD_GPU_FAMILY_COUNT; f++) {
+    convd_gpu_dev_workspace(p, 1, &ws1);
+    convd_gpu_dev_workspace(p, CONVD_GPU_BATCH_MAX, &wsn);
+    printf("%s | %s -> %s | ws %zu,%zu", key, ROUTES_NAME(p), plan, ws1, wsn);
+    for (int f = 1; !brief && f < CONVD_GPU_FAMILY_COUNT; f++) {
         const enum convd_gpu_family fam = (enum convd_gpu_family)f;
         why[0] = '\0';
         if (convd_gpu_family_check(p, fam, why, sizeof(why)) != 0) {
@@ -103,7 +117,8 @@ static int dump_csv(const char *path)
                                                CONVD_DTYPE_FP32};
         for (int d = 0; d < 3; d++)
             for (int l = 0; l < 2; l++)
-                for (size_t e = 0; e < sizeof(epilogues) / sizeof(epilogues[0]); e++) {
+                for (size_t e = 0; e < (brief ? 1 : sizeof(epilogues) / sizeof(epilogues[0]));
+                     e++) {
                     struct convd_problem p;
                     convd_problem_init(&p, s.n, s.h, s.w, s.c, s.k, s.r, s.s, s.groups);
                     p.stride_h = p.stride_w = s.stride;
@@ -117,6 +132,41 @@ static int dump_csv(const char *path)
     }
     fclose(f);
     return 0;
+}
+
+static const struct {
+    const char *name;
+    int (*set)(int);
+} knobs[] = {
+    {"pdl", convd_gpu_tune_pdl},
+    {"mma_cfg", convd_gpu_tune_mma_cfg},
+    {"mma_tma", convd_gpu_tune_mma_tma},
+    {"mma_stages", convd_gpu_tune_mma_stages},
+    {"mma_prefetch", convd_gpu_tune_mma_prefetch},
+    {"mma_pad", convd_gpu_tune_mma_pad},
+    {"dw_direct", convd_gpu_tune_dw_direct},
+    {"fma_gemm", convd_gpu_tune_fma_gemm},
+    {"fma_outputs3", convd_gpu_tune_fma_outputs3},
+    {"direct", convd_gpu_tune_direct},
+    {"direct_nhwc", convd_gpu_tune_direct_nhwc},
+    {"direct_prefetch", convd_gpu_tune_direct_prefetch},
+    {"direct_outputs8", convd_gpu_tune_direct_outputs8},
+};
+
+/* "name=value": sets that knob; 0, or 1 with a message. */
+static int tune(const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    for (size_t i = 0; eq != NULL && i < sizeof(knobs) / sizeof(knobs[0]); i++)
+        if (strlen(knobs[i].name) == (size_t)(eq - arg) &&
+            strncmp(arg, knobs[i].name, (size_t)(eq - arg)) == 0) {
+            if (knobs[i].set(atoi(eq + 1)) == 0)
+                return 0;
+            fprintf(stderr, "convd-routes: %s: value refused\n", arg);
+            return 1;
+        }
+    fprintf(stderr, "convd-routes: %s: expected KNOB=VALUE with a knob of gpu_dev.h\n", arg);
+    return 1;
 }
 
 static uint64_t rng_state;
@@ -193,8 +243,24 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--seed") == 0 && v) {
             seed = strtoull(v, NULL, 0);
             i++;
+        } else if (strcmp(argv[i], "--brief") == 0) {
+            brief = 1;
+        } else if (strcmp(argv[i], "--table") == 0) {
+            const size_t need = convd_gpu_rule_table(NULL, 0);
+            char *table = malloc(need + 1);
+            if (table == NULL)
+                return 1;
+            convd_gpu_rule_table(table, need + 1);
+            fputs(table, stdout);
+            free(table);
+            return 0;
+        } else if (strcmp(argv[i], "--tune") == 0 && v) {
+            if (tune(v) != 0)
+                return 2;
+            i++;
         } else {
-            printf("usage: convd-routes [--shapes FILE]... [--random N] [--seed S]\n");
+            printf("usage: convd-routes [--shapes FILE]... [--random N] [--seed S] "
+                   "[--tune KNOB=VALUE]... [--brief] | --table\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }

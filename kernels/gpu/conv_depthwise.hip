@@ -424,8 +424,8 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
     else
         dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
 
-    /* Bias and activation in place, only where asked for (a uniform branch): the plain epilogue is the
-     * conversion and the store. */
+    /* Bias and activation in place, only where asked for (a uniform branch): the plain epilogue is
+     * the conversion and the store. */
     if (g.bias || g.act) {
         float bv[NO];
 #pragma unroll
@@ -798,7 +798,7 @@ static int dw_smax(const struct convd_problem *p)
  *   router's choice for); NCHW rows use only the filter, stride, rows and min blocks (one channel,
  *   kpg 1, 4 columns, always flat). The router takes the first row of the problem's layout,
  * filter, stride and kpg whose dtype mask holds its dtype; every row is reachable through
- * convd_gpu_tune_dw_direct for tests and `convd-bench-kernels --sweep-dw`. Each row is the
+ * the policy's dw_direct for tests and `convd-bench-kernels --sweep-dw`. Each row is the
  * fastest shape (or within 2% of it) of the H200 sweeps for its filter, stride and dtypes
  * (bench/gpu/NOTES.md, "depthwise"): NHWC 3x3 with kpg 1 on rows of blocks, since the flat
  * grid makes it spill; 5x5 on the flat grid; 7x7 as 6 rows at one channel per thread, which
@@ -840,23 +840,16 @@ static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
 
-/* -1: the direct NHWC kernel wherever it applies, in its default shape; 0: never (the tiled
- * kernel); 1 + i: shape i of dw_dcfgs where its filter and stride match, else tiled. */
-static int dw_direct_mode = -1;
-
-extern "C" int convd_gpu_tune_dw_direct(int mode)
+int gpu_dw_direct_shapes(void)
 {
-    if (mode < -1 || mode > DW_NDCFG)
-        return CONVD_EINVAL;
-    dw_direct_mode = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
+    return DW_NDCFG;
 }
 
 /* The direct kernel's shape of work: 0 when it does not apply. */
 static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *g,
-                          struct gpu_dw_plan *pl)
+                          const struct convd_gpu_policy *pol, struct gpu_dw_plan *pl)
 {
+    const int dw_direct_mode = pol->dw_direct;
     if (dw_direct_mode == 0 || g->r != g->s || g->sh != g->sw || g->dh != 1 || g->dw != 1)
         return 0;
     /* NCHW: "same" padding on the left (the window's offset in its first chunk is a template
@@ -912,8 +905,8 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
     return 1;
 }
 
-int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
-                     size_t why_len)
+int gpu_dw_plan_make(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                     struct gpu_dw_plan *ret, char *why, size_t why_len)
 {
     struct gpu_dw_plan pl;
     memset(&pl, 0, sizeof(pl));
@@ -927,7 +920,7 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
     }
     pl.unit = dw_smax(p);
     const int rs = g->r * g->s;
-    if (dw_direct_plan(p, g, &pl)) {
+    if (dw_direct_plan(p, g, pol, &pl)) {
         *ret = pl;
         return 0;
     }
@@ -1052,7 +1045,7 @@ int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, cha
 
 template <class DT, int CPL>
 static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
-                          hipStream_t stream)
+                          const struct gpu_launch *ln)
 {
     const struct gpu_geom *g = &pl->g;
     struct dwt_args a;
@@ -1072,8 +1065,8 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
     do {                                                                                           \
         rc = gpu_allow_smem((const void *)dw_nhwc_kernel<DT, CPL, KPG, P, SMAX>, pl->smem);        \
         if (rc == 0)                                                                               \
-            hipLaunchKernelGGL((dw_nhwc_kernel<DT, CPL, KPG, P, SMAX>), grid, block, pl->smem,     \
-                               stream, *g, *b, a);                                                 \
+            GPU_LAUNCH((dw_nhwc_kernel<DT, CPL, KPG, P, SMAX>), grid, block, pl->smem, ln, *g, *b, \
+                       a);                                                                         \
     } while (0)
     if (g->kpg == 1) {
         if (pl->unit == 3)
@@ -1114,7 +1107,7 @@ struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, F
 
 template <class DT>
 static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
-                            hipStream_t stream)
+                            const struct gpu_launch *ln)
 {
     const struct gpu_geom *g = &pl->g;
     dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)pl->grid_y, (unsigned)count);
@@ -1126,14 +1119,14 @@ static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch
     const int ci = pl->direct - 1;
     if (ci < 0 || ci >= DW_NDCFG)
         return CONVD_EINVAL;
-    hipLaunchKernelGGL(fns[ci], grid, block, 0, stream, *g, *b, pl->cvb, pl->tiles_h);
+    GPU_LAUNCH(fns[ci], grid, block, 0, ln, *g, *b, pl->cvb, pl->tiles_h);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
 
 template <class DT>
 static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
-                          hipStream_t stream)
+                          const struct gpu_launch *ln)
 {
     const struct gpu_geom *g = &pl->g;
     dim3 grid((unsigned)pl->blocks_per_problem, 1, (unsigned)count);
@@ -1141,12 +1134,11 @@ static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *
 #define DW_GO(SMAX, SW)                                                                            \
     do {                                                                                           \
         if (pl->planes > 1)                                                                        \
-            hipLaunchKernelGGL((dw_nchw_planes_kernel<DT, SMAX, SW>), grid, block, pl->smem,       \
-                               stream, *g, *b, pl->strips, pl->cvb, pl->planes, pl->in_rows,       \
-                               pl->in_cols);                                                       \
+            GPU_LAUNCH((dw_nchw_planes_kernel<DT, SMAX, SW>), grid, block, pl->smem, ln, *g, *b,   \
+                       pl->strips, pl->cvb, pl->planes, pl->in_rows, pl->in_cols);                 \
         else                                                                                       \
-            hipLaunchKernelGGL((dw_nchw_kernel<DT, SMAX, SW>), grid, block, pl->smem, stream, *g,  \
-                               *b, pl->strips, pl->cvb, pl->tiles_h, pl->in_rows, pl->in_cols);    \
+            GPU_LAUNCH((dw_nchw_kernel<DT, SMAX, SW>), grid, block, pl->smem, ln, *g, *b,          \
+                       pl->strips, pl->cvb, pl->tiles_h, pl->in_rows, pl->in_cols);                \
     } while (0)
     if (pl->unit == 3 && g->sw == 2)
         DW_GO(3, 2);
@@ -1166,30 +1158,30 @@ static int dw_launch_nchw(const struct gpu_dw_plan *pl, const struct gpu_batch *
 }
 
 int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
-                  hipStream_t stream)
+                  const struct gpu_launch *ln)
 {
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->direct) {
         switch (pl->dtype) {
         case CONVD_DTYPE_FP32:
-            return dw_launch_direct<dt_f32>(pl, b, count, stream);
+            return dw_launch_direct<dt_f32>(pl, b, count, ln);
         case CONVD_DTYPE_FP16:
-            return dw_launch_direct<dt_f16>(pl, b, count, stream);
+            return dw_launch_direct<dt_f16>(pl, b, count, ln);
         case CONVD_DTYPE_BF16:
-            return dw_launch_direct<dt_bf16>(pl, b, count, stream);
+            return dw_launch_direct<dt_bf16>(pl, b, count, ln);
         }
         return CONVD_EINVAL;
     }
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
-        return nhwc ? dw_launch_nhwc<dt_f32, 1>(pl, b, count, stream)
-                    : dw_launch_nchw<dt_f32>(pl, b, count, stream);
+        return nhwc ? dw_launch_nhwc<dt_f32, 1>(pl, b, count, ln)
+                    : dw_launch_nchw<dt_f32>(pl, b, count, ln);
     case CONVD_DTYPE_FP16:
-        return nhwc ? dw_launch_nhwc<dt_f16, 2>(pl, b, count, stream)
-                    : dw_launch_nchw<dt_f16>(pl, b, count, stream);
+        return nhwc ? dw_launch_nhwc<dt_f16, 2>(pl, b, count, ln)
+                    : dw_launch_nchw<dt_f16>(pl, b, count, ln);
     case CONVD_DTYPE_BF16:
-        return nhwc ? dw_launch_nhwc<dt_bf16, 2>(pl, b, count, stream)
-                    : dw_launch_nchw<dt_bf16>(pl, b, count, stream);
+        return nhwc ? dw_launch_nhwc<dt_bf16, 2>(pl, b, count, ln)
+                    : dw_launch_nchw<dt_bf16>(pl, b, count, ln);
     }
     return CONVD_EINVAL;
 }

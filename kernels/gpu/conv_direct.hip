@@ -1,59 +1,20 @@
 /*
  * Grouped direct convolution in NCHW (the "direct" family): 3x3 filters with "same" left padding
  * (pad_left 1), equal strides of 1 or 2, no dilation, W and Wo multiples of 4, any number of
- * channels per group. It is the NCHW depthwise direct kernel (conv_depthwise.hip) grown to several input
- * channels and outputs per group: a thread owns 4 adjacent output columns x TH rows x KT outputs
- * of one (image, group) and walks the group's input planes one after another; each input row of
- * its window arrives as aligned 4-element chunks (8 bytes for 16-bit types, 16 for fp32; with W a
- * multiple of 4 a chunk lies wholly inside or outside the row), and every window element feeds
- * KT FMAs per tap. A block serves one (image, group, output tile) plane, so the plane's filter
- * taps sit in shared memory as fp32 [c][tap][KT]: one broadcast read of KT weights per tap and
- * row, 4 * KT FMA.
+ * channels per group. It is the NCHW depthwise direct kernel (conv_depthwise.hip) grown to several
+ * input channels and outputs per group: a thread owns 4 adjacent output columns x TH rows x KT
+ * outputs of one (image, group) and walks the group's input planes one after another; each input
+ * row of its window arrives as aligned 4-element chunks (8 bytes for 16-bit types, 16 for fp32;
+ * with W a multiple of 4 a chunk lies wholly inside or outside the row), and every window element
+ * feeds KT FMAs per tap. A block serves one (image, group, output tile) plane, so the plane's
+ * filter taps sit in shared memory as fp32 [c][tap][KT]: one broadcast read of KT weights per tap
+ * and row, 4 * KT FMA.
  *
  * Why: the NHWC kernels reach NCHW through transposed copies and an NCHW epilogue, which for
  * small cpg cost more than the convolution itself. Here NCHW is native: the input is read where
  * it lies, the output leaves as 4-element runs of its rows, and nothing is staged but the filter.
  */
 #include "gpu_internal.h"
-
-/* -1 (default): the planner's rows per thread, routed by gpu_gd_routes(); 0: never routed (the
- * family still runs when asked for by name); 1, 2, 4: those rows per thread, routed wherever the
- * kernel applies. */
-static int gd_mode = -1;
-static int gd_prefetch = -1;
-static int gd_outputs8 = -1;
-
-/* Sets one of the switches above to mode in [lo, hi] and forgets the plans made with it. */
-static int gd_tune(int *knob, int mode, int lo, int hi)
-{
-    if (mode < lo || mode > hi)
-        return CONVD_EINVAL;
-    *knob = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
-
-extern "C" int convd_gpu_tune_direct_outputs8(int mode)
-{
-    return gd_tune(&gd_outputs8, mode, -1, 1);
-}
-
-extern "C" int convd_gpu_tune_direct_prefetch(int mode)
-{
-    return gd_tune(&gd_prefetch, mode, -1, 1);
-}
-
-static int gd_nhwc_mode = -1;
-
-extern "C" int convd_gpu_tune_direct_nhwc(int mode)
-{
-    return gd_tune(&gd_nhwc_mode, mode, -1, 1);
-}
-
-extern "C" int convd_gpu_tune_direct(int mode)
-{
-    return mode == 3 ? CONVD_EINVAL : gd_tune(&gd_mode, mode, -1, 4);
-}
 
 template <class DT, int SH, int KT, int TH, bool PF>
 __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
@@ -238,57 +199,8 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
     return 1;
 }
 
-/*
- * Where the router sends a problem the kernel takes (gd_mode -1), as measured with
- * --sweep-direct against the routes it replaced (bench/gpu/NOTES.md, "direct"): fp32 at every
- * cpg up to 64; 16-bit at cpg <= 4, and at cpg 8 only at stride 2, where the mma route would
- * first transpose an input four times the size of the output.
- */
-/* Whether the tensor-core kernel refuses p's NHWC form (16-bit cpg 5, 7, ...; on AMD, all). */
-static int gd_no_mma(const struct convd_problem *p)
-{
-    struct convd_problem q = *p;
-    q.layout = CONVD_LAYOUT_NHWC;
-    struct gpu_mma_plan mp;
-    char why[160];
-    return gpu_mma_plan_make(&q, p->layout == CONVD_LAYOUT_NCHW, &mp, why, sizeof(why)) != 0;
-}
-
-static int gd_routes(const struct convd_problem *p, const struct gpu_geom *g)
-{
-    if (p->dtype == CONVD_DTYPE_FP32)
-        return g->cpg <= 64;
-    if (g->cpg <= 4 || (g->cpg <= 8 && g->sh == 2))
-        return 1;
-    /* 16-bit channel counts the tensor-core kernel cannot take would go to the fma family on
-     * transposed copies, which is slower than this kernel up to cpg 64. */
-    return g->cpg <= 64 && gd_no_mma(p);
-}
-
-/*
- * NHWC problems on this kernel through NCHW copies (input and weights in, output back), where
- * they would otherwise go to the fma family's direct kernel and that measured slower with
- * `--sweep-direct` (bench/gpu/NOTES.md, "direct"): 16-bit channel counts the tensor-core kernel
- * cannot take; fp32 below the implicit GEMM's kpg (24) at stride 2 or with kpg not a multiple
- * of 4, except odd multiples of 3, where the fma kernel's 3 outputs per thread win. Stride 1
- * with kpg 4 or 8 is even and stays on the fma family.
- */
-int gpu_gd_routes_nhwc(const struct convd_problem *p)
-{
-    if (gd_nhwc_mode >= 0)
-        return gd_nhwc_mode;
-    const int cpg = p->c / p->groups, kpg = p->k / p->groups;
-    if (gd_mode == 0 || cpg > 64)
-        return 0;
-    if (p->dtype == CONVD_DTYPE_FP32)
-        return kpg < 24 && (p->stride_h == 2 || kpg % 4 != 0) && !(kpg % 2 != 0 && kpg % 3 == 0);
-    if (p->groups == 1 && p->k % 8 == 0)
-        return 0; /* dense: the tensor cores take it, channels padded where C needs it */
-    return gd_no_mma(p);
-}
-
-int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
-                     size_t why_len)
+int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                     struct gpu_gd_plan *ret, char *why, size_t why_len)
 {
     struct gpu_gd_plan pl;
     memset(&pl, 0, sizeof(pl));
@@ -297,15 +209,11 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
     const struct gpu_geom *g = &pl.g;
     if (!gd_shape_ok(p, g, why, why_len))
         return CONVD_EUNSUPPORTED;
-    if (routing && (gd_mode == 0 || (gd_mode < 0 && !gd_routes(p, g)))) {
-        snprintf(why, why_len, "direct: not routed for cpg=%d at stride %d in %s", g->cpg, g->sh,
-                 convd_dtype_name(p->dtype));
-        return CONVD_EUNSUPPORTED;
-    }
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
     /* 8 outputs (one row) where kpg allows pay in fp32 and not in 16-bit, where the window's loads
      * cost less than the accumulators' registers. */
-    if (g->kpg % 8 == 0 && (gd_outputs8 > 0 || (gd_outputs8 < 0 && p->dtype == CONVD_DTYPE_FP32)))
+    if (g->kpg % 8 == 0 &&
+        (pol->direct_outputs8 > 0 || (pol->direct_outputs8 < 0 && p->dtype == CONVD_DTYPE_FP32)))
         pl.kt = 8;
     pl.ktiles = g->kpg / pl.kt;
     pl.smem = g->cpg * 9 * pl.kt * (int)sizeof(float);
@@ -329,8 +237,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
      * about 8 warps per SM, a forced mode's otherwise. 4 rows spill at the 128 registers of two
      * blocks per SM with 4 outputs (64 accumulators) or at stride 2 (a 9-row window). */
     const int th_max = pl.kt == 8 ? 1 : pl.kt == 4 || g->sh == 2 ? 2 : 4;
-    pl.th = gd_mode > 0 ? (gd_mode < th_max ? gd_mode : th_max) : 1;
-    if (gd_mode <= 0)
+    pl.th = pol->direct > 0 ? (pol->direct < th_max ? pol->direct : th_max) : 1;
+    if (pol->direct <= 0)
         for (int th = th_max; th >= 1; th /= 2) {
             const int64_t threads = planes * pl.cgs * ((g->ho + th - 1) / th);
             if (threads >= (int64_t)dev.sm_count * 256 || th == 1) {
@@ -340,8 +248,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
         }
     /* Prefetch pays where a plane's window is a few rows of several threads' work (2 or 4 rows)
      * and costs where it is not (1 row); fp32 at stride 2 with 4 outputs spills with it. */
-    if (gd_prefetch >= 0)
-        pl.prefetch = gd_prefetch;
+    if (pol->direct_prefetch >= 0)
+        pl.prefetch = pol->direct_prefetch;
     else
         pl.prefetch = pl.th >= 2 && !(p->dtype == CONVD_DTYPE_FP32 && g->sh == 2 && pl.kt == 4);
     pl.bands = (g->ho + pl.th - 1) / pl.th;
@@ -360,7 +268,7 @@ int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_p
 
 template <class DT, int SH>
 static int gd_launch_sh(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
-                        hipStream_t stream)
+                        const struct gpu_launch *ln)
 {
     dim3 grid((unsigned)pl->planes, (unsigned)pl->grid_y, (unsigned)count);
     dim3 block((unsigned)pl->threads);
@@ -386,30 +294,29 @@ static int gd_launch_sh(const struct gpu_gd_plan *pl, const struct gpu_batch *b,
     int rc = gpu_allow_smem((const void *)fn, pl->smem);
     if (rc != 0)
         return rc;
-    hipLaunchKernelGGL(fn, grid, block, pl->smem, stream, pl->g, *b, pl->cgs, pl->bands,
-                       pl->ktiles);
+    GPU_LAUNCH(fn, grid, block, pl->smem, ln, pl->g, *b, pl->cgs, pl->bands, pl->ktiles);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
 
 template <class DT>
 static int gd_launch_dt(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
-                        hipStream_t stream)
+                        const struct gpu_launch *ln)
 {
-    return pl->g.sh == 2 ? gd_launch_sh<DT, 2>(pl, b, count, stream)
-                         : gd_launch_sh<DT, 1>(pl, b, count, stream);
+    return pl->g.sh == 2 ? gd_launch_sh<DT, 2>(pl, b, count, ln)
+                         : gd_launch_sh<DT, 1>(pl, b, count, ln);
 }
 
 int gpu_gd_launch(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
-                  hipStream_t stream)
+                  const struct gpu_launch *ln)
 {
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
-        return gd_launch_dt<dt_f32>(pl, b, count, stream);
+        return gd_launch_dt<dt_f32>(pl, b, count, ln);
     case CONVD_DTYPE_FP16:
-        return gd_launch_dt<dt_f16>(pl, b, count, stream);
+        return gd_launch_dt<dt_f16>(pl, b, count, ln);
     case CONVD_DTYPE_BF16:
-        return gd_launch_dt<dt_bf16>(pl, b, count, stream);
+        return gd_launch_dt<dt_bf16>(pl, b, count, ln);
     }
     return CONVD_EINVAL;
 }

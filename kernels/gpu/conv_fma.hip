@@ -19,19 +19,6 @@
 #define FMA_TM 8
 #define FMA_U  8
 
-/* 1: 3 outputs per thread where 3 divides kpg and 2 does not (NHWC input); 0: only 8, 4, 2,
- * 1. */
-static int fma_tn3_mode = 1;
-
-extern "C" int convd_gpu_tune_fma_outputs3(int mode)
-{
-    if (mode < 0 || mode > 1)
-        return CONVD_EINVAL;
-    fma_tn3_mode = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
-
 template <int TN> struct fma_wvec {
     static GPU_D void load(const float *p, float *v)
     {
@@ -525,8 +512,9 @@ static int fma_ks(const struct gpu_geom *g, int nhwc_input)
     return nhwc_input || g->s == 3 ? g->s : 0;
 }
 
-int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
-                      char *why, size_t why_len)
+int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
+                      const struct convd_gpu_policy *pol, struct gpu_fma_plan *ret, char *why,
+                      size_t why_len)
 {
     struct gpu_fma_plan pl;
     memset(&pl, 0, sizeof(pl));
@@ -536,19 +524,24 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
     pl.out_nchw = out_nchw;
     const struct gpu_geom *g = &pl.g;
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
-    if (gpu_pw_applies(p) && gpu_pw_plan_make(p, out_nchw, &pl.pw, why, why_len) == 0) {
-        pl.gemm = 1;
-        pl.threads = pl.pw.threads;
-        pl.smem = pl.pw.smem;
-        *ret = pl;
-        return 0;
+    if (kernel != GPU_FMA_DIRECT) {
+        const int rc = gpu_pw_plan_make(p, out_nchw, pol, &pl.pw, why, why_len);
+        if (rc == 0) {
+            pl.gemm = 1;
+            pl.threads = pl.pw.threads;
+            pl.smem = pl.pw.smem;
+            *ret = pl;
+            return 0;
+        }
+        if (kernel == GPU_FMA_GEMM)
+            return rc;
     }
 
     /* Outputs per thread: the largest of 8, 4, 2 that divides kpg, else 3 where it divides kpg
      * (NHWC input), else 1. One output reads 10 window and 3 weight values per 24 FMAs; 3 won
      * where kpg is an odd multiple of 3, while 5, and 3 in place of 2, lost. */
     pl.tn = g->kpg % 8 == 0 ? 8 : g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
-    if (p->layout == CONVD_LAYOUT_NHWC && fma_tn3_mode && pl.tn == 1 && g->kpg % 3 == 0)
+    if (p->layout == CONVD_LAYOUT_NHWC && pol->fma_outputs3 && pl.tn == 1 && g->kpg % 3 == 0)
         pl.tn = 3;
     pl.ks = fma_ks(g, p->layout == CONVD_LAYOUT_NHWC);
     const int per_group = g->kpg / pl.tn;
@@ -683,14 +676,14 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fm
 
 template <class DT, int NHWC, int TN, int KS>
 static int fma_launch_ks(const struct gpu_fma_plan *pl, const struct fma_args *a,
-                         const struct gpu_batch *b, int count, hipStream_t stream)
+                         const struct gpu_batch *b, int count, const struct gpu_launch *ln)
 {
     dim3 grid((unsigned)(pl->tiles * pl->nblk), 1, (unsigned)count);
     dim3 block((unsigned)pl->threads);
     int rc = gpu_allow_smem((const void *)fma_kernel<DT, NHWC, TN, KS>, pl->smem);
     if (rc != 0)
         return rc;
-    hipLaunchKernelGGL((fma_kernel<DT, NHWC, TN, KS>), grid, block, pl->smem, stream, *a, *b);
+    GPU_LAUNCH((fma_kernel<DT, NHWC, TN, KS>), grid, block, pl->smem, ln, *a, *b);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
@@ -699,57 +692,57 @@ static int fma_launch_ks(const struct gpu_fma_plan *pl, const struct fma_args *a
  * generic loop (0). */
 template <class DT, int NHWC, int TN>
 static int fma_launch_tn(const struct gpu_fma_plan *pl, const struct fma_args *a,
-                         const struct gpu_batch *b, int count, hipStream_t stream)
+                         const struct gpu_batch *b, int count, const struct gpu_launch *ln)
 {
     switch (pl->ks) {
     case 1:
-        return fma_launch_ks < DT, NHWC, TN, NHWC ? 1 : 0 > (pl, a, b, count, stream);
+        return fma_launch_ks < DT, NHWC, TN, NHWC ? 1 : 0 > (pl, a, b, count, ln);
     case 3:
-        return fma_launch_ks<DT, NHWC, TN, 3>(pl, a, b, count, stream);
+        return fma_launch_ks<DT, NHWC, TN, 3>(pl, a, b, count, ln);
     case 5:
-        return fma_launch_ks < DT, NHWC, TN, NHWC ? 5 : 0 > (pl, a, b, count, stream);
+        return fma_launch_ks < DT, NHWC, TN, NHWC ? 5 : 0 > (pl, a, b, count, ln);
     case 7:
-        return fma_launch_ks < DT, NHWC, TN, NHWC ? 7 : 0 > (pl, a, b, count, stream);
+        return fma_launch_ks < DT, NHWC, TN, NHWC ? 7 : 0 > (pl, a, b, count, ln);
     default:
-        return fma_launch_ks<DT, NHWC, TN, 0>(pl, a, b, count, stream);
+        return fma_launch_ks<DT, NHWC, TN, 0>(pl, a, b, count, ln);
     }
 }
 
 template <class DT, int NHWC>
 static int fma_launch_layout(const struct gpu_fma_plan *pl, const struct fma_args *a,
-                             const struct gpu_batch *b, int count, hipStream_t stream)
+                             const struct gpu_batch *b, int count, const struct gpu_launch *ln)
 {
     switch (pl->tn) {
     case 8:
-        return fma_launch_tn<DT, NHWC, 8>(pl, a, b, count, stream);
+        return fma_launch_tn<DT, NHWC, 8>(pl, a, b, count, ln);
     case 3:
         /* NHWC input only (the planner's rule): the NCHW gather is the no-workspace fallback. */
         if constexpr (NHWC != 0)
-            return fma_launch_tn<DT, NHWC, 3>(pl, a, b, count, stream);
+            return fma_launch_tn<DT, NHWC, 3>(pl, a, b, count, ln);
         return CONVD_EINVAL;
     case 4:
-        return fma_launch_tn<DT, NHWC, 4>(pl, a, b, count, stream);
+        return fma_launch_tn<DT, NHWC, 4>(pl, a, b, count, ln);
     case 2:
-        return fma_launch_tn<DT, NHWC, 2>(pl, a, b, count, stream);
+        return fma_launch_tn<DT, NHWC, 2>(pl, a, b, count, ln);
     default:
-        return fma_launch_tn<DT, NHWC, 1>(pl, a, b, count, stream);
+        return fma_launch_tn<DT, NHWC, 1>(pl, a, b, count, ln);
     }
 }
 
 template <class DT>
 static int fma_launch_dt(const struct gpu_fma_plan *pl, const struct fma_args *a,
-                         const struct gpu_batch *b, int count, hipStream_t stream)
+                         const struct gpu_batch *b, int count, const struct gpu_launch *ln)
 {
     if (pl->layout == CONVD_LAYOUT_NHWC)
-        return fma_launch_layout<DT, 1>(pl, a, b, count, stream);
-    return fma_launch_layout<DT, 0>(pl, a, b, count, stream);
+        return fma_launch_layout<DT, 1>(pl, a, b, count, ln);
+    return fma_launch_layout<DT, 0>(pl, a, b, count, ln);
 }
 
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
-                   hipStream_t stream)
+                   const struct gpu_launch *ln)
 {
     if (pl->gemm)
-        return gpu_pw_launch(&pl->pw, b, count, stream);
+        return gpu_pw_launch(&pl->pw, b, count, ln);
     struct fma_args a;
     a.g = pl->g;
     a.nch = pl->nch;
@@ -772,11 +765,11 @@ int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int
     a.out_nchw = pl->out_nchw;
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
-        return fma_launch_dt<dt_f32>(pl, &a, b, count, stream);
+        return fma_launch_dt<dt_f32>(pl, &a, b, count, ln);
     case CONVD_DTYPE_FP16:
-        return fma_launch_dt<dt_f16>(pl, &a, b, count, stream);
+        return fma_launch_dt<dt_f16>(pl, &a, b, count, ln);
     case CONVD_DTYPE_BF16:
-        return fma_launch_dt<dt_bf16>(pl, &a, b, count, stream);
+        return fma_launch_dt<dt_bf16>(pl, &a, b, count, ln);
     }
     return CONVD_EINVAL;
 }

@@ -28,22 +28,9 @@
 #define PW_U       16 /* staged elements per thread and operand: PW_KC * 128 / 128 threads */
 #define PW_UV      4  /* the same in 4-element vectors */
 #define PW_MIN_KPG 24 /* smallest kpg that takes the GEMM for filters other than 1x1 */
-/* Least useful fraction of tile work x waves for general filters (pw_mode 1): the point below
+/* Least useful fraction of tile work x waves for general filters (fma_gemm 1): the point below
  * which the direct kernel won in `--sweep-fma` (bench/gpu/NOTES.md, "fma"). */
 #define PW_MIN_EFF 0.6
-
-/* 0: never; 1: where it applies and the planner expects it to fill the GPU (PW_MIN_EFF); 2:
- * wherever it applies (tests, sweeps). */
-static int pw_mode = 1;
-
-extern "C" int convd_gpu_tune_fma_gemm(int mode)
-{
-    if (mode < 0 || mode > 2)
-        return CONVD_EINVAL;
-    pw_mode = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
 
 static int pw_is_pointwise(const struct convd_problem *p)
 {
@@ -51,9 +38,9 @@ static int pw_is_pointwise(const struct convd_problem *p)
            p->pad_bottom == 0 && p->pad_left == 0 && p->pad_right == 0;
 }
 
-int gpu_pw_applies(const struct convd_problem *p)
+int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy *pol)
 {
-    if (pw_mode == 0 || p->groups < 1)
+    if (pol->fma_gemm == 0 || p->groups < 1)
         return 0;
     const int64_t cpg = p->c / p->groups, kpg = p->k / p->groups;
     return pw_is_pointwise(p) ||
@@ -335,10 +322,11 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
  */
 #define PW_LOAD_COST 8
 
-int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_pw_plan *ret,
-                     char *why, size_t why_len)
+int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
+                     const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
+                     size_t why_len)
 {
-    if (!gpu_pw_applies(p)) {
+    if (!gpu_pw_applies(p, pol)) {
         snprintf(why, why_len,
                  "fma gemm: needs a 1x1 filter with unit stride and no padding, or cpg a "
                  "multiple of 4 and kpg >= %d",
@@ -394,7 +382,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_pw_
         snprintf(why, why_len, "fma gemm: grid too large");
         return CONVD_EUNSUPPORTED;
     }
-    if (!pointwise && pw_mode == 1) {
+    if (!pointwise && pol->fma_gemm == 1) {
         /* Useful fraction: outputs of the channel tiles times blocks of the last wave (blocks
          * per SM from the 128 registers the launch bounds allow). */
         const int64_t blocks = (int64_t)pl.ptiles * pl.ctiles * g->g;
@@ -422,7 +410,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_pw_
 
 template <class DT>
 static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
-                        hipStream_t stream)
+                        const struct gpu_launch *ln)
 {
     const struct gpu_geom *g = &pl->g;
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
@@ -430,8 +418,8 @@ static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b,
               (unsigned)count);
     dim3 block((unsigned)pl->threads);
 #define PW_GO(NHWC, VEC)                                                                           \
-    hipLaunchKernelGGL((pw_kernel<DT, NHWC, VEC>), grid, block, pl->smem, stream, *g, *b, pl->tch, \
-                       pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw)
+    GPU_LAUNCH((pw_kernel<DT, NHWC, VEC>), grid, block, pl->smem, ln, *g, *b, pl->tch, pl->tpx,    \
+               pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw)
     if (nhwc && pl->vec_in)
         PW_GO(1, 1);
     else if (nhwc)
@@ -446,15 +434,15 @@ static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b,
 }
 
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
-                  hipStream_t stream)
+                  const struct gpu_launch *ln)
 {
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
-        return pw_launch_dt<dt_f32>(pl, b, count, stream);
+        return pw_launch_dt<dt_f32>(pl, b, count, ln);
     case CONVD_DTYPE_FP16:
-        return pw_launch_dt<dt_f16>(pl, b, count, stream);
+        return pw_launch_dt<dt_f16>(pl, b, count, ln);
     case CONVD_DTYPE_BF16:
-        return pw_launch_dt<dt_bf16>(pl, b, count, stream);
+        return pw_launch_dt<dt_bf16>(pl, b, count, ln);
     }
     return CONVD_EINVAL;
 }

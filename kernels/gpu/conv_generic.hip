@@ -75,7 +75,7 @@ int gpu_generic_plan_make(const struct convd_problem *p, struct gpu_generic_plan
 
 template <class DT>
 static int generic_launch_dt(const struct gpu_generic_plan *pl, const struct gpu_batch *b,
-                             int count, hipStream_t stream)
+                             int count, const struct gpu_launch *ln)
 {
     const struct gpu_geom *g = &pl->g;
     const int64_t total = (int64_t)g->n * g->k * g->ho * g->wo;
@@ -84,23 +84,23 @@ static int generic_launch_dt(const struct gpu_generic_plan *pl, const struct gpu
         blocks = 65536;
     dim3 grid((unsigned)blocks, 1, (unsigned)count);
     if (pl->layout == CONVD_LAYOUT_NHWC)
-        hipLaunchKernelGGL((generic_kernel<DT, 1>), grid, dim3(256), 0, stream, *g, *b, total);
+        GPU_LAUNCH((generic_kernel<DT, 1>), grid, dim3(256), 0, ln, *g, *b, total);
     else
-        hipLaunchKernelGGL((generic_kernel<DT, 0>), grid, dim3(256), 0, stream, *g, *b, total);
+        GPU_LAUNCH((generic_kernel<DT, 0>), grid, dim3(256), 0, ln, *g, *b, total);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
 
 int gpu_generic_launch(const struct gpu_generic_plan *pl, const struct gpu_batch *b, int count,
-                       hipStream_t stream)
+                       const struct gpu_launch *ln)
 {
     switch (pl->dtype) {
     case CONVD_DTYPE_FP32:
-        return generic_launch_dt<dt_f32>(pl, b, count, stream);
+        return generic_launch_dt<dt_f32>(pl, b, count, ln);
     case CONVD_DTYPE_FP16:
-        return generic_launch_dt<dt_f16>(pl, b, count, stream);
+        return generic_launch_dt<dt_f16>(pl, b, count, ln);
     case CONVD_DTYPE_BF16:
-        return generic_launch_dt<dt_bf16>(pl, b, count, stream);
+        return generic_launch_dt<dt_bf16>(pl, b, count, ln);
     }
     return CONVD_EINVAL;
 }

@@ -91,7 +91,7 @@ template <class T> __global__ void __launch_bounds__(256) transpose_kernel(const
 }
 
 int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
-                         hipStream_t stream)
+                         const struct gpu_launch *ln)
 {
     if (count < 1 || count > CONVD_GPU_BATCH_MAX || njobs < 1 || njobs > GPU_TRANSPOSE_JOBS)
         return CONVD_EINVAL;
@@ -119,9 +119,9 @@ int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count,
         return 0;
     dim3 grid((unsigned)tiles, 1, (unsigned)count);
     if (elem_bytes == 2)
-        hipLaunchKernelGGL(transpose_kernel<uint16_t>, grid, dim3(256), 0, stream, a);
+        GPU_LAUNCH(transpose_kernel<uint16_t>, grid, dim3(256), 0, ln, a);
     else if (elem_bytes == 4)
-        hipLaunchKernelGGL(transpose_kernel<uint32_t>, grid, dim3(256), 0, stream, a);
+        GPU_LAUNCH(transpose_kernel<uint32_t>, grid, dim3(256), 0, ln, a);
     else
         return CONVD_EINVAL;
     CONVD_GPU_CHECK(hipGetLastError());
@@ -164,7 +164,7 @@ template <class T> __global__ void __launch_bounds__(256) padc_kernel(const stru
 }
 
 int gpu_padc_launch(const struct gpu_padc *jobs, int njobs, int count, int elem_bytes,
-                    hipStream_t stream)
+                    const struct gpu_launch *ln)
 {
     if (count < 1 || count > CONVD_GPU_BATCH_MAX || njobs < 1 || njobs > GPU_PADC_JOBS)
         return CONVD_EINVAL;
@@ -185,9 +185,9 @@ int gpu_padc_launch(const struct gpu_padc *jobs, int njobs, int count, int elem_
         return CONVD_EUNSUPPORTED;
     dim3 grid((unsigned)blocks, 1, (unsigned)count);
     if (elem_bytes == 2)
-        hipLaunchKernelGGL(padc_kernel<uint16_t>, grid, dim3(256), 0, stream, a);
+        GPU_LAUNCH(padc_kernel<uint16_t>, grid, dim3(256), 0, ln, a);
     else if (elem_bytes == 4)
-        hipLaunchKernelGGL(padc_kernel<uint32_t>, grid, dim3(256), 0, stream, a);
+        GPU_LAUNCH(padc_kernel<uint32_t>, grid, dim3(256), 0, ln, a);
     else
         return CONVD_EINVAL;
     CONVD_GPU_CHECK(hipGetLastError());
@@ -207,7 +207,7 @@ template <class DT> __global__ void __launch_bounds__(256) act_kernel(const stru
         y[i] = DT::store(convd_math_act(a.act, DT::load(y[i]), a.lo, a.hi));
 }
 
-int gpu_act_launch(const struct gpu_act *a, int count, int dtype, hipStream_t stream)
+int gpu_act_launch(const struct gpu_act *a, int count, int dtype, const struct gpu_launch *ln)
 {
     if (count < 1 || count > CONVD_GPU_BATCH_MAX || a->elems < 0)
         return CONVD_EINVAL;
@@ -219,13 +219,13 @@ int gpu_act_launch(const struct gpu_act *a, int count, int dtype, hipStream_t st
     dim3 grid((unsigned)blocks, 1, (unsigned)count);
     switch (dtype) {
     case CONVD_DTYPE_FP32:
-        hipLaunchKernelGGL(act_kernel<dt_f32>, grid, dim3(256), 0, stream, *a);
+        GPU_LAUNCH(act_kernel<dt_f32>, grid, dim3(256), 0, ln, *a);
         break;
     case CONVD_DTYPE_FP16:
-        hipLaunchKernelGGL(act_kernel<dt_f16>, grid, dim3(256), 0, stream, *a);
+        GPU_LAUNCH(act_kernel<dt_f16>, grid, dim3(256), 0, ln, *a);
         break;
     case CONVD_DTYPE_BF16:
-        hipLaunchKernelGGL(act_kernel<dt_bf16>, grid, dim3(256), 0, stream, *a);
+        GPU_LAUNCH(act_kernel<dt_bf16>, grid, dim3(256), 0, ln, *a);
         break;
     default:
         return CONVD_EINVAL;

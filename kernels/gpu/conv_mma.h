@@ -1,7 +1,7 @@
 /*
  * What the tensor-core family's kernels (conv_mma.hip) and its planner (mma_plan.hip) share: the
- * warp layouts the kernels are instantiated for, the tensor-map helpers, and the launch-time
- * knob. Private to kernels/gpu.
+ * warp layouts the kernels are instantiated for, and the tensor-map helpers. Private to
+ * kernels/gpu.
  */
 #ifndef CONVD_GPU_CONV_MMA_H
 #define CONVD_GPU_CONV_MMA_H
@@ -25,10 +25,6 @@ static const struct mma_cfg mma_cfgs[] = {
 };
 static_assert(sizeof(mma_cfgs) / sizeof(mma_cfgs[0]) == MMA_NCFG, "MMA_NCFG counts mma_cfgs");
 #endif
-
-/* -1: the planner's choice; 0 and 1 force the L2 prefetch before the grid dependency off or on
- * (convd_gpu_tune_mma_prefetch). */
-extern int mma_prefetch_mode;
 
 #if defined(CONVD_GPU_NVIDIA)
 /* cuTensorMapEncodeTiled, looked up once through the runtime (no link against the driver); NULL

@@ -38,8 +38,6 @@
 
 #define MMA_U 8
 
-int mma_prefetch_mode = -1; /* convd_gpu_tune_mma_prefetch */
-
 struct mma_args {
     struct gpu_geom g;
     int gm, cpgm, kpgm, bn, sgb, nsplit, nblk, gms;
@@ -377,7 +375,7 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
  * and a select per value). */
 template <class DT, int MT, int NT>
 GPU_D void mma_bias_act(float (&acc)[MT][NT][4], const typename DT::T *bias,
-                         const struct mma_item &it, const struct gpu_geom &g, int wn, int lane)
+                        const struct mma_item &it, const struct gpu_geom &g, int wn, int lane)
 {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
@@ -978,7 +976,7 @@ static int mma_grid_cap(const void *fn, const struct gpu_mma_plan *pl, int64_t *
 
 template <class DT, int NHWC, int MT, int NT, int WM, int WN>
 static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
-                  int count, hipStream_t stream)
+                  int count, const struct gpu_launch *ln)
 {
     int64_t grid = 0;
     int rc = mma_grid_cap((const void *)mma_kernel<DT, NHWC, MT, NT, WM, WN>, pl, &grid);
@@ -987,31 +985,31 @@ static int mma_go(const struct gpu_mma_plan *pl, struct mma_args *a, const struc
     a->items = count * pl->nblk * pl->tiles;
     if (grid > a->items)
         grid = a->items;
-    hipLaunchKernelGGL((mma_kernel<DT, NHWC, MT, NT, WM, WN>), dim3((unsigned)grid),
-                       dim3((unsigned)pl->threads), pl->smem, stream, *a, *b);
+    GPU_LAUNCH((mma_kernel<DT, NHWC, MT, NT, WM, WN>), dim3((unsigned)grid),
+               dim3((unsigned)pl->threads), pl->smem, ln, *a, *b);
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
 
 template <class DT, int NHWC>
 static int mma_launch_cfg(const struct gpu_mma_plan *pl, struct mma_args *a,
-                          const struct gpu_batch *b, int count, hipStream_t stream)
+                          const struct gpu_batch *b, int count, const struct gpu_launch *ln)
 {
     switch (pl->cfg) {
     case 0:
-        return mma_go<DT, NHWC, 7, 1, 1, 8>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 7, 1, 1, 8>(pl, a, b, count, ln);
     case 1:
-        return mma_go<DT, NHWC, 7, 1, 1, 4>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 7, 1, 1, 4>(pl, a, b, count, ln);
     case 2:
-        return mma_go<DT, NHWC, 7, 2, 1, 4>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 7, 2, 1, 4>(pl, a, b, count, ln);
     case 3:
-        return mma_go<DT, NHWC, 7, 3, 1, 2>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 7, 3, 1, 2>(pl, a, b, count, ln);
     case 4:
-        return mma_go<DT, NHWC, 4, 4, 2, 2>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 4, 4, 2, 2>(pl, a, b, count, ln);
     case 5:
-        return mma_go<DT, NHWC, 2, 4, 2, 2>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 2, 4, 2, 2>(pl, a, b, count, ln);
     case 6:
-        return mma_go<DT, NHWC, 4, 5, 2, 2>(pl, a, b, count, stream);
+        return mma_go<DT, NHWC, 4, 5, 2, 2>(pl, a, b, count, ln);
     }
     return CONVD_EINVAL;
 }
@@ -1079,7 +1077,7 @@ static int mma_map(CUtensorMap *m, int dtype, void *base, int c, int w, int h, i
 
 template <class DT, int MT, int NT, int WM, int WN>
 static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const struct gpu_batch *b,
-                      int count, hipStream_t stream)
+                      int count, const struct gpu_launch *ln)
 {
     int64_t cap = 0;
     int rc = mma_grid_cap((const void *)mma_tma_kernel<DT, MT, NT, WM, WN>, pl, &cap);
@@ -1109,8 +1107,8 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
         }
         a->items = cnt * pl->nblk * pl->tiles;
         const int64_t grid = cap < a->items ? cap : a->items;
-        hipLaunchKernelGGL((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
-                           dim3((unsigned)pl->threads), pl->smem, stream, *a, sub, tm);
+        GPU_LAUNCH((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
+                   dim3((unsigned)pl->threads), pl->smem, ln, *a, sub, tm);
         CONVD_GPU_CHECK(hipGetLastError());
     }
     return 0;
@@ -1118,29 +1116,29 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
 
 template <class DT>
 static int mma_launch_tma(const struct gpu_mma_plan *pl, struct mma_args *a,
-                          const struct gpu_batch *b, int count, hipStream_t stream)
+                          const struct gpu_batch *b, int count, const struct gpu_launch *ln)
 {
     switch (pl->cfg) {
     case 0:
-        return mma_go_tma<DT, 7, 1, 1, 8>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 7, 1, 1, 8>(pl, a, b, count, ln);
     case 1:
-        return mma_go_tma<DT, 7, 1, 1, 4>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 7, 1, 1, 4>(pl, a, b, count, ln);
     case 2:
-        return mma_go_tma<DT, 7, 2, 1, 4>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 7, 2, 1, 4>(pl, a, b, count, ln);
     case 3:
-        return mma_go_tma<DT, 7, 3, 1, 2>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 7, 3, 1, 2>(pl, a, b, count, ln);
     case 4:
-        return mma_go_tma<DT, 4, 4, 2, 2>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 4, 4, 2, 2>(pl, a, b, count, ln);
     case 5:
-        return mma_go_tma<DT, 2, 4, 2, 2>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 2, 4, 2, 2>(pl, a, b, count, ln);
     case 6:
-        return mma_go_tma<DT, 4, 5, 2, 2>(pl, a, b, count, stream);
+        return mma_go_tma<DT, 4, 5, 2, 2>(pl, a, b, count, ln);
     }
     return CONVD_EINVAL;
 }
 
 int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
-                   hipStream_t stream)
+                   const struct gpu_launch *ln)
 {
     struct mma_args a;
     memset(&a, 0, sizeof(a));
@@ -1207,12 +1205,7 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
             : 0;
     a.off_stage1 = pl->off_stage1;
     a.nst = pl->nst;
-    /* Weights read before the previous kernel ends pay where a block's weights are a few KB and
-     * its items many, and cost with tens of KB per block, whose early reads compete with the
-     * previous kernel's. */
-    a.prefetch = mma_prefetch_mode == 1 ||
-                 (mma_prefetch_mode == -1 &&
-                  (int64_t)pl->bn * pl->g.r * pl->g.s * pl->g.cpg * 2 <= 24 * 1024);
+    a.prefetch = pl->prefetch;
     a.a_stride = pl->a_stride;
     a.off_bar = pl->off_bar;
     a.a_tx = pl->a_tx;
@@ -1220,30 +1213,30 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.smask_s = mma_swizzle_mask(a.bn * 2);
     if (pl->tma) {
         if (pl->dtype == CONVD_DTYPE_FP16)
-            return mma_launch_tma<dt_f16>(pl, &a, b, count, stream);
+            return mma_launch_tma<dt_f16>(pl, &a, b, count, ln);
         if (pl->dtype == CONVD_DTYPE_BF16)
-            return mma_launch_tma<dt_bf16>(pl, &a, b, count, stream);
+            return mma_launch_tma<dt_bf16>(pl, &a, b, count, ln);
         return CONVD_EINVAL;
     }
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
     if (pl->dtype == CONVD_DTYPE_FP16)
-        return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, stream)
-                    : mma_launch_cfg<dt_f16, 0>(pl, &a, b, count, stream);
+        return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, ln)
+                    : mma_launch_cfg<dt_f16, 0>(pl, &a, b, count, ln);
     if (pl->dtype == CONVD_DTYPE_BF16)
-        return nhwc ? mma_launch_cfg<dt_bf16, 1>(pl, &a, b, count, stream)
-                    : mma_launch_cfg<dt_bf16, 0>(pl, &a, b, count, stream);
+        return nhwc ? mma_launch_cfg<dt_bf16, 1>(pl, &a, b, count, ln)
+                    : mma_launch_cfg<dt_bf16, 0>(pl, &a, b, count, ln);
     return CONVD_EINVAL;
 }
 
 #else /* AMD: no MFMA kernel yet; the router sends these shapes to the FMA family. */
 
 int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
-                   hipStream_t stream)
+                   const struct gpu_launch *ln)
 {
     (void)pl;
     (void)b;
     (void)count;
-    (void)stream;
+    (void)ln;
     return CONVD_EUNSUPPORTED;
 }
 
@@ -1279,14 +1272,6 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
                         : pl->nst == 3 ? " tma x3"
                                        : " tma x4")
                      : "");
-}
-
-extern "C" int convd_gpu_tune_mma_prefetch(int mode)
-{
-    if (mode < -1 || mode > 1)
-        return CONVD_EINVAL;
-    mma_prefetch_mode = mode;
-    return 0;
 }
 
 #if defined(CONVD_MMA_TRACE) && defined(CONVD_GPU_NVIDIA)

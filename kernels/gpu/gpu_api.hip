@@ -3,25 +3,13 @@
  * problems of one geometry into as few launches as possible, and the device helpers of
  * gpu_kernels.h.
  *
- * Routing (convd_gpu_kernel_name() says where a problem goes):
- *   cpg = 1, kpg <= 2                       -> depthwise (direct kernels for 3x3/5x5 NHWC and
- *                                              3x3/5x5/7x7 NCHW, shared-memory tiles otherwise)
- *   NCHW 3x3, pad_left 1, stride 1 or 2,
- *     W and Wo multiples of 4; fp32 cpg <= 64,
- *     16-bit cpg <= 4 (8 at stride 2)      -> direct (grouped, NCHW native)
- *   fp16/bf16, cpg and kpg multiples of 8,
- *     or reaching them by merging 2 or 4 groups -> mma (tensor cores; NVIDIA only)
- *   1x1 with unit stride and no padding, or
- *     NHWC, cpg % 4 == 0, kpg >= 24 and
- *     tiles that fill the GPU              -> fma, implicit-GEMM kernel (NCHW 1x1 native, other
- *                                              NCHW filters on NHWC copies)
- *   anything whose halo tile fits           -> fma (fp32 always lands here: no TF32 path)
- *   the rest, and unaligned tensors         -> generic
+ * Which family runs a problem is the rule table of router.hip; convd_gpu_kernel_name() names
+ * the rule.
  */
 #include <pthread.h>
 
-#include "gpu_internal.h"
 #include "mix.h"
+#include "router.h"
 
 /* ---- device limits ---- */
 
@@ -30,11 +18,16 @@ static struct gpu_device_info gpu_devs[GPU_MAX_DEVICES];
 static int gpu_devs_ok[GPU_MAX_DEVICES];
 static pthread_mutex_t gpu_devs_lock = PTHREAD_MUTEX_INITIALIZER;
 
-int convd_gpu_pdl_mode = -1; /* vendor.h's convd_launch */
-int convd_gpu_pdl_code = 0;   /* vendor.h: 1 sm_90 code everywhere, -1 not, 0 not known yet */
+/* Whether launches may ask for programmatic serialization: 1 once every device in use runs code
+ * built for sm_90 or newer (whose kernels wait on griddepcontrol), -1 when one does not (a kernel
+ * built for an older architecture would not wait for its predecessor), 0 not known yet. Set by
+ * gpu_device_info_get(). */
+static int gpu_pdl_code = 0;
 
 /* Empty: its attributes tell which of the binary's code images a device runs, if any. */
-__global__ void gpu_probe_kernel(void) {}
+__global__ void gpu_probe_kernel(void)
+{
+}
 
 #ifndef CONVD_CUDA_ARCHS
 #define CONVD_CUDA_ARCHS "?"
@@ -83,14 +76,14 @@ extern "C" int convd_gpu_device_check(int device, char *why, size_t why_len)
 #endif
     return 0;
 }
-thread_local int convd_launch_plain;
-
-extern "C" int convd_gpu_tune_pdl(int mode)
+/* A launch on stream under pol; plain: without programmatic serialization whatever pol says. */
+static struct gpu_launch gpu_launch_for(hipStream_t stream, const struct convd_gpu_policy *pol,
+                                        int plain)
 {
-    if (mode < -1 || mode > 3)
-        return CONVD_EINVAL;
-    convd_gpu_pdl_mode = mode;
-    return 0;
+    struct gpu_launch ln;
+    ln.stream = stream;
+    ln.pdl = pol->pdl != 0 && gpu_pdl_code > 0 && !plain;
+    return ln;
 }
 
 /* Per architecture: the reference device, and what the mma planner's cost model charges on it.
@@ -103,7 +96,7 @@ static const struct {
     int sm_count, clock_khz;
     struct gpu_rates rate;
 } gpu_rate_table[] = {
-    {9, -1, 132, 1980000, {450e12, 7e12, 33e12, 4.6e12}},  /* H200 */
+    {9, -1, 132, 1980000, {450e12, 7e12, 33e12, 4.6e12}},    /* H200 */
     {8, 0, 108, 1410000, {142e12, 4.2e12, 19.5e12, 1.9e12}}, /* A100 */
     {8, 6, 84, 1800000, {70e12, 2.5e12, 19.4e12, 0.7e12}},   /* RTX A6000 */
     {8, 9, 58, 2040000, {55e12, 2.0e12, 15.1e12, 0.28e12}},  /* L4 */
@@ -114,12 +107,13 @@ static struct gpu_rates gpu_rates_for(const struct gpu_device_info *d)
 {
     size_t i = 0;
     const size_t n = sizeof(gpu_rate_table) / sizeof(gpu_rate_table[0]);
-    while (i + 1 < n && !(gpu_rate_table[i].cc_major == d->cc_major &&
-                          (gpu_rate_table[i].cc_minor < 0 || gpu_rate_table[i].cc_minor == d->cc_minor)))
+    while (i + 1 < n &&
+           !(gpu_rate_table[i].cc_major == d->cc_major &&
+             (gpu_rate_table[i].cc_minor < 0 || gpu_rate_table[i].cc_minor == d->cc_minor)))
         i++;
     const double ref = (double)gpu_rate_table[i].sm_count * gpu_rate_table[i].clock_khz;
-    const double here = (double)d->sm_count * (d->clock_khz > 0 ? d->clock_khz
-                                                                 : gpu_rate_table[i].clock_khz);
+    const double here =
+        (double)d->sm_count * (d->clock_khz > 0 ? d->clock_khz : gpu_rate_table[i].clock_khz);
     const double f = here / ref;
     struct gpu_rates r = gpu_rate_table[i].rate;
     r.mma *= f;
@@ -166,9 +160,9 @@ int gpu_device_info_get(struct gpu_device_info *ret)
 #endif
     pthread_mutex_lock(&gpu_devs_lock);
     if (info.code_cc < 90)
-        convd_gpu_pdl_code = -1;
-    else if (convd_gpu_pdl_code == 0)
-        convd_gpu_pdl_code = 1;
+        gpu_pdl_code = -1;
+    else if (gpu_pdl_code == 0)
+        gpu_pdl_code = 1;
     gpu_devs[dev] = info;
     gpu_devs_ok[dev] = 1;
     pthread_mutex_unlock(&gpu_devs_lock);
@@ -241,133 +235,12 @@ void gpu_geom_from_problem(const struct convd_problem *p, struct gpu_geom *g)
 
 /* ---- plans ---- */
 
-struct gpu_plan {
-    enum convd_gpu_family family;
-    int transposed; /* NCHW problem run as NHWC on transposed copies in the workspace */
-    int via_nchw;   /* NHWC problem run as NCHW (direct family) on transposed copies of input and
-                       weights, its NCHW output transposed back from the workspace */
-    int padded_c;   /* dense problem with C % 8 != 0 run on the mma family as NHWC with C padded
-                       to this (copies of input and weights in the workspace); 0: not padded */
-    union {
-        struct gpu_dw_plan dw;
-        struct gpu_fma_plan fma;
-        struct gpu_mma_plan mma;
-        struct gpu_generic_plan gen;
-        struct gpu_gd_plan gd;
-    } u;
-};
-
-/* Workspace levels: 0 none; WS_COPIES input and weight copies (NCHW problems on the mma and fma
- * families then run as NHWC: input and weights transposed first, output written NCHW by the
- * epilogue; without it they gather NCHW directly, which is slower); WS_OUTPUT those and an output
- * copy, or channel-padded input and weights where larger (NHWC problems may then run on the
- * direct family as NCHW, and dense 16-bit ones with C not a multiple of 8 on the mma family). */
-#define WS_COPIES 1
-#define WS_OUTPUT 2
-/* 1 (default): dense 16-bit problems with C not a multiple of 8 (and K one) run on the mma family
- * with C padded; 0: not (the fma family takes them). */
-static int mma_pad_mode = 1;
-
-extern "C" int convd_gpu_tune_mma_pad(int mode)
-{
-    if (mode < 0 || mode > 1)
-        return CONVD_EINVAL;
-    mma_pad_mode = mode;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
-
-/* The padded channel count for p's mma route with padding, or 0 where it does not apply. */
-static int pad_channels(const struct convd_problem *p)
-{
-    if (!mma_pad_mode || p->groups != 1 || p->c % 8 == 0 || p->k % 8 != 0 ||
-        p->dtype == CONVD_DTYPE_FP32)
-        return 0;
-    return (p->c + 7) / 8 * 8;
-}
-
-static int plan_family(const struct convd_problem *p, enum convd_gpu_family family, int ws_ok,
-                       int routing, struct gpu_plan *ret, char *why, size_t why_len)
-{
-    ret->family = family;
-    ret->transposed = 0;
-    ret->via_nchw = 0;
-    ret->padded_c = 0;
-    const int tr =
-        ws_ok && p->layout == CONVD_LAYOUT_NCHW &&
-        (family == CONVD_GPU_FAMILY_MMA || (family == CONVD_GPU_FAMILY_FMA && !gpu_pw_applies(p)));
-    struct convd_problem q = *p;
-    if (tr)
-        q.layout = CONVD_LAYOUT_NHWC;
-    int rc;
-    switch (family) {
-    case CONVD_GPU_FAMILY_DEPTHWISE:
-        return gpu_dw_plan_make(p, &ret->u.dw, why, why_len);
-    case CONVD_GPU_FAMILY_FMA:
-        rc = gpu_fma_plan_make(&q, tr, &ret->u.fma, why, why_len);
-        ret->transposed = rc == 0 && tr;
-        return rc;
-    case CONVD_GPU_FAMILY_MMA:
-        rc = gpu_mma_plan_make(&q, tr, &ret->u.mma, why, why_len);
-        ret->transposed = rc == 0 && tr;
-        if (rc != 0 && ws_ok >= WS_OUTPUT && pad_channels(p) > 0) {
-            /* Channels padded to a multiple of 8 in NHWC copies (either layout's input read in
-             * place by the padding pass; NCHW output from the kernel's epilogue). */
-            struct convd_problem qp = *p;
-            qp.c = pad_channels(p);
-            qp.layout = CONVD_LAYOUT_NHWC;
-            char why2[160];
-            if (gpu_mma_plan_make(&qp, p->layout == CONVD_LAYOUT_NCHW, &ret->u.mma, why2,
-                                  sizeof(why2)) == 0) {
-                ret->padded_c = qp.c;
-                return 0;
-            }
-        }
-        return rc;
-    case CONVD_GPU_FAMILY_GENERIC:
-        return gpu_generic_plan_make(p, &ret->u.gen);
-    case CONVD_GPU_FAMILY_DIRECT:
-        if (p->layout == CONVD_LAYOUT_NHWC) {
-            if (ws_ok < WS_OUTPUT) {
-                snprintf(why, why_len, "direct: NHWC runs on NCHW copies in the workspace");
-                return CONVD_EUNSUPPORTED;
-            }
-            if (routing && !gpu_gd_routes_nhwc(p)) {
-                snprintf(why, why_len, "direct: NHWC not routed through NCHW copies here");
-                return CONVD_EUNSUPPORTED;
-            }
-            q.layout = CONVD_LAYOUT_NCHW;
-            rc = gpu_gd_plan_make(&q, 0, &ret->u.gd, why, why_len);
-            ret->via_nchw = rc == 0;
-            return rc;
-        }
-        return gpu_gd_plan_make(p, routing, &ret->u.gd, why, why_len);
-    case CONVD_GPU_FAMILY_AUTO:
-        break;
-    }
-    snprintf(why, why_len, "unknown kernel family");
-    return CONVD_EINVAL;
-}
-
-/* The router: first family in preference order whose plan accepts the problem. */
-static int plan_auto(const struct convd_problem *p, int ws_ok, struct gpu_plan *ret)
-{
-    static const enum convd_gpu_family order[] = {CONVD_GPU_FAMILY_DEPTHWISE,
-                                                  CONVD_GPU_FAMILY_DIRECT, CONVD_GPU_FAMILY_MMA,
-                                                  CONVD_GPU_FAMILY_FMA, CONVD_GPU_FAMILY_GENERIC};
-    char why[160];
-    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
-        if (plan_family(p, order[i], ws_ok, 1, ret, why, sizeof(why)) == 0)
-            return 0;
-    return CONVD_EUNSUPPORTED;
-}
-
 /* Workspace bytes of one problem's copies, 256-byte aligned each: input, then weights; with_out
- * (the WS_OUTPUT level) also the output, and at least the channel-padded input and weights where
- * those apply. Offsets of the weights and output copies in *ret_w_off, *ret_o_off; of the padded
- * weights in *ret_pw_off. */
-static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w_off,
-                      size_t *ret_o_off, size_t *ret_pw_off)
+ * (the GPU_WS_OUTPUT level) also the output, and at least the channel-padded input and weights
+ * where those apply. Offsets of the weights and output copies in *ret_w_off, *ret_o_off; of the
+ * padded weights in *ret_pw_off. */
+static size_t ws_slot(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                      int with_out, size_t *ret_w_off, size_t *ret_o_off, size_t *ret_pw_off)
 {
     struct convd_problem_sizes z;
     if (convd_problem_sizes(p, &z, NULL, 0) != 0)
@@ -376,7 +249,7 @@ static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w
     const size_t w = ((size_t)z.weight_bytes + 255) & ~(size_t)255;
     const size_t out = with_out ? ((size_t)z.output_bytes + 255) & ~(size_t)255 : 0;
     size_t pin = 0, pw = 0;
-    const int cp = with_out ? pad_channels(p) : 0;
+    const int cp = with_out ? gpu_pad_channels(p, pol) : 0;
     if (cp > 0) {
         pin = ((size_t)z.input_bytes / (size_t)p->c * (size_t)cp + 255) & ~(size_t)255;
         pw = ((size_t)z.weight_bytes / (size_t)p->c * (size_t)cp + 255) & ~(size_t)255;
@@ -390,13 +263,14 @@ static size_t ws_slot(const struct convd_problem *p, int with_out, size_t *ret_w
     return in + w + out > pin + pw ? in + w + out : pin + pw;
 }
 
-/* Workspace bytes one problem of plan pl uses (0: none): the WS_COPIES slot for NCHW on NHWC
- * copies, the WS_OUTPUT one for NHWC on NCHW copies and for padded channels. */
-static size_t plan_slot(const struct convd_problem *p, const struct gpu_plan *pl)
+/* Workspace bytes one problem of plan pl uses (0: none): the GPU_WS_COPIES slot for NCHW on
+ * NHWC copies, the GPU_WS_OUTPUT one for NHWC on NCHW copies and for padded channels. */
+static size_t plan_slot(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                        const struct gpu_plan *pl)
 {
     if (pl->via_nchw || pl->padded_c)
-        return ws_slot(p, 1, NULL, NULL, NULL);
-    return pl->transposed ? ws_slot(p, 0, NULL, NULL, NULL) : 0;
+        return ws_slot(p, pol, 1, NULL, NULL, NULL);
+    return pl->transposed ? ws_slot(p, pol, 0, NULL, NULL, NULL) : 0;
 }
 
 static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why_len)
@@ -415,52 +289,26 @@ static int gpu_limits_check(const struct convd_problem *p, char *why, size_t why
     return 0;
 }
 
-static int plan_launch(const struct gpu_plan *pl, const struct gpu_batch *b, int count,
-                       hipStream_t stream)
-{
-    switch (pl->family) {
-    case CONVD_GPU_FAMILY_DEPTHWISE:
-        return gpu_dw_launch(&pl->u.dw, b, count, stream);
-    case CONVD_GPU_FAMILY_FMA:
-        return gpu_fma_launch(&pl->u.fma, b, count, stream);
-    case CONVD_GPU_FAMILY_MMA:
-        return gpu_mma_launch(&pl->u.mma, b, count, stream);
-    case CONVD_GPU_FAMILY_GENERIC:
-        return gpu_generic_launch(&pl->u.gen, b, count, stream);
-    case CONVD_GPU_FAMILY_DIRECT:
-        return gpu_gd_launch(&pl->u.gd, b, count, stream);
-    case CONVD_GPU_FAMILY_AUTO:
-        break;
-    }
-    return CONVD_EINVAL;
-}
-
 /*
  * Plans are cached: planning walks tile candidates and reads device limits, which costs more host
  * time than a small convolution takes on the device. The cache is keyed by device, problem,
- * requested family and tuning generation; a small array with round-robin replacement.
+ * requested family, workspace level, alignment and policy; a small array with round-robin
+ * replacement.
  */
 #define PLAN_CACHE_SIZE 64
 struct plan_entry {
-    int used, dev, tune_gen, ws_ok;
+    int used, dev, ws, aligned;
     enum convd_gpu_family req;
+    struct convd_gpu_policy pol;
     struct convd_problem p;
     struct gpu_plan plan;
 };
 static struct plan_entry plan_cache[PLAN_CACHE_SIZE];
 static int plan_cache_next;
 static pthread_mutex_t plan_cache_lock = PTHREAD_MUTEX_INITIALIZER;
-static int plan_tune_gen;
 
-void gpu_plan_cache_invalidate(void)
-{
-    pthread_mutex_lock(&plan_cache_lock);
-    plan_tune_gen++;
-    pthread_mutex_unlock(&plan_cache_lock);
-}
-
-static int plan_cached(const struct convd_problem *p, enum convd_gpu_family req, int ws_ok,
-                       struct gpu_plan *ret)
+static int plan_cached(const struct gpu_route_in *in, enum convd_gpu_family req,
+                       struct gpu_plan *ret, char *why, size_t why_len)
 {
     int dev = 0;
     if (hipGetDevice(&dev) != hipSuccess) {
@@ -468,20 +316,18 @@ static int plan_cached(const struct convd_problem *p, enum convd_gpu_family req,
         dev = -1;
     }
     pthread_mutex_lock(&plan_cache_lock);
-    const int gen = plan_tune_gen;
     for (int i = 0; i < PLAN_CACHE_SIZE; i++) {
         const struct plan_entry *e = &plan_cache[i];
-        if (e->used && e->dev == dev && e->req == req && e->tune_gen == gen && e->ws_ok == ws_ok &&
-            convd_problem_same(&e->p, p)) {
+        if (e->used && e->dev == dev && e->req == req && e->ws == in->ws &&
+            e->aligned == in->aligned && memcmp(&e->pol, in->pol, sizeof(e->pol)) == 0 &&
+            convd_problem_same(&e->p, in->p)) {
             *ret = e->plan;
             pthread_mutex_unlock(&plan_cache_lock);
             return 0;
         }
     }
     pthread_mutex_unlock(&plan_cache_lock);
-    char why[160];
-    int rc = req == CONVD_GPU_FAMILY_AUTO ? plan_auto(p, ws_ok, ret)
-                                          : plan_family(p, req, ws_ok, 0, ret, why, sizeof(why));
+    int rc = gpu_route_plan(in, req, ret, why, why_len);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&plan_cache_lock);
@@ -490,24 +336,35 @@ static int plan_cached(const struct convd_problem *p, enum convd_gpu_family req,
     e->used = 1;
     e->dev = dev;
     e->req = req;
-    e->tune_gen = gen;
-    e->ws_ok = ws_ok;
-    e->p = *p;
+    e->ws = in->ws;
+    e->aligned = in->aligned;
+    e->pol = *in->pol;
+    e->p = *in->p;
     e->plan = *ret;
     pthread_mutex_unlock(&plan_cache_lock);
     return 0;
 }
 
-extern "C" int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_family family,
-                                  char *buf, size_t len)
+/* The plan for p under pol with the workspace convd_gpu_workspace() asks for, aligned tensors. */
+static int plan_full(const struct convd_problem *p, enum convd_gpu_family family,
+                     const struct convd_gpu_policy *pol, struct gpu_plan *ret, char *why,
+                     size_t why_len)
 {
-    if (p == NULL || buf == NULL || len == 0)
+    const struct gpu_route_in in = {p, pol, GPU_WS_OUTPUT, 1};
+    return plan_cached(&in, family, ret, why, why_len);
+}
+
+extern "C" int convd_gpu_plan_describe(const struct convd_problem *p, enum convd_gpu_family family,
+                                       const struct convd_gpu_policy *pol, char *buf, size_t len)
+{
+    if (p == NULL || pol == NULL || buf == NULL || len == 0)
         return CONVD_EINVAL;
     int rc = gpu_limits_check(p, buf, len);
     if (rc != 0)
         return rc;
     struct gpu_plan pl;
-    rc = plan_cached(p, family, WS_OUTPUT, &pl);
+    char why[160];
+    rc = plan_full(p, family, pol, &pl, why, sizeof(why));
     if (rc != 0) {
         snprintf(buf, len, "unsupported");
         return rc;
@@ -569,13 +426,15 @@ static int aligned16(const void *ptr)
     return ((uintptr_t)ptr & 15u) == 0;
 }
 
-static int run(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
-               void *workspace, size_t workspace_bytes, void *stream, enum convd_gpu_family family)
+extern "C" int convd_gpu_run(const struct convd_problem *p, const struct convd_tensors *t,
+                             size_t count, void *workspace, size_t workspace_bytes, void *stream,
+                             enum convd_gpu_family family, const struct convd_gpu_policy *pol)
 {
     char why[160];
-    if (p == NULL || (t == NULL && count > 0))
+    if (p == NULL || pol == NULL || (t == NULL && count > 0))
         return CONVD_EINVAL;
     int rc = gpu_limits_check(p, why, sizeof(why));
+    hipStream_t s = (hipStream_t)stream;
     if (rc != 0)
         return rc;
     int all_aligned = 1;
@@ -588,7 +447,7 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     }
     if (count == 0)
         return 0;
-    if (convd_gpu_pdl_code == 0) {
+    if (gpu_pdl_code == 0) {
         /* Not every planner reads the device; whether launches may ask for programmatic
          * serialization (vendor.h) must be known before the first one. */
         struct gpu_device_info dev;
@@ -598,23 +457,29 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
     struct gpu_plan pl;
     if (family != CONVD_GPU_FAMILY_AUTO && !all_aligned && family != CONVD_GPU_FAMILY_GENERIC)
         return CONVD_EUNSUPPORTED;
-    if (family == CONVD_GPU_FAMILY_AUTO && !all_aligned)
-        family = CONVD_GPU_FAMILY_GENERIC;
     size_t w_off = 0, o_off = 0;
     size_t pw_off = 0;
-    const size_t slot = ws_slot(p, 0, NULL, NULL, NULL),
-                 slot_out = ws_slot(p, 1, &w_off, &o_off, &pw_off);
+    const size_t slot = ws_slot(p, pol, 0, NULL, NULL, NULL),
+                 slot_out = ws_slot(p, pol, 1, &w_off, &o_off, &pw_off);
     const size_t per_launch = count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX;
     const int ws_ok = workspace == NULL || !aligned16(workspace) ? 0
-                      : workspace_bytes >= slot_out * per_launch ? WS_OUTPUT
-                      : workspace_bytes >= slot * per_launch     ? WS_COPIES
+                      : workspace_bytes >= slot_out * per_launch ? GPU_WS_OUTPUT
+                      : workspace_bytes >= slot * per_launch     ? GPU_WS_COPIES
                                                                  : 0;
-    rc = plan_cached(p, family, ws_ok, &pl);
+    const struct gpu_route_in in = {p, pol, ws_ok, all_aligned};
+    rc = plan_cached(&in, family, &pl, why, sizeof(why));
     if (rc != 0)
         return rc;
-    const size_t stride = plan_slot(p, &pl);
+    const size_t stride = plan_slot(p, pol, &pl);
+    /* Launch modes: the layout copies before the kernel (plain under pdl 2); the kernel (plain
+     * after copies under pdl -1 and 3: launched early beside the copies' last wave, it ran slower
+     * on small images); the output's copy back (always plain); the activation pass. */
+    const int copies = pl.transposed || pl.via_nchw || pl.padded_c;
+    const struct gpu_launch ln_copy = gpu_launch_for(s, pol, pol->pdl == 2),
+                            ln_kernel =
+                                gpu_launch_for(s, pol, copies && (pol->pdl == -1 || pol->pdl == 3)),
+                            ln_back = gpu_launch_for(s, pol, 1), ln_act = gpu_launch_for(s, pol, 0);
 
-    hipStream_t s = (hipStream_t)stream;
     const size_t es = convd_dtype_size(p->dtype);
     for (size_t base = 0; base < count; base += CONVD_GPU_BATCH_MAX) {
         const int n =
@@ -647,9 +512,7 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             tr[1].outer = p->k;
             tr[1].rows = p->c / p->groups;
             tr[1].cols = p->r * p->s;
-            convd_launch_plain = convd_gpu_pdl_mode == 2;
-            rc = gpu_transpose_launch(tr, 2, n, (int)es, s);
-            convd_launch_plain = 0;
+            rc = gpu_transpose_launch(tr, 2, n, (int)es, &ln_copy);
             if (rc != 0)
                 return rc;
         }
@@ -675,9 +538,7 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             pc[0].c = pc[1].c = p->c;
             pc[0].cp = pc[1].cp = pl.padded_c;
             pc[0].chan_first = pc[1].chan_first = cf;
-            convd_launch_plain = convd_gpu_pdl_mode == 2;
-            rc = gpu_padc_launch(pc, 2, n, (int)es, s);
-            convd_launch_plain = 0;
+            rc = gpu_padc_launch(pc, 2, n, (int)es, &ln_copy);
             if (rc != 0)
                 return rc;
         }
@@ -710,24 +571,15 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             back.outer = p->n;
             back.rows = p->k;
             back.cols = pl.u.gd.g.ho * pl.u.gd.g.wo;
-            convd_launch_plain = convd_gpu_pdl_mode == 2;
-            rc = gpu_transpose_launch(tr, 2, n, (int)es, s);
-            convd_launch_plain = 0;
+            rc = gpu_transpose_launch(tr, 2, n, (int)es, &ln_copy);
             if (rc != 0)
                 return rc;
         }
-        /* Launched early beside the transposes' last wave, the kernel after them ran slower on
-         * small images than launched plainly: by default it waits for them the ordinary way. */
-        convd_launch_plain = (pl.transposed || pl.via_nchw || pl.padded_c) &&
-                             (convd_gpu_pdl_mode == -1 || convd_gpu_pdl_mode == 3);
-        rc = plan_launch(&pl, &b, n, s);
-        convd_launch_plain = 0;
+        rc = gpu_plan_launch(&pl, &b, n, &ln_kernel);
         if (rc != 0)
             return rc;
         if (pl.via_nchw) {
-            convd_launch_plain = 1;
-            rc = gpu_transpose_launch(&back, 1, n, (int)es, s);
-            convd_launch_plain = 0;
+            rc = gpu_transpose_launch(&back, 1, n, (int)es, &ln_back);
             if (rc != 0)
                 return rc;
         }
@@ -736,15 +588,14 @@ static int run(const struct convd_problem *p, const struct convd_tensors *t, siz
             memset(&a, 0, sizeof(a));
             for (int i = 0; i < n; i++)
                 a.y[i] = t[base + i].output;
-            a.elems = (int64_t)p->n * p->k *
-                      convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h,
-                                         p->dil_h) *
-                      convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w,
-                                         p->dil_w);
+            a.elems =
+                (int64_t)p->n * p->k *
+                convd_math_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h, p->dil_h) *
+                convd_math_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w, p->dil_w);
             a.act = (int)p->activation;
             a.lo = p->act_min;
             a.hi = p->act_max;
-            rc = gpu_act_launch(&a, n, (int)p->dtype, s);
+            rc = gpu_act_launch(&a, n, (int)p->dtype, &ln_act);
             if (rc != 0)
                 return rc;
         }
@@ -761,9 +612,10 @@ extern "C" int convd_gpu_check(const struct convd_problem *p, char *why, size_t 
     return gpu_limits_check(p, why, why_len);
 }
 
-extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, size_t *ret_bytes)
+extern "C" int convd_gpu_plan_workspace(const struct convd_problem *p, size_t count,
+                                        const struct convd_gpu_policy *pol, size_t *ret_bytes)
 {
-    if (p == NULL || ret_bytes == NULL)
+    if (p == NULL || pol == NULL || ret_bytes == NULL)
         return CONVD_EINVAL;
     int rc = gpu_limits_check(p, NULL, 0);
     if (rc != 0)
@@ -775,23 +627,29 @@ extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, 
      * run. */
     size_t bytes = 0;
     struct gpu_plan pl;
-    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) == 0)
-        bytes = plan_slot(p, &pl) * (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
+    char why[160];
+    if (plan_full(p, CONVD_GPU_FAMILY_AUTO, pol, &pl, why, sizeof(why)) == 0)
+        bytes =
+            plan_slot(p, pol, &pl) * (count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
     *ret_bytes = bytes;
     return 0;
+}
+
+extern "C" int convd_gpu_workspace(const struct convd_problem *p, size_t count, size_t *ret_bytes)
+{
+    return convd_gpu_plan_workspace(p, count, &convd_gpu_policy_default, ret_bytes);
 }
 
 extern "C" int convd_gpu_conv(const struct convd_problem *p, const struct convd_tensors *t,
                               size_t count, void *workspace, size_t workspace_bytes, void *stream)
 {
-    return run(p, t, count, workspace, workspace_bytes, stream, CONVD_GPU_FAMILY_AUTO);
+    return convd_gpu_run(p, t, count, workspace, workspace_bytes, stream, CONVD_GPU_FAMILY_AUTO,
+                         &convd_gpu_policy_default);
 }
 
 extern "C" const char *convd_gpu_kernel_name(const struct convd_problem *p)
 {
-    if (p == NULL || gpu_limits_check(p, NULL, 0) != 0)
-        return "none";
-    return convd_gpu_family_name(convd_gpu_route(p));
+    return convd_gpu_rule(p, &convd_gpu_policy_default, NULL);
 }
 
 /* ---- internal API (gpu_kernels.h) ---- */
@@ -827,18 +685,27 @@ extern "C" int convd_gpu_family_parse(const char *name, enum convd_gpu_family *r
     return CONVD_EINVAL;
 }
 
-extern "C" enum convd_gpu_family convd_gpu_route(const struct convd_problem *p)
+extern "C" const char *convd_gpu_rule(const struct convd_problem *p,
+                                      const struct convd_gpu_policy *pol,
+                                      enum convd_gpu_family *ret_family)
 {
+    if (ret_family != NULL)
+        *ret_family = CONVD_GPU_FAMILY_GENERIC;
+    if (p == NULL || pol == NULL || gpu_limits_check(p, NULL, 0) != 0)
+        return "none";
     struct gpu_plan pl;
-    if (plan_cached(p, CONVD_GPU_FAMILY_AUTO, WS_OUTPUT, &pl) != 0)
-        return CONVD_GPU_FAMILY_GENERIC;
-    return pl.family;
+    char why[160];
+    if (plan_full(p, CONVD_GPU_FAMILY_AUTO, pol, &pl, why, sizeof(why)) != 0)
+        return "none";
+    if (ret_family != NULL)
+        *ret_family = pl.family;
+    return pl.rule->name;
 }
 
-extern "C" int convd_gpu_family_check(const struct convd_problem *p, enum convd_gpu_family family,
-                                      char *why, size_t why_len)
+extern "C" int convd_gpu_plan_check(const struct convd_problem *p, enum convd_gpu_family family,
+                                    const struct convd_gpu_policy *pol, char *why, size_t why_len)
 {
-    if (p == NULL)
+    if (p == NULL || pol == NULL)
         return CONVD_EINVAL;
     int rc = gpu_limits_check(p, why, why_len);
     if (rc != 0 || family == CONVD_GPU_FAMILY_AUTO)
@@ -846,15 +713,11 @@ extern "C" int convd_gpu_family_check(const struct convd_problem *p, enum convd_
     /* Without workspace, except the direct family on NHWC problems, which runs only on copies. */
     struct gpu_plan pl;
     const int ws =
-        family == CONVD_GPU_FAMILY_DIRECT && p->layout == CONVD_LAYOUT_NHWC ? WS_OUTPUT : 0;
-    return plan_family(p, family, ws, 0, &pl, why, why_len);
-}
-
-extern "C" int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,
-                                     size_t count, void *workspace, size_t workspace_bytes,
-                                     void *stream, enum convd_gpu_family family)
-{
-    return run(p, t, count, workspace, workspace_bytes, stream, family);
+        family == CONVD_GPU_FAMILY_DIRECT && p->layout == CONVD_LAYOUT_NHWC ? GPU_WS_OUTPUT : 0;
+    const struct gpu_route_in in = {p, pol, ws, 1};
+    char spare[160];
+    return gpu_route_plan(&in, family, &pl, why != NULL ? why : spare,
+                          why != NULL ? why_len : sizeof(spare));
 }
 
 extern "C" int convd_gpu_device_count(int *ret_count)
@@ -942,18 +805,19 @@ extern "C" int convd_gpu_fill_random(void *dst, enum convd_dtype dtype, size_t c
     size_t blocks = (count + 255) / 256;
     if (blocks > 8192)
         blocks = 8192;
+    const struct gpu_launch ln = gpu_launch_for(0, &convd_gpu_policy_default, 0);
     switch (dtype) {
     case CONVD_DTYPE_FP32:
-        hipLaunchKernelGGL(fill_random_kernel<dt_f32>, dim3((unsigned)blocks), dim3(256), 0, 0,
-                           (float *)dst, count, seed);
+        GPU_LAUNCH(fill_random_kernel<dt_f32>, dim3((unsigned)blocks), dim3(256), 0, &ln,
+                   (float *)dst, count, seed);
         break;
     case CONVD_DTYPE_FP16:
-        hipLaunchKernelGGL(fill_random_kernel<dt_f16>, dim3((unsigned)blocks), dim3(256), 0, 0,
-                           (uint16_t *)dst, count, seed);
+        GPU_LAUNCH(fill_random_kernel<dt_f16>, dim3((unsigned)blocks), dim3(256), 0, &ln,
+                   (uint16_t *)dst, count, seed);
         break;
     case CONVD_DTYPE_BF16:
-        hipLaunchKernelGGL(fill_random_kernel<dt_bf16>, dim3((unsigned)blocks), dim3(256), 0, 0,
-                           (uint16_t *)dst, count, seed);
+        GPU_LAUNCH(fill_random_kernel<dt_bf16>, dim3((unsigned)blocks), dim3(256), 0, &ln,
+                   (uint16_t *)dst, count, seed);
         break;
     default:
         return CONVD_EINVAL;

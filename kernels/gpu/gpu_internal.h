@@ -19,6 +19,41 @@
 #define GPU_HD __host__ __device__ __forceinline__
 #define GPU_D  __device__ __forceinline__
 
+/* How one launch goes: its stream, and whether it asks for programmatic stream serialization
+ * (pdl): the kernel's blocks may start while the previous kernel in the stream finishes, and
+ * every kernel of ours begins with convd_grid_dependency(), which waits for that kernel (memory
+ * included) before anything else. What overlaps is the launch and the block scheduling. The
+ * caller decides pdl from its policy and from the code the device runs (gpu_launch_for). */
+struct gpu_launch {
+    hipStream_t stream;
+    int pdl;
+};
+
+#if defined(CONVD_GPU_NVIDIA)
+template <typename... KArgs, typename... Args>
+static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shmem,
+                                const struct gpu_launch *ln, Args &&...args)
+{
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = block;
+    lc.dynamicSmemBytes = shmem;
+    lc.stream = ln->stream;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = ln->pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Args &&>(args)...);
+}
+/* Every kernel launch of the library. An error is left for the caller's hipGetLastError(). */
+#define GPU_LAUNCH(kernel, grid, block, shmem, ln, ...)                                            \
+    convd_launch((kernel), dim3(grid), dim3(block), (size_t)(shmem), (ln), __VA_ARGS__)
+#else
+#define GPU_LAUNCH(kernel, grid, block, shmem, ln, ...)                                            \
+    hipLaunchKernelGGL((kernel), dim3(grid), dim3(block), (shmem), (ln)->stream, __VA_ARGS__)
+#endif
+
 /* The problem as the kernels see it: everything int32 (convd_gpu_family_check() refuses tensors
  * of 2^31 elements or more, so every index below fits). */
 struct gpu_geom {
@@ -305,10 +340,10 @@ struct gpu_dw_plan {
     int grid_y;           /* direct kernel: grid height (1 for a flat grid) */
     int planes;           /* NCHW tiled: whole planes per block (0: one plane, tiles of rows) */
 };
-int gpu_dw_plan_make(const struct convd_problem *p, struct gpu_dw_plan *ret, char *why,
-                     size_t why_len);
+int gpu_dw_plan_make(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                     struct gpu_dw_plan *ret, char *why, size_t why_len);
 int gpu_dw_launch(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
-                  hipStream_t stream);
+                  const struct gpu_launch *ln);
 
 /* Grouped direct NCHW kernel (conv_direct.hip): the "direct" family. */
 struct gpu_gd_plan {
@@ -322,15 +357,10 @@ struct gpu_gd_plan {
     int threads, smem;
     int prefetch; /* next input plane's window loaded while this one is multiplied */
 };
-/* routing: refuse what the router should not send here (cpg past the measured bound, or the
- * family switched off by convd_gpu_tune_direct); 0 plans whatever the kernel can run. */
-int gpu_gd_plan_make(const struct convd_problem *p, int routing, struct gpu_gd_plan *ret, char *why,
-                     size_t why_len);
-/* Whether the router sends NHWC problem p to this kernel through NCHW copies (the planner still
- * has to take its NCHW form). */
-int gpu_gd_routes_nhwc(const struct convd_problem *p);
+int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                     struct gpu_gd_plan *ret, char *why, size_t why_len);
 int gpu_gd_launch(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
-                  hipStream_t stream);
+                  const struct gpu_launch *ln);
 
 /* Implicit GEMM on the FMA units (conv_fma_gemm.hip): part of the fma family. */
 struct gpu_pw_plan {
@@ -344,12 +374,14 @@ struct gpu_pw_plan {
     int out_nchw; /* NHWC input (transposed copies of an NCHW problem), NCHW output */
 };
 /* Whether the implicit GEMM takes p's shape (1x1 unit stride; NHWC cpg % 4 == 0, kpg >= 24)
- * and is not switched off; its planner may still refuse a grid that would not fill the GPU. */
-int gpu_pw_applies(const struct convd_problem *p);
-int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_pw_plan *ret,
-                     char *why, size_t why_len);
+ * and pol does not switch it off; its planner may still refuse a grid that would not fill the
+ * GPU. */
+int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy *pol);
+int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
+                     const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
+                     size_t why_len);
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
-                  hipStream_t stream);
+                  const struct gpu_launch *ln);
 
 struct gpu_fma_plan {
     struct gpu_geom g;
@@ -380,10 +412,16 @@ struct gpu_fma_plan {
  * the workspace; the kernel writes the output in NCHW. Problems the implicit GEMM takes
  * (gpu_pw_applies and its planner) run on gpu_pw_*: NCHW pointwise ones natively, other NCHW
  * ones on the transposed copies with the GEMM's NCHW epilogue. */
-int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_fma_plan *ret,
-                      char *why, size_t why_len);
+/* kernel: GPU_FMA_ANY (the implicit GEMM where it applies and its planner takes the problem,
+ * else the direct kernel), GPU_FMA_GEMM or GPU_FMA_DIRECT (that kernel or nothing). */
+#define GPU_FMA_ANY    0
+#define GPU_FMA_GEMM   1
+#define GPU_FMA_DIRECT 2
+int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
+                      const struct convd_gpu_policy *pol, struct gpu_fma_plan *ret, char *why,
+                      size_t why_len);
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
-                   hipStream_t stream);
+                   const struct gpu_launch *ln);
 
 struct gpu_mma_plan {
     struct gpu_geom g;
@@ -417,17 +455,16 @@ struct gpu_mma_plan {
     int tma;
     int off_stage1, off_bar, a_tx;
     int nst, a_stride; /* tensor copies: halo buffers in the ring (2; 1, 3, 4 forced), spacing */
+    int prefetch;      /* weights (and the first halo) read before the grid dependency */
 };
-int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
-                      char *why, size_t why_len);
+int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw,
+                      const struct convd_gpu_policy *pol, struct gpu_mma_plan *ret, char *why,
+                      size_t why_len);
 int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int count,
-                   hipStream_t stream);
+                   const struct gpu_launch *ln);
 
 /* One line about a plan: configuration, tile, occupancy. */
 void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len);
-
-/* Forgets cached plans (after a tuning change). */
-void gpu_plan_cache_invalidate(void);
 
 /* Batched layout change: for each of up to GPU_TRANSPOSE_JOBS matrices of one element size, and
  * each of `count` problems, src[i] is [outer][rows][cols] and dst[i] becomes [outer][cols][rows];
@@ -440,7 +477,7 @@ struct gpu_transpose {
     int outer, rows, cols;
 };
 int gpu_transpose_launch(const struct gpu_transpose *jobs, int njobs, int count, int elem_bytes,
-                         hipStream_t stream);
+                         const struct gpu_launch *ln);
 
 /* The activation a problem's epilogue does not take (gpu_act_inline), in place over `elems`
  * outputs of each of `count` problems (conv_layout.hip). */
@@ -450,7 +487,7 @@ struct gpu_act {
     int act;
     float lo, hi;
 };
-int gpu_act_launch(const struct gpu_act *a, int count, int dtype, hipStream_t stream);
+int gpu_act_launch(const struct gpu_act *a, int count, int dtype, const struct gpu_launch *ln);
 
 /* Batched channel padding (conv_layout.hip): dst [outer][inner][cp] from src [outer][inner][c]
  * (chan_first 0) or [outer][c][inner] (chan_first 1), channels past c zero; up to GPU_PADC_JOBS
@@ -462,7 +499,7 @@ struct gpu_padc {
     int outer, inner, c, cp, chan_first;
 };
 int gpu_padc_launch(const struct gpu_padc *jobs, int njobs, int count, int elem_bytes,
-                    hipStream_t stream);
+                    const struct gpu_launch *ln);
 
 struct gpu_generic_plan {
     struct gpu_geom g;
@@ -470,6 +507,6 @@ struct gpu_generic_plan {
 };
 int gpu_generic_plan_make(const struct convd_problem *p, struct gpu_generic_plan *ret);
 int gpu_generic_launch(const struct gpu_generic_plan *pl, const struct gpu_batch *b, int count,
-                       hipStream_t stream);
+                       const struct gpu_launch *ln);
 
 #endif

@@ -39,25 +39,80 @@ const char *convd_gpu_family_name(enum convd_gpu_family family);
 /* Parses a family name; returns 0 or CONVD_EINVAL. */
 int convd_gpu_family_parse(const char *name, enum convd_gpu_family *ret_family);
 
-/* The family convd_gpu_conv() routes p to (never AUTO). p must be valid. Pointer alignment is not
- * known here; convd_gpu_conv() falls back to GENERIC for tensors not aligned to 16 bytes. */
-enum convd_gpu_family convd_gpu_route(const struct convd_problem *p);
+/*
+ * The knobs of routing, planning and launching, passed explicitly: the production entry points
+ * (convd_kernels.h) use convd_gpu_policy_default; tests and benchmarks build others (or use the
+ * development library's setters, gpu_dev.h). Each field's default is the measured best; the other
+ * values exist for tests and sweeps.
+ */
+struct convd_gpu_policy {
+    /* Programmatic stream serialization (sm_90 code): 1 on every launch, 0 on none; 2 and 3 on
+     * every launch except (problems through layout copies) the copies (2) or the kernel after
+     * them (3); -1 (default) is 3. */
+    int pdl;
+    int mma_cfg;      /* tensor-core tile configuration: -1 the planner's, i that one only */
+    int mma_tma;      /* sm_90 tensor copies where a problem allows them: -1 and 1 yes, 0 never */
+    int mma_stages;   /* tensor-copy halo buffers: -1 two; 1, 3, 4 forced where they fit */
+    int mma_prefetch; /* weights read before the grid dependency: -1 up to 24 KB a block, 0, 1 */
+    int mma_pad;      /* dense 16-bit C % 8 != 0 on channel-padded copies: 1 yes, 0 no */
+    int dw_direct;    /* depthwise direct kernels: -1 default shapes, 0 never, 1 + i shape i */
+    int fma_gemm;     /* fma implicit GEMM: 1 where it fills the GPU, 0 never, 2 wherever it
+                         applies */
+    int fma_outputs3; /* fma direct kernel: 3 outputs a thread for odd multiples of 3 (1) or not */
+    int direct;       /* direct family: -1 routed where measured faster, 0 never routed, 1, 2, 4
+                         routed wherever it applies with that many rows a thread */
+    int direct_nhwc;  /* NHWC on the direct family through NCHW copies: -1 measured, 0, 1 */
+    int direct_prefetch; /* direct family's next-plane prefetch: -1 planner, 0, 1 */
+    int direct_outputs8; /* direct family's 8 outputs a thread: -1 fp32 only, 0 never, 1 always */
+};
+#define CONVD_GPU_POLICY_DEFAULT                                                                   \
+    {                                                                                              \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1                                            \
+    }
+extern const struct convd_gpu_policy convd_gpu_policy_default;
 
-/* 0 when `family` can run p (AUTO: always for a valid problem), else CONVD_EUNSUPPORTED with the
- * reason in why. Queries the current device's limits (shared memory). */
-int convd_gpu_family_check(const struct convd_problem *p, enum convd_gpu_family family, char *why,
-                           size_t why_len);
+/* 0 when every field of pol holds a value listed above, else CONVD_EINVAL naming the field. */
+int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *why, size_t why_len);
 
-/* convd_gpu_conv() on a chosen family: the same contract, but CONVD_EUNSUPPORTED when the family
- * cannot take the problem (or the pointers are not aligned as it needs) instead of falling back. */
-int convd_gpu_conv_family(const struct convd_problem *p, const struct convd_tensors *t,
-                          size_t count, void *workspace, size_t workspace_bytes, void *stream,
-                          enum convd_gpu_family family);
+/* The name of the routing rule (kernels/gpu/router.hip) that takes p under pol with the
+ * workspace convd_gpu_workspace() asks for and aligned tensors: "depthwise", "direct",
+ * "direct-nhwc", "mma", "mma-nchw", ... ("none" for a problem the GPU refuses). Its family in
+ * *ret_family when not NULL. p must be valid. */
+const char *convd_gpu_rule(const struct convd_problem *p, const struct convd_gpu_policy *pol,
+                           enum convd_gpu_family *ret_family);
 
-/* One line describing how `family` (AUTO: the router's choice) would run p: tile shapes, threads,
- * shared memory, grid. For benchmarks and logs. Returns 0 or the family's refusal code. */
-int convd_gpu_describe(const struct convd_problem *p, enum convd_gpu_family family, char *buf,
-                       size_t len);
+/* 0 when `family` can run p under pol (AUTO: always for a valid problem), else
+ * CONVD_EUNSUPPORTED with the reason in why. Plans without workspace, except the direct family
+ * on NHWC problems, which runs only on copies. Queries the current device's limits. */
+int convd_gpu_plan_check(const struct convd_problem *p, enum convd_gpu_family family,
+                         const struct convd_gpu_policy *pol, char *why, size_t why_len);
+
+/* convd_gpu_conv() under pol on `family` (AUTO: the router's choice): the same contract, but for
+ * a named family CONVD_EUNSUPPORTED when it cannot take the problem (or the pointers are not
+ * aligned as it needs) instead of falling back. */
+int convd_gpu_run(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
+                  void *workspace, size_t workspace_bytes, void *stream,
+                  enum convd_gpu_family family, const struct convd_gpu_policy *pol);
+
+/* convd_gpu_workspace() under pol. */
+int convd_gpu_plan_workspace(const struct convd_problem *p, size_t count,
+                             const struct convd_gpu_policy *pol, size_t *ret_bytes);
+
+/* One line describing how `family` (AUTO: the router's choice) would run p under pol with the
+ * workspace convd_gpu_workspace() asks for: rule, tile shapes, threads, shared memory, grid. For
+ * benchmarks and logs. Returns 0 or the family's refusal code. */
+int convd_gpu_plan_describe(const struct convd_problem *p, enum convd_gpu_family family,
+                            const struct convd_gpu_policy *pol, char *buf, size_t len);
+
+/* The routing table as data, for documentation and its test: rule i's name, family, the view of
+ * the tensors it plans for ("in place", "NHWC copies", ...) and one line on what it takes; NULL
+ * past the last rule. Any of the out-pointers may be NULL. */
+const char *convd_gpu_rule_info(int i, enum convd_gpu_family *ret_family, const char **ret_view,
+                                const char **ret_doc);
+
+/* The routing table as the markdown table the docs carry (docs/architecture.md), '\0'-terminated
+ * into buf; the length it needs (without the '\0'), as snprintf. */
+size_t convd_gpu_rule_table(char *buf, size_t len);
 
 /* Device helpers for tests and benchmarks. All return 0 or CONVD_EDEVICE (CONVD_EINVAL for bad
  * arguments); they act on the current device and, where asynchronous, the default stream. */
@@ -74,79 +129,6 @@ int convd_gpu_fill_bytes(void *dst, int value, size_t bytes);
  * (seed, index): never all zero, reproducible, fast for benchmark-sized tensors. */
 int convd_gpu_fill_random(void *dst, enum convd_dtype dtype, size_t count, uint64_t seed);
 int convd_gpu_synchronize(void);
-
-/* Benchmark tuning only: forces the tensor-core kernel's tile configuration (an index into its
- * table, -1 for the planner's choice). Process-global and not thread-safe; returns CONVD_EINVAL
- * for an index out of range. Shapes the forced configuration cannot take become unsupported by
- * the mma family (and route elsewhere). */
-int convd_gpu_tune_mma_cfg(int cfg);
-/* Tests and benchmark only: whether the tensor-core kernel moves halo and output by sm_90 tensor
- * copies where a problem allows them (NHWC in and out, the block's input channels in one chunk):
- * -1 (the default) and 1 yes, 0 never. Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_mma_tma(int mode);
-/* Tests and benchmark only: whether kernels are launched with programmatic stream serialization
- * (sm_90: a kernel's blocks start while the previous one finishes and wait for it before touching
- * memory): 1 yes, 0 no; 2 and 3 yes, except (NCHW through transposed copies) for the transposes
- * (2) or the kernel after them (3); -1, the default, is 3. Process-global; CONVD_EINVAL for
- * other values. */
-int convd_gpu_tune_pdl(int mode);
-/* Tests and benchmark only: halo buffers of the tensor-copy kernel: -1 (the default) two; 1, or 3
- * or 4 where shared memory holds them, forces that many. Process-global; CONVD_EINVAL for other
- * values. */
-int convd_gpu_tune_mma_stages(int n);
-/* Tests and benchmark only: whether the tensor-copy kernel prefetches its first item's halo and
- * weights into L2 before its grid dependency resolves: 1 yes, 0 no, -1 (the default) where a
- * block's weights are at most 24 KB.
- * Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_mma_prefetch(int mode);
-
-/* Tests and benchmark only: -1 routes depthwise problems that a direct kernel serves (conv_depthwise.hip:
- * NHWC 3x3 and 5x5, NCHW 3x3, 5x5 and 7x7 with "same" left padding and widths of whole 4-element
- * chunks; equal strides of 1 or 2, no dilation, one output per channel) to it, 0 keeps every
- * problem on the tiled kernels, 1 + i forces the direct kernels' shape of work i where its layout,
- * filter and stride match, the tiled kernel elsewhere. Process-global; CONVD_EINVAL past the
- * last shape. */
-int convd_gpu_tune_dw_direct(int mode);
-
-/* Tests and benchmark only: the fma family's implicit-GEMM kernel (conv_fma_gemm.hip; 1x1 with unit
- * stride and no padding, and NHWC with cpg % 4 == 0 and kpg >= 24) for 0: no problem (all on the
- * direct kernel), 1 (the default): those its planner expects to fill the GPU, 2: every problem it
- * takes. Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_fma_gemm(int mode);
-
-/* Tests and benchmark only: the fma family's direct kernel with 3 outputs per thread where 3
- * divides kpg and 2 does not (NHWC input; 1, the default) or only 8, 4, 2, 1 (0).
- * Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_fma_outputs3(int mode);
-
-/* Tests and benchmark only: the direct family (conv_direct.hip; NCHW 3x3 with pad_left 1, equal
- * strides of 1 or 2, no dilation, W and Wo multiples of 4) for -1 (the default): routed where
- * it measured faster than the other families (cpg <= 64 in fp32; cpg <= 4, or 8 at stride 2, in
- * 16-bit), rows per thread from the planner; 0: never routed; 1, 2 or 4: routed
- * wherever it applies, with that many output rows per thread. Asking for the family by name runs
- * it on any problem it applies to, whatever the mode. Process-global; CONVD_EINVAL for other
- * values. */
-int convd_gpu_tune_direct(int mode);
-
-/* Tests and benchmark only: NHWC problems on the direct family through NCHW copies of input,
- * weights and output (given the workspace convd_gpu_workspace asks for): -1 (the default) where
- * the router finds it pays (gpu_gd_routes_nhwc: 16-bit channel counts the tensor cores do not
- * take; fp32 with kpg < 24 at stride 2 or kpg not a multiple of 4), 0 never, 1 wherever the
- * direct kernel takes the NCHW form. Process-global; CONVD_EINVAL otherwise. */
-int convd_gpu_tune_direct_nhwc(int mode);
-
-/* Tests and benchmark only: dense 16-bit problems with C not a multiple of 8 (and K one) on the
- * mma family with C padded to the next multiple of 8 in the workspace (1, the default) or not
- * (0: the fma family). Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_mma_pad(int mode);
-/* Tests and benchmark only: whether the direct kernel loads the next input plane's window while
- * it multiplies the current one: -1 (the default) where its planner expects it to pay, 0 never,
- * 1 always. Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_direct_prefetch(int mode);
-/* Tests and benchmark only: where kpg is a multiple of 8, the direct kernel's threads take 8
- * outputs (one row) for -1 (the default) in fp32, 1 in every dtype; 0 keeps them at 4.
- * Process-global; CONVD_EINVAL for other values. */
-int convd_gpu_tune_direct_outputs8(int mode);
 
 #if defined(CONVD_MMA_TRACE)
 /* Diagnostics build only (-DCONVD_MMA_TRACE): per-block globaltimer stamps of the tensor-copy

@@ -8,10 +8,6 @@
 
 #include "conv_mma.h"
 
-static int mma_forced_cfg = -1; /* convd_gpu_tune_mma_cfg */
-static int mma_tma_mode = -1;   /* convd_gpu_tune_mma_tma */
-static int mma_forced_nst = -1; /* convd_gpu_tune_mma_stages */
-
 #if defined(CONVD_GPU_NVIDIA)
 
 /* Bytes rounded up to the tensor-copy kernel's 1024-byte buffer alignment. */
@@ -88,13 +84,14 @@ static int mma_tile_fit(const struct gpu_geom *g, const struct mma_tile *t, int 
 
 #endif /* CONVD_GPU_NVIDIA: the planner's helpers */
 
-int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mma_plan *ret,
-                      char *why, size_t why_len)
+static int mma_plan(const struct convd_problem *p, int out_nchw, const struct convd_gpu_policy *pol,
+                    struct gpu_mma_plan *ret, char *why, size_t why_len)
 {
 #if !defined(CONVD_GPU_NVIDIA)
     (void)p;
     (void)ret;
     (void)out_nchw;
+    (void)pol;
     snprintf(why, why_len, "mma: no tensor-core kernel for AMD yet (MFMA); FMA family used");
     return CONVD_EUNSUPPORTED;
 #else
@@ -139,7 +136,7 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     }
 
     /* Tensor copies: sm_90 code, NHWC in and out, 16-byte pixel strides, the encoder found. */
-    const bool tma_ok = mma_tma_mode != 0 && dev.code_cc >= 90 && !nchw_out && g.c % 8 == 0 &&
+    const bool tma_ok = pol->mma_tma != 0 && dev.code_cc >= 90 && !nchw_out && g.c % 8 == 0 &&
                         g.k % 8 == 0 && mma_encoder() != NULL;
 
     double best = 0.0;
@@ -147,7 +144,7 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     memset(&bp, 0, sizeof(bp));
     bp.cfg = -1;
     for (int ci = 0; ci < MMA_NCFG; ci++) {
-        if (mma_forced_cfg >= 0 && ci != mma_forced_cfg)
+        if (pol->mma_cfg >= 0 && ci != pol->mma_cfg)
             continue;
         const struct mma_cfg *c = &mma_cfgs[ci];
         const int wnw = c->nt * 8, bn = c->wn * wnw, bm = 16 * c->mt * c->wm;
@@ -218,8 +215,8 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
             const int nwarps = c->wm * c->wn;
             const double lds_bytes =
                 (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
-            double cost = mmas * 4096.0 / dev.rate.mma + l2_bytes / dev.rate.l2 +
-                          lds_bytes / dev.rate.lds;
+            double cost =
+                mmas * 4096.0 / dev.rate.mma + l2_bytes / dev.rate.l2 + lds_bytes / dev.rate.lds;
             /* NCHW output writes: a run is a tile row of one channel (or th whole rows when
              * the tile spans the width), and each run touches about one partial 32-byte sector
              * more than its bytes fill; rated at nchw_write (4.6 TB/s on the H200, fitted to two
@@ -292,14 +289,14 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
     bp.fast_w = p->layout == CONVD_LAYOUT_NHWC && gm == 1;
     bp.out_nchw = out_nchw;
     if (bp.tma) {
-        /* Two halo buffers: deeper rings (convd_gpu_tune_mma_stages) were no faster where
+        /* Two halo buffers: deeper rings (the policy's mma_stages) were no faster where
          * they kept every resident block, and slower where they cost one: the loads are not
          * what the items wait for. */
         const int a_stride = mma_round1k(bp.a_bytes);
         bp.nst = 2;
-        if (mma_forced_nst == 1 ||
-            (mma_forced_nst > 2 && bp.smem + (mma_forced_nst - 2) * a_stride <= dev.smem_optin))
-            bp.nst = mma_forced_nst;
+        const int nst = pol->mma_stages;
+        if (nst == 1 || (nst > 2 && bp.smem + (nst - 2) * a_stride <= dev.smem_optin))
+            bp.nst = nst;
         /* A ring (1024-byte aligned from the kernel's aligned base), S0 S1, B0, oct, bars, and
          * the 1024 bytes of slack the kernel's alignment may use. */
         int off = 0;
@@ -351,30 +348,23 @@ int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw, struct gpu_mm
 #endif
 }
 
-extern "C" int convd_gpu_tune_mma_tma(int mode)
+int gpu_mma_plan_make(const struct convd_problem *p, int out_nchw,
+                      const struct convd_gpu_policy *pol, struct gpu_mma_plan *ret, char *why,
+                      size_t why_len)
 {
-    if (mode < -1 || mode > 1)
-        return CONVD_EINVAL;
-    mma_tma_mode = mode;
-    gpu_plan_cache_invalidate();
+    const int rc = mma_plan(p, out_nchw, pol, ret, why, why_len);
+    if (rc != 0)
+        return rc;
+    /* Weights read before the previous kernel ends pay where a block's weights are a few KB and
+     * its items many, and cost with tens of KB per block, whose early reads compete with the
+     * previous kernel's. */
+    ret->prefetch = pol->mma_prefetch == 1 ||
+                    (pol->mma_prefetch == -1 &&
+                     (int64_t)ret->bn * ret->g.r * ret->g.s * ret->g.cpg * 2 <= 24 * 1024);
     return 0;
 }
 
-extern "C" int convd_gpu_tune_mma_stages(int n)
+int gpu_mma_configs(void)
 {
-    if (n != -1 && (n < 1 || n > 4))
-        return CONVD_EINVAL;
-    mma_forced_nst = n;
-    gpu_plan_cache_invalidate();
-    return 0;
+    return MMA_NCFG;
 }
-
-extern "C" int convd_gpu_tune_mma_cfg(int cfg)
-{
-    if (cfg < -1 || cfg >= MMA_NCFG)
-        return CONVD_EINVAL;
-    mma_forced_cfg = cfg;
-    gpu_plan_cache_invalidate();
-    return 0;
-}
-

@@ -86,38 +86,6 @@ typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
 #define hipEventSynchronize           cudaEventSynchronize
 #define hipLaunchHostFunc             cudaLaunchHostFunc
 
-/* Kernel launch with HIP's macro, expressed as cudaLaunchKernelEx with programmatic stream
- * serialization (unless switched off by convd_gpu_tune_pdl): the kernel's blocks may start while
- * the previous kernel in the stream finishes, and every kernel of ours begins with
- * convd_grid_dependency(), which waits for that kernel (memory included) before anything else.
- * What overlaps is the launch and the block scheduling. An error is left for the caller's
- * hipGetLastError(). */
-extern int convd_gpu_pdl_mode;
-/* 1 once every device in use runs code built for sm_90 or newer (whose kernels wait on
- * griddepcontrol); the attribute is never set otherwise: a kernel built for an older
- * architecture would not wait for its predecessor. Set by gpu_device_info_get(). */
-extern int convd_gpu_pdl_code;
-/* Set by a caller around one launch (this thread only): that launch goes plainly. */
-extern thread_local int convd_launch_plain;
-template <typename... KArgs, typename... Args>
-static inline void convd_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shmem,
-                                cudaStream_t stream, Args &&...args)
-{
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = grid;
-    lc.blockDim = block;
-    lc.dynamicSmemBytes = shmem;
-    lc.stream = stream;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = at;
-    lc.numAttrs = convd_gpu_pdl_mode != 0 && convd_gpu_pdl_code > 0 && !convd_launch_plain ? 1 : 0;
-    (void)cudaLaunchKernelEx(&lc, kernel, static_cast<Args &&>(args)...);
-}
-#define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...)                                \
-    convd_launch((kernel), dim3(grid), dim3(block), (size_t)(shmem), (stream), __VA_ARGS__)
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define CONVD_DEVICE_SM80 1
 #endif

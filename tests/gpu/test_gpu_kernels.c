@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "convd_kernels.h"
-#include "gpu_kernels.h"
+#include "gpu_dev.h"
 #include "testutil.h"
 
 static struct tu_rng rng;
@@ -85,7 +85,7 @@ static void tc_init(struct tcase *c, const struct convd_problem *p)
      * NCHW copies of an NHWC problem's input, weights and output (256-byte aligned each). */
     c->ws_bytes = c->z.input_bytes + c->z.weight_bytes + c->z.output_bytes + 1024;
     size_t need = 0; /* channel-padded copies can take more */
-    assert_int_equal(convd_gpu_workspace(p, 1, &need), 0);
+    assert_int_equal(convd_gpu_dev_workspace(p, 1, &need), 0);
     if (need > c->ws_bytes)
         c->ws_bytes = need;
     assert_int_equal(convd_gpu_alloc(c->ws_bytes, &c->ws), 0);
@@ -126,6 +126,18 @@ static void tc_reference(struct tcase *c)
 #endif
 }
 
+/* Runs on `family`: AUTO through the product's convd_gpu_conv() while the development policy is
+ * the default (so that entry point is what the tests cover), through the development library's
+ * router otherwise (a test that turned a knob tests the route under it). */
+static int run_on(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
+                  void *ws, size_t ws_bytes, enum convd_gpu_family family)
+{
+    if (family != CONVD_GPU_FAMILY_AUTO ||
+        memcmp(&convd_gpu_dev_policy, &convd_gpu_policy_default, sizeof(convd_gpu_dev_policy)) != 0)
+        return convd_gpu_conv_family(p, t, count, ws, ws_bytes, NULL, family);
+    return convd_gpu_conv(p, t, count, ws, ws_bytes, NULL);
+}
+
 /* Poisons the device output, runs the family, downloads into hy. Returns the API's code. With
  * use_ws the workspace is offered (NCHW problems then run on NHWC copies), else not (NCHW read
  * directly). */
@@ -135,8 +147,7 @@ static int tc_run_ws(struct tcase *c, enum convd_gpu_family fam, int use_ws)
     struct convd_tensors t = {c->dx, c->dw, c->p.has_bias ? c->db : NULL, c->dy};
     void *ws = use_ws ? c->ws : NULL;
     size_t wsb = use_ws ? c->ws_bytes : 0;
-    int rc = fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_conv(&c->p, &t, 1, ws, wsb, NULL)
-                                          : convd_gpu_conv_family(&c->p, &t, 1, ws, wsb, NULL, fam);
+    int rc = run_on(&c->p, &t, 1, ws, wsb, fam);
     if (rc != 0)
         return rc;
     assert_int_equal(convd_gpu_synchronize(), 0);
@@ -186,7 +197,7 @@ static int check_problem(const struct convd_problem *p, enum convd_gpu_family fa
             tc_free(&c);
             fail_msg("%s [%s -> %s%s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc,
                      convd_gpu_family_name(fam),
-                     fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_kernel_name(p) : "forced",
+                     fam == CONVD_GPU_FAMILY_AUTO ? convd_gpu_dev_rule(p) : "forced",
                      v == 0 ? "" : ", no workspace", err, tol, bad, (double)got, (double)want);
         }
         n_checked++;
@@ -651,7 +662,7 @@ static void test_direct(void **state)
     assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "(NHWC via NCHW copies)"));
     check_problem(&q5, CONVD_GPU_FAMILY_AUTO, 1);
     size_t wsb = 0;
-    assert_int_equal(convd_gpu_workspace(&q5, 2, &wsb), 0);
+    assert_int_equal(convd_gpu_dev_workspace(&q5, 2, &wsb), 0);
     assert_true(wsb >= 2 * (size_t)2 * 28 * 28 * 160 * 2 * 2); /* input and output, twice */
     q5.dtype = CONVD_DTYPE_FP32;
     assert_true(described_as(&q5, CONVD_GPU_FAMILY_AUTO, "(NHWC via NCHW copies)"));
@@ -724,16 +735,84 @@ static void test_direct(void **state)
 static int untune(void **state)
 {
     (void)state;
-    convd_gpu_tune_mma_cfg(-1);
-    convd_gpu_tune_mma_tma(-1);
-    convd_gpu_tune_pdl(-1);
-    convd_gpu_tune_mma_stages(-1);
-    convd_gpu_tune_mma_prefetch(-1);
-    convd_gpu_tune_dw_direct(-1);
-    convd_gpu_tune_fma_outputs3(1);
-    convd_gpu_tune_direct_nhwc(-1);
-    convd_gpu_tune_mma_pad(1);
+    convd_gpu_dev_policy = convd_gpu_policy_default;
     return 0;
+}
+
+/* The policy's checks, the development setters, and the routing table as data: no GPU needed. */
+static void test_policy(void **state)
+{
+    (void)state;
+    char why[160];
+    assert_int_equal(convd_gpu_policy_check(&convd_gpu_policy_default, why, sizeof(why)), 0);
+    assert_int_equal(convd_gpu_policy_check(NULL, why, sizeof(why)), CONVD_EINVAL);
+    struct convd_gpu_policy pol = convd_gpu_policy_default;
+    pol.direct = 3; /* rows per thread 1, 2 or 4 */
+    assert_int_equal(convd_gpu_policy_check(&pol, why, sizeof(why)), CONVD_EINVAL);
+    assert_non_null(strstr(why, "direct = 3"));
+    pol = convd_gpu_policy_default;
+    pol.mma_stages = 0;
+    assert_int_equal(convd_gpu_policy_check(&pol, why, sizeof(why)), CONVD_EINVAL);
+    assert_non_null(strstr(why, "mma_stages"));
+    /* A refused value leaves the development policy as it was. */
+    assert_int_equal(convd_gpu_tune_fma_gemm(2), 0);
+    assert_int_equal(convd_gpu_dev_policy.fma_gemm, 2);
+    assert_int_equal(convd_gpu_tune_fma_gemm(3), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_dev_policy.fma_gemm, 2);
+    assert_int_equal(convd_gpu_tune_pdl(4), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_mma_cfg(-2), CONVD_EINVAL);
+    convd_gpu_dev_policy = convd_gpu_policy_default;
+
+    /* Rule names are unique; unaligned tensors are caught first and generic takes the rest. */
+    int n = 0;
+    enum convd_gpu_family fam;
+    const char *view, *doc, *name;
+    for (; (name = convd_gpu_rule_info(n, &fam, &view, &doc)) != NULL; n++) {
+        assert_true(fam != CONVD_GPU_FAMILY_AUTO);
+        assert_true(strlen(doc) > 10);
+        assert_true(strncmp(name, convd_gpu_family_name(fam), strlen(convd_gpu_family_name(fam))) ==
+                    0);
+        for (int j = 0; j < n; j++)
+            assert_string_not_equal(name, convd_gpu_rule_info(j, NULL, NULL, NULL));
+    }
+    assert_true(n >= 5);
+    assert_string_equal(convd_gpu_rule_info(0, &fam, NULL, NULL), "generic-unaligned");
+    assert_string_equal(convd_gpu_rule_info(n - 1, &fam, &view, NULL), "generic");
+    assert_int_equal(fam, CONVD_GPU_FAMILY_GENERIC);
+    assert_null(convd_gpu_rule_info(-1, NULL, NULL, NULL));
+}
+
+/* docs/architecture.md and docs/benchmarks.md carry the routing table as convd_gpu_rule_table()
+ * prints it, between the two marker lines below. */
+static void test_routing_documented(void **state)
+{
+    (void)state;
+    const size_t need = convd_gpu_rule_table(NULL, 0);
+    char *want = malloc(need + 1);
+    assert_non_null(want);
+    assert_int_equal(convd_gpu_rule_table(want, need + 1), need);
+    static const char *docs[] = {CONVD_SOURCE_DIR "/docs/architecture.md",
+                                 CONVD_SOURCE_DIR "/docs/benchmarks.md"};
+    static const char begin[] = "<!-- routing table: convd-routes --table -->\n",
+                      end[] = "<!-- end of routing table -->";
+    for (size_t d = 0; d < sizeof(docs) / sizeof(docs[0]); d++) {
+        FILE *f = fopen(docs[d], "r");
+        assert_non_null(f);
+        static char text[1 << 20];
+        const size_t len = fread(text, 1, sizeof(text) - 1, f);
+        fclose(f);
+        text[len] = '\0';
+        const char *a = strstr(text, begin), *b = a != NULL ? strstr(a, end) : NULL;
+        if (a == NULL || b == NULL)
+            fail_msg("%s: no routing table between \"%.*s\" and \"%s\"", docs[d],
+                     (int)strlen(begin) - 1, begin, end);
+        a += strlen(begin);
+        if ((size_t)(b - a) != need || memcmp(a, want, need) != 0)
+            fail_msg("%s: the routing table differs from the router's; paste in the output of "
+                     "convd-routes --table:\n%s",
+                     docs[d], want);
+    }
+    free(want);
 }
 
 /* Skips the calling test where the mma family does not exist (AMD: no MFMA kernel yet). */
@@ -779,8 +858,8 @@ static void test_mma_padded(void **state)
     assert_true(described_as(&q, CONVD_GPU_FAMILY_AUTO, "(C padded to 8)"));
     assert_true(described_as(&ps[2], CONVD_GPU_FAMILY_AUTO, "(C padded to 16)"));
     size_t ws = 0, one = 0;
-    assert_int_equal(convd_gpu_workspace(&q, 3, &ws), 0);
-    assert_int_equal(convd_gpu_workspace(&q, 1, &one), 0);
+    assert_int_equal(convd_gpu_dev_workspace(&q, 3, &ws), 0);
+    assert_int_equal(convd_gpu_dev_workspace(&q, 1, &one), 0);
     assert_true(one >= (size_t)2 * 19 * 21 * 8 * 2 + 16 * 49 * 8 * 2); /* padded in + weights */
     assert_int_equal(ws, 3 * one);
     q.k = 12; /* K not a multiple of 8 */
@@ -947,7 +1026,8 @@ static void chain_case(struct convd_problem p, const char *kernel, int use_ws)
     for (int i = 1; i <= STAGES; i++) {
         struct convd_tensors t = {buf[i - 1], c.dw, NULL, buf[i]};
         assert_int_equal(
-            convd_gpu_conv(&p, &t, 1, use_ws ? c.ws : NULL, use_ws ? c.ws_bytes : 0, NULL), 0);
+            run_on(&p, &t, 1, use_ws ? c.ws : NULL, use_ws ? c.ws_bytes : 0, CONVD_GPU_FAMILY_AUTO),
+            0);
     }
     assert_int_equal(convd_gpu_synchronize(), 0);
     char desc[160];
@@ -1236,7 +1316,7 @@ static void batch_case(struct convd_problem p, enum convd_gpu_family fam, int co
         ts[i].output = cs[i].dy;
     }
     size_t ws = 1;
-    assert_int_equal(convd_gpu_workspace(&p, (size_t)count, &ws), 0);
+    assert_int_equal(convd_gpu_dev_workspace(&p, (size_t)count, &ws), 0);
     if (p.layout == CONVD_LAYOUT_NHWC && !described_as(&p, CONVD_GPU_FAMILY_AUTO, "NCHW copies"))
         assert_int_equal(ws, 0);
     /* The same per-problem room as the single runs get, so both take the same path. */
@@ -1244,9 +1324,7 @@ static void batch_case(struct convd_problem p, enum convd_gpu_family fam, int co
     ws = slot * (size_t)(count < CONVD_GPU_BATCH_MAX ? count : CONVD_GPU_BATCH_MAX);
     void *dws = NULL;
     assert_int_equal(convd_gpu_alloc(ws, &dws), 0);
-    int rc = fam == CONVD_GPU_FAMILY_AUTO
-                 ? convd_gpu_conv(&p, ts, (size_t)count, dws, ws, NULL)
-                 : convd_gpu_conv_family(&p, ts, (size_t)count, dws, ws, NULL, fam);
+    int rc = run_on(&p, ts, (size_t)count, dws, ws, fam);
     assert_int_equal(rc, 0);
     assert_int_equal(convd_gpu_synchronize(), 0);
     convd_gpu_free(dws);
@@ -1392,6 +1470,8 @@ int main(void)
     tu_rng_init(&rng, tu_seed());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_api),
+        cmocka_unit_test_teardown(test_policy, untune),
+        cmocka_unit_test(test_routing_documented),
         cmocka_unit_test(test_depthwise),
         cmocka_unit_test_teardown(test_depthwise_tiled, untune),
         cmocka_unit_test_teardown(test_depthwise_direct_shapes, untune),

@@ -1,0 +1,346 @@
+/*
+ * The routing table (router.h says how it is read) and the policy that steers it. The `when`
+ * predicates hold the thresholds measured on the H200 with the sweeps of convd-bench-kernels
+ * (bench/gpu/NOTES.md, under each rule's name); the families' planners hold no routing.
+ */
+#include "router.h"
+
+const struct convd_gpu_policy convd_gpu_policy_default = CONVD_GPU_POLICY_DEFAULT;
+
+extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *why, size_t why_len)
+{
+    if (pol == NULL)
+        return CONVD_EINVAL;
+    const struct {
+        const char *name;
+        int value, lo, hi;
+    } knobs[] = {
+        {"pdl", pol->pdl, -1, 3},
+        {"mma_cfg", pol->mma_cfg, -1, gpu_mma_configs() - 1},
+        {"mma_tma", pol->mma_tma, -1, 1},
+        {"mma_stages", pol->mma_stages, -1, 4},
+        {"mma_prefetch", pol->mma_prefetch, -1, 1},
+        {"mma_pad", pol->mma_pad, 0, 1},
+        {"dw_direct", pol->dw_direct, -1, gpu_dw_direct_shapes()},
+        {"fma_gemm", pol->fma_gemm, 0, 2},
+        {"fma_outputs3", pol->fma_outputs3, 0, 1},
+        {"direct", pol->direct, -1, 4},
+        {"direct_nhwc", pol->direct_nhwc, -1, 1},
+        {"direct_prefetch", pol->direct_prefetch, -1, 1},
+        {"direct_outputs8", pol->direct_outputs8, -1, 1},
+    };
+    for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
+        int ok = knobs[i].value >= knobs[i].lo && knobs[i].value <= knobs[i].hi;
+        if (strcmp(knobs[i].name, "mma_stages") == 0)
+            ok = ok && knobs[i].value != 0;
+        if (strcmp(knobs[i].name, "direct") == 0)
+            ok = ok && knobs[i].value != 3;
+        if (!ok) {
+            if (why != NULL && why_len > 0)
+                snprintf(why, why_len, "policy: %s = %d is not one of its values", knobs[i].name,
+                         knobs[i].value);
+            return CONVD_EINVAL;
+        }
+    }
+    return 0;
+}
+
+int gpu_pad_channels(const struct convd_problem *p, const struct convd_gpu_policy *pol)
+{
+    if (!pol->mma_pad || p->groups != 1 || p->c % 8 == 0 || p->k % 8 != 0 ||
+        p->dtype == CONVD_DTYPE_FP32)
+        return 0;
+    return (p->c + 7) / 8 * 8;
+}
+
+/* ---- predicates ---- */
+
+static int cpg_of(const struct convd_problem *p)
+{
+    return p->c / p->groups;
+}
+
+static int kpg_of(const struct convd_problem *p)
+{
+    return p->k / p->groups;
+}
+
+static int nchw(const struct gpu_route_in *in)
+{
+    return in->p->layout == CONVD_LAYOUT_NCHW;
+}
+
+static int nhwc(const struct gpu_route_in *in)
+{
+    return in->p->layout == CONVD_LAYOUT_NHWC;
+}
+
+static int always(const struct gpu_route_in *in)
+{
+    (void)in;
+    return 1;
+}
+
+static int unaligned(const struct gpu_route_in *in)
+{
+    return !in->aligned;
+}
+
+static int depthwise(const struct gpu_route_in *in)
+{
+    return cpg_of(in->p) == 1 && kpg_of(in->p) <= 2;
+}
+
+/* Whether the tensor-core family refuses p's NHWC form (16-bit cpg 5, 7, ...; on AMD, all). */
+static int no_mma(const struct gpu_route_in *in)
+{
+    struct convd_problem q = *in->p;
+    q.layout = CONVD_LAYOUT_NHWC;
+    struct gpu_mma_plan mp;
+    char why[160];
+    return gpu_mma_plan_make(&q, nchw(in), in->pol, &mp, why, sizeof(why)) != 0;
+}
+
+/* NCHW on the direct family where it measured faster than the routes it replaced
+ * (--sweep-direct): fp32 at every cpg up to 64; 16-bit at cpg <= 4, and at cpg 8 only at stride 2,
+ * where mma would first transpose an input four times the size of the output; and 16-bit channel
+ * counts mma cannot take, which would go to the fma family on transposed copies, slower up to
+ * cpg 64. The policy's direct: 0 never, 1, 2, 4 wherever the kernel applies. */
+static int direct_routes(const struct gpu_route_in *in)
+{
+    const struct convd_problem *p = in->p;
+    if (in->pol->direct != -1)
+        return in->pol->direct > 0;
+    const int cpg = cpg_of(p);
+    if (p->dtype == CONVD_DTYPE_FP32)
+        return cpg <= 64;
+    if (cpg <= 4 || (cpg <= 8 && p->stride_h == 2))
+        return 1;
+    return cpg <= 64 && no_mma(in);
+}
+
+/* NHWC on the direct family through NCHW copies, where the fma family's direct kernel would take
+ * it and measured slower (--sweep-direct): 16-bit channel counts mma cannot take; fp32 below the
+ * implicit GEMM's kpg (24) at stride 2 or with kpg not a multiple of 4, except odd multiples of 3,
+ * where the fma kernel's 3 outputs per thread win. Stride 1 with kpg 4 or 8 is even and stays on
+ * fma. The policy's direct_nhwc: 0 never, 1 wherever the kernel takes the NCHW form. */
+static int direct_routes_nhwc(const struct gpu_route_in *in)
+{
+    const struct convd_problem *p = in->p;
+    if (in->pol->direct_nhwc >= 0)
+        return in->pol->direct_nhwc;
+    const int cpg = cpg_of(p), kpg = kpg_of(p);
+    if (in->pol->direct == 0 || cpg > 64)
+        return 0;
+    if (p->dtype == CONVD_DTYPE_FP32)
+        return kpg < 24 && (p->stride_h == 2 || kpg % 4 != 0) && !(kpg % 2 != 0 && kpg % 3 == 0);
+    if (p->groups == 1 && p->k % 8 == 0)
+        return 0; /* dense: the tensor cores take it, channels padded where C needs it */
+    return no_mma(in);
+}
+
+static int nhwc_with_output_copies(const struct gpu_route_in *in)
+{
+    return nhwc(in) && in->ws >= GPU_WS_OUTPUT;
+}
+
+static int nchw_with_copies(const struct gpu_route_in *in)
+{
+    return nchw(in) && in->ws >= GPU_WS_COPIES;
+}
+
+static int nchw_without_copies(const struct gpu_route_in *in)
+{
+    return nchw(in) && in->ws < GPU_WS_COPIES;
+}
+
+static int padded_c(const struct gpu_route_in *in)
+{
+    return in->ws >= GPU_WS_OUTPUT && gpu_pad_channels(in->p, in->pol) > 0;
+}
+
+/* NCHW problems the fma family runs on NHWC copies: all but those the implicit GEMM takes in
+ * place (1x1 unit stride). */
+static int fma_copies(const struct gpu_route_in *in)
+{
+    return nchw_with_copies(in) && !gpu_pw_applies(in->p, in->pol);
+}
+
+static int fma_in_place(const struct gpu_route_in *in)
+{
+    return !fma_copies(in);
+}
+
+/* ---- the table ---- */
+
+#define N       GPU_VIEW_NATIVE
+#define TO_NHWC GPU_VIEW_NHWC_COPIES
+#define TO_NCHW GPU_VIEW_NCHW_COPIES
+static const struct gpu_rule gpu_rules[] = {
+    {"generic-unaligned", CONVD_GPU_FAMILY_GENERIC, N, 0, unaligned, always,
+     "tensors not 16-byte aligned: one thread per output"},
+    {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
+     "cpg 1, kpg 1-2, either layout"},
+    {"direct", CONVD_GPU_FAMILY_DIRECT, N, 0, nchw, direct_routes,
+     "NCHW 3x3, pad_left 1, stride 1 or 2, W and Wo multiples of 4: fp32 cpg <= 64; 16-bit cpg "
+     "<= 4, cpg 8 at stride 2, or cpg <= 64 that mma cannot take"},
+    {"direct-nhwc", CONVD_GPU_FAMILY_DIRECT, TO_NCHW, 0, nhwc_with_output_copies,
+     direct_routes_nhwc,
+     "NHWC of the direct geometry on NCHW copies: 16-bit cpg <= 64 that mma cannot take; fp32 "
+     "kpg < 24 at stride 2 or kpg not a multiple of 4 (odd multiples of 3 excepted)"},
+    {"mma", CONVD_GPU_FAMILY_MMA, N, 0, nhwc, always,
+     "NHWC fp16/bf16, cpg and kpg multiples of 8 (or made so by merging 2 or 4 groups)"},
+    {"mma-nchw", CONVD_GPU_FAMILY_MMA, TO_NHWC, 0, nchw_with_copies, always,
+     "the same in NCHW, on NHWC copies of input and weights, NCHW out from the epilogue"},
+    {"mma-nchw-gather", CONVD_GPU_FAMILY_MMA, N, 0, nchw_without_copies, always,
+     "the same in NCHW without workspace, gathering NCHW in place"},
+    {"mma-padded", CONVD_GPU_FAMILY_MMA, GPU_VIEW_PADDED_C, 0, padded_c, always,
+     "dense fp16/bf16 with K a multiple of 8 and C not, on NHWC copies with C padded to 8"},
+    {"fma-gemm", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_GEMM, fma_in_place, always,
+     "1x1 unit stride, or NHWC with cpg % 4 == 0 and kpg >= 24 whose tiles fill the GPU: "
+     "implicit GEMM on the FMA units"},
+    {"fma-gemm-nchw", CONVD_GPU_FAMILY_FMA, TO_NHWC, GPU_FMA_GEMM, fma_copies, always,
+     "NCHW of the same (not 1x1) on NHWC copies, NCHW out from the epilogue"},
+    {"fma", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_DIRECT, fma_in_place, always,
+     "whatever the halo tile fits: register-tiled direct FMA kernel"},
+    {"fma-nchw", CONVD_GPU_FAMILY_FMA, TO_NHWC, GPU_FMA_DIRECT, fma_copies, always,
+     "the same in NCHW on NHWC copies"},
+    {"generic", CONVD_GPU_FAMILY_GENERIC, N, 0, always, always, "the rest: one thread per output"},
+};
+#undef N
+#undef TO_NHWC
+#undef TO_NCHW
+#define GPU_NRULES ((int)(sizeof(gpu_rules) / sizeof(gpu_rules[0])))
+
+static const char *view_name(enum gpu_view v)
+{
+    switch (v) {
+    case GPU_VIEW_NATIVE:
+        return "in place";
+    case GPU_VIEW_NHWC_COPIES:
+        return "NHWC copies";
+    case GPU_VIEW_NCHW_COPIES:
+        return "NCHW copies";
+    case GPU_VIEW_PADDED_C:
+        return "C padded";
+    }
+    return "?";
+}
+
+extern "C" const char *convd_gpu_rule_info(int i, enum convd_gpu_family *ret_family,
+                                           const char **ret_view, const char **ret_doc)
+{
+    if (i < 0 || i >= GPU_NRULES)
+        return NULL;
+    if (ret_family != NULL)
+        *ret_family = gpu_rules[i].family;
+    if (ret_view != NULL)
+        *ret_view = view_name(gpu_rules[i].view);
+    if (ret_doc != NULL)
+        *ret_doc = gpu_rules[i].doc;
+    return gpu_rules[i].name;
+}
+
+extern "C" size_t convd_gpu_rule_table(char *buf, size_t len)
+{
+    size_t n = 0;
+    const char *head = "| # | rule | family | tensors | takes |\n|---:|---|---|---|---|\n";
+    n += (size_t)snprintf(buf, len, "%s", head);
+    for (int i = 0; i < GPU_NRULES; i++) {
+        const struct gpu_rule *r = &gpu_rules[i];
+        n += (size_t)snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0,
+                              "| %d | `%s` | %s | %s | %s |\n", i + 1, r->name,
+                              convd_gpu_family_name(r->family), view_name(r->view), r->doc);
+    }
+    return n;
+}
+
+/* The family's plan of p seen through the rule's view. */
+static int plan_rule(const struct gpu_rule *r, const struct gpu_route_in *in, struct gpu_plan *ret,
+                     char *why, size_t why_len)
+{
+    const struct convd_problem *p = in->p;
+    ret->rule = r;
+    ret->family = r->family;
+    ret->transposed = r->view == GPU_VIEW_NHWC_COPIES;
+    ret->via_nchw = r->view == GPU_VIEW_NCHW_COPIES;
+    ret->padded_c = 0;
+    struct convd_problem q = *p;
+    int out_nchw = 0;
+    switch (r->view) {
+    case GPU_VIEW_NATIVE:
+        break;
+    case GPU_VIEW_NHWC_COPIES:
+        q.layout = CONVD_LAYOUT_NHWC;
+        out_nchw = 1;
+        break;
+    case GPU_VIEW_NCHW_COPIES:
+        q.layout = CONVD_LAYOUT_NCHW;
+        break;
+    case GPU_VIEW_PADDED_C:
+        q.c = gpu_pad_channels(p, in->pol);
+        q.layout = CONVD_LAYOUT_NHWC;
+        out_nchw = p->layout == CONVD_LAYOUT_NCHW;
+        ret->padded_c = q.c;
+        break;
+    }
+    switch (r->family) {
+    case CONVD_GPU_FAMILY_DEPTHWISE:
+        return gpu_dw_plan_make(&q, in->pol, &ret->u.dw, why, why_len);
+    case CONVD_GPU_FAMILY_DIRECT:
+        return gpu_gd_plan_make(&q, in->pol, &ret->u.gd, why, why_len);
+    case CONVD_GPU_FAMILY_MMA:
+        return gpu_mma_plan_make(&q, out_nchw, in->pol, &ret->u.mma, why, why_len);
+    case CONVD_GPU_FAMILY_FMA:
+        return gpu_fma_plan_make(&q, out_nchw, r->fma_kernel, in->pol, &ret->u.fma, why, why_len);
+    case CONVD_GPU_FAMILY_GENERIC:
+        return gpu_generic_plan_make(&q, &ret->u.gen);
+    case CONVD_GPU_FAMILY_AUTO:
+        break;
+    }
+    snprintf(why, why_len, "unknown kernel family");
+    return CONVD_EINVAL;
+}
+
+int gpu_route_plan(const struct gpu_route_in *in, enum convd_gpu_family family,
+                   struct gpu_plan *ret, char *why, size_t why_len)
+{
+    int rc = 0;
+    for (int i = 0; i < GPU_NRULES; i++) {
+        const struct gpu_rule *r = &gpu_rules[i];
+        if (family != CONVD_GPU_FAMILY_AUTO && r->family != family)
+            continue;
+        if (!r->fits(in) || (family == CONVD_GPU_FAMILY_AUTO && !r->when(in)))
+            continue;
+        rc = plan_rule(r, in, ret, why, why_len);
+        if (rc == 0)
+            return 0;
+    }
+    if (rc != 0)
+        return rc;
+    snprintf(why, why_len, "%s: %s", convd_gpu_family_name(family),
+             family == CONVD_GPU_FAMILY_DIRECT && in->p->layout == CONVD_LAYOUT_NHWC
+                 ? "NHWC runs on NCHW copies in the workspace"
+                 : "no rule fits the problem's layout and workspace");
+    return CONVD_EUNSUPPORTED;
+}
+
+int gpu_plan_launch(const struct gpu_plan *pl, const struct gpu_batch *b, int count,
+                    const struct gpu_launch *ln)
+{
+    switch (pl->family) {
+    case CONVD_GPU_FAMILY_DEPTHWISE:
+        return gpu_dw_launch(&pl->u.dw, b, count, ln);
+    case CONVD_GPU_FAMILY_FMA:
+        return gpu_fma_launch(&pl->u.fma, b, count, ln);
+    case CONVD_GPU_FAMILY_MMA:
+        return gpu_mma_launch(&pl->u.mma, b, count, ln);
+    case CONVD_GPU_FAMILY_GENERIC:
+        return gpu_generic_launch(&pl->u.gen, b, count, ln);
+    case CONVD_GPU_FAMILY_DIRECT:
+        return gpu_gd_launch(&pl->u.gd, b, count, ln);
+    case CONVD_GPU_FAMILY_AUTO:
+        break;
+    }
+    return CONVD_EINVAL;
+}
