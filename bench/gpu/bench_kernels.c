@@ -12,7 +12,10 @@
  * (device-to-device copy; bf16 and fp32 GEMM through cuBLAS, dlopen'ed) or, if cuBLAS is missing,
  * the baseline's 4.20 TB/s, 748 and 50.8 TFLOP/s.
  *
- * Prints a markdown table and summary lines; --csv-out writes the rows as CSV.
+ * Prints a markdown table and summary lines; --csv-out writes the rows as CSV. The --sweep-*
+ * options force kernel variants the router does not choose; the production library builds only
+ * the variants the router can choose, so the depthwise and direct sweeps need a build with
+ * -DCONVD_GPU_SWEEP_KERNELS=ON (the sweep says so when a variant is missing).
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -873,7 +876,9 @@ static void usage(void)
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn]\n"
            "         [--sweep-mma] [--sweep-pdl] [--sweep-dw] [--sweep-nchw] [--sweep-fma] "
-           "[--sweep-direct]\n");
+           "[--sweep-direct]\n"
+           "(the depthwise and direct sweeps reach every variant only in a build with\n"
+           " -DCONVD_GPU_SWEEP_KERNELS=ON)\n");
 }
 
 static int parse_mask(const char *s, int is_dtype)
@@ -1055,6 +1060,10 @@ int main(int argc, char **argv)
             return strcmp(a, "--help") == 0 ? 0 : 2;
         }
     }
+    if ((o.sweep_dw || o.sweep_direct) && !convd_gpu_sweep_kernels())
+        fprintf(stderr, "note: this build has the production kernel set; variants the router does "
+                        "not choose show as tiled or unsupported (build with "
+                        "-DCONVD_GPU_SWEEP_KERNELS=ON to sweep them)\n");
     if (o.iters < 1)
         o.iters = 1;
     if (o.dt_mask == 0)

@@ -836,9 +836,55 @@ struct dw_dcfg {
 };
 #define DW_DCFG_ROW(LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                 \
     {LAY, KS, SH, CPT, KPG, TH, P, FLAT, DTYPES},
-static const struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
+static constexpr struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
+
+#if !defined(CONVD_GPU_SWEEP_KERNELS)
+/* The row the router takes first for (layout, filter, stride, kpg) in dtype dt, or -1. */
+static constexpr int dw_first_row(int layout, int ks, int sh, int kpg, int dt)
+{
+    for (int i = 0; i < DW_NDCFG; i++)
+        if (dw_dcfgs[i].layout == layout && dw_dcfgs[i].ks == ks && dw_dcfgs[i].sh == sh &&
+            dw_dcfgs[i].kpg == kpg && (dw_dcfgs[i].dtypes >> dt & 1) != 0)
+            return i;
+    return -1;
+}
+#endif
+
+/* Whether row i's kernel is built for dtype dt. The production library holds the rows the router
+ * can choose under the default policy: the first of its (layout, filter, stride, kpg) for dt,
+ * and the rows of the same work shape with another band height that dw_direct_plan swaps to on
+ * small images. The others, reachable only by forcing the policy's dw_direct, are built with
+ * CONVD_GPU_SWEEP_KERNELS (the sweeps' build); without it such a forced row plans as tiled. */
+static constexpr bool dw_row_built(int i, int dt)
+{
+#if defined(CONVD_GPU_SWEEP_KERNELS)
+    (void)dt;
+    return i >= 0 && i < DW_NDCFG;
+#else
+    if (i < 0 || i >= DW_NDCFG)
+        return false;
+    const struct dw_dcfg &r = dw_dcfgs[i];
+    const int a = dw_first_row(r.layout, r.ks, r.sh, r.kpg, dt);
+    if (a < 0)
+        return false;
+    const struct dw_dcfg &f = dw_dcfgs[a];
+    return a == i || (f.cpt == r.cpt && f.p == r.p && f.th != r.th);
+#endif
+}
+
+/* The index of the row with these values (rows differ in them). */
+static constexpr int dw_row_index(int layout, int ks, int sh, int cpt, int kpg, int th, int p,
+                                  int flat)
+{
+    for (int i = 0; i < DW_NDCFG; i++)
+        if (dw_dcfgs[i].layout == layout && dw_dcfgs[i].ks == ks && dw_dcfgs[i].sh == sh &&
+            dw_dcfgs[i].cpt == cpt && dw_dcfgs[i].kpg == kpg && dw_dcfgs[i].th == th &&
+            dw_dcfgs[i].p == p && dw_dcfgs[i].flat == flat)
+            return i;
+    return -1;
+}
 
 int gpu_dw_direct_shapes(void)
 {
@@ -881,7 +927,7 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
             ci = i;
     }
     const struct dw_dcfg *d = &dw_dcfgs[ci];
-    if (g->c % d->cpt != 0)
+    if (g->c % d->cpt != 0 || !dw_row_built(ci, p->dtype))
         return 0;
     /* Threads: (image, band, column group, channel vector) for NHWC, (image, channel, band,
      * column group) for NCHW; NHWC rows without FLAT put (image, band) on grid y. */
@@ -1090,20 +1136,22 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
     return 0;
 }
 
-/* The kernel of a row of DW_DCFGS: NHWC rows instantiate dw_direct_kernel, NCHW rows
- * dw_nchw_direct_kernel (CPT, P, SPLIT and HINT are NHWC's only). */
+/* The kernel of a row of DW_DCFGS for DT: NHWC rows instantiate dw_direct_kernel, NCHW rows
+ * dw_nchw_direct_kernel (CPT, P, SPLIT and HINT are NHWC's only); NULL where the row is not
+ * built for DT (dw_row_built), which then instantiates nothing. */
 typedef void (*dw_direct_fn)(const struct gpu_geom, const struct gpu_batch, int, int);
 template <class DT, int LAY, int KS, int SH, int CPT, int KPG, int TH, int P, int SPLIT, int MINB,
           int HINT, int FLAT>
-struct dw_direct_pick {
-    static constexpr dw_direct_fn fn =
-        dw_direct_kernel<DT, CPT, KPG, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0, FLAT != 0>;
-};
-template <class DT, int KS, int SH, int CPT, int KPG, int TH, int P, int SPLIT, int MINB, int HINT,
-          int FLAT>
-struct dw_direct_pick<DT, DW_NCHW, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT> {
-    static constexpr dw_direct_fn fn = dw_nchw_direct_kernel<DT, KS, SH, TH, MINB>;
-};
+static constexpr dw_direct_fn dw_direct_pick()
+{
+    if constexpr (!dw_row_built(dw_row_index(LAY, KS, SH, CPT, KPG, TH, P, FLAT), DT::id))
+        return nullptr;
+    else if constexpr (LAY == DW_NCHW)
+        return dw_nchw_direct_kernel<DT, KS, SH, TH, MINB>;
+    else
+        return dw_direct_kernel<DT, CPT, KPG, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0,
+                                FLAT != 0>;
+}
 
 template <class DT>
 static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch *b, int count,
@@ -1113,11 +1161,11 @@ static int dw_launch_direct(const struct gpu_dw_plan *pl, const struct gpu_batch
     dim3 grid((unsigned)pl->blocks_per_problem, (unsigned)pl->grid_y, (unsigned)count);
     dim3 block((unsigned)pl->threads);
 #define DW_DCFG_FN(LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT, DTYPES)                  \
-    dw_direct_pick<DT, LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT>::fn,
+    dw_direct_pick<DT, LAY, KS, SH, CPT, KPG, TH, P, SPLIT, MINB, HINT, FLAT>(),
     static const dw_direct_fn fns[] = {DW_DCFGS(DW_DCFG_FN)};
 #undef DW_DCFG_FN
     const int ci = pl->direct - 1;
-    if (ci < 0 || ci >= DW_NDCFG)
+    if (ci < 0 || ci >= DW_NDCFG || fns[ci] == NULL)
         return CONVD_EINVAL;
     GPU_LAUNCH(fns[ci], grid, block, 0, ln, *g, *b, pl->cvb, pl->tiles_h);
     CONVD_GPU_CHECK(hipGetLastError());

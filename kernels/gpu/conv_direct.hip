@@ -199,6 +199,23 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
     return 1;
 }
 
+/* Whether the kernel variant is built. The production library holds what the planner picks
+ * under the default policy: the next plane's window prefetched exactly with 2 or 4 rows, except
+ * fp32 at stride 2 with 4 outputs (it spills there), and 8 outputs in fp32 only. The others,
+ * reachable by forcing the policy's direct_prefetch or direct_outputs8, are built with
+ * CONVD_GPU_SWEEP_KERNELS (the sweeps' build); without it a plan that needs one is refused. */
+static constexpr bool gd_built(int dtype, int sh, int kt, int th, bool pf)
+{
+#if defined(CONVD_GPU_SWEEP_KERNELS)
+    (void)dtype, (void)sh, (void)kt, (void)th, (void)pf;
+    return true;
+#else
+    if (kt == 8 && dtype != CONVD_DTYPE_FP32)
+        return false;
+    return pf == (th >= 2 && !(dtype == CONVD_DTYPE_FP32 && sh == 2 && kt == 4));
+#endif
+}
+
 int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_policy *pol,
                      struct gpu_gd_plan *ret, char *why, size_t why_len)
 {
@@ -252,6 +269,12 @@ int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_polic
         pl.prefetch = pol->direct_prefetch;
     else
         pl.prefetch = pl.th >= 2 && !(p->dtype == CONVD_DTYPE_FP32 && g->sh == 2 && pl.kt == 4);
+    if (!gd_built(p->dtype, g->sh, pl.kt, pl.th, pl.prefetch != 0)) {
+        snprintf(why, why_len,
+                 "direct: %d outputs x %d rows%s is built only with CONVD_GPU_SWEEP_KERNELS", pl.kt,
+                 pl.th, pl.prefetch ? " with prefetch" : " without prefetch");
+        return CONVD_EUNSUPPORTED;
+    }
     pl.bands = (g->ho + pl.th - 1) / pl.th;
     const int64_t per_plane = (int64_t)pl.cgs * pl.bands;
     const int64_t ys = (per_plane + 255) / 256;
@@ -266,6 +289,16 @@ int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_polic
     return 0;
 }
 
+/* The kernel variant, or NULL (nothing instantiated) where gd_built says it is not built. */
+typedef void (*gd_fn)(const struct gpu_geom, const struct gpu_batch, int, int, int);
+template <class DT, int SH, int KT, int TH, bool PF> static constexpr gd_fn gd_kernel_if()
+{
+    if constexpr (gd_built(DT::id, SH, KT, TH, PF))
+        return gd_nchw_kernel<DT, SH, KT, TH, PF>;
+    else
+        return nullptr;
+}
+
 template <class DT, int SH>
 static int gd_launch_sh(const struct gpu_gd_plan *pl, const struct gpu_batch *b, int count,
                         const struct gpu_launch *ln)
@@ -275,8 +308,8 @@ static int gd_launch_sh(const struct gpu_gd_plan *pl, const struct gpu_batch *b,
     void (*fn)(const struct gpu_geom, const struct gpu_batch, int, int, int) = NULL;
 #define GD_PICK(KT, TH)                                                                            \
     if (pl->kt == KT && pl->th == TH)                                                              \
-        fn = pl->prefetch ? gd_nchw_kernel<DT, SH, KT, TH, true>                                   \
-                          : gd_nchw_kernel<DT, SH, KT, TH, false>;
+        fn = pl->prefetch ? gd_kernel_if<DT, SH, KT, TH, true>()                                   \
+                          : gd_kernel_if<DT, SH, KT, TH, false>();
     GD_PICK(1, 1)
     GD_PICK(1, 2)
     GD_PICK(2, 1)

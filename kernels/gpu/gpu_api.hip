@@ -720,6 +720,15 @@ extern "C" int convd_gpu_plan_check(const struct convd_problem *p, enum convd_gp
                           why != NULL ? why_len : sizeof(spare));
 }
 
+extern "C" int convd_gpu_sweep_kernels(void)
+{
+#if defined(CONVD_GPU_SWEEP_KERNELS)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 extern "C" int convd_gpu_device_count(int *ret_count)
 {
     if (ret_count == NULL)

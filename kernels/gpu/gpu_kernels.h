@@ -114,6 +114,11 @@ const char *convd_gpu_rule_info(int i, enum convd_gpu_family *ret_family, const 
  * into buf; the length it needs (without the '\0'), as snprintf. */
 size_t convd_gpu_rule_table(char *buf, size_t len);
 
+/* 1 when the library was built with CONVD_GPU_SWEEP_KERNELS (every kernel variant a policy can
+ * force; the sweeps' build), 0 for the production set (what the default policy can route to; a
+ * plan that needs another variant is refused, or for the depthwise direct shapes planned tiled). */
+int convd_gpu_sweep_kernels(void);
+
 /* Device helpers for tests and benchmarks. All return 0 or CONVD_EDEVICE (CONVD_EINVAL for bad
  * arguments); they act on the current device and, where asynchronous, the default stream. */
 int convd_gpu_device_count(int *ret_count);
