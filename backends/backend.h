@@ -79,8 +79,7 @@ struct convd_mem {
     void *be_priv;                             /* the backend's own */
 };
 
-/* One tensor of a job: bytes [offset, offset + bytes) of mem. The daemon has checked the range
- * against mem->size and the byte count against the problem. mem is NULL for an absent bias. */
+/* One tensor of a job: bytes [offset, offset + bytes) of mem. mem is NULL for an absent bias. */
 struct convd_tensor_view {
     struct convd_mem *mem;
     uint64_t offset;
@@ -88,7 +87,14 @@ struct convd_tensor_view {
 };
 
 /* One convolution to run. The daemon fills problem and the views; run_batch fills status (0 or
- * a CONVD_E* code), error (a sentence, on failure) and exec_ns. */
+ * a CONVD_E* code), error (a sentence, on failure) and exec_ns.
+ *
+ * A job reaches a backend admitted, validated once where the request came in (daemon/request.c):
+ * the problem passed convd_problem_check() and the backend's supports(); every view's memory was
+ * imported by this backend, the view lies inside it, holds exactly the bytes the problem needs
+ * (convd_problem_sizes_of) and starts on an element boundary, in device memory at the device
+ * address too. Backends assert this and do not check it again; what they may still refuse is
+ * what only they know (a job larger than their staging pool, a device that fails). */
 struct convd_job {
     struct convd_problem problem;
     struct convd_tensor_view input, weight, bias, output;

@@ -7,6 +7,7 @@
  * side by side, one per thread, which keeps batch-1 requests from paying the pool's
  * synchronisation once per job.
  */
+#include <assert.h>
 #include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 
 #include "backend.h"
 #include "cpu_internal.h"
+#include "problem_priv.h"
 #include "why.h"
 
 /* Jobs below this many FLOPs run one per thread when a batch has several of them. */
@@ -102,11 +104,8 @@ static void cpub_destroy(void *ctx)
 static int cpub_supports(void *ctx, const struct convd_problem *p, char *why, size_t why_len)
 {
     (void)ctx;
-    int rc = convd_problem_check(p, why, why_len);
-    if (rc != 0)
-        return rc;
     struct cpu_plan plan;
-    rc = cpu_plan_init(p, NULL, 0, &plan);
+    int rc = cpu_plan_init(p, NULL, 0, &plan);
     if (rc == CONVD_ETOOBIG)
         return why_fail(why, why_len, rc,
                         "the cpu backend would need more than %zu MiB of scratch per thread for "
@@ -167,63 +166,32 @@ static int cpub_job_fail(struct convd_job *job, int status, const char *fmt, ...
     return status;
 }
 
-/* The host address of a view, after checking that it is host memory, lies inside its region,
- * holds `need` bytes and is aligned to the element size. */
-static int cpub_view(struct convd_job *job, const char *name, const struct convd_tensor_view *v,
-                     uint64_t need, size_t esz, void **ret_ptr)
+/* The host address of an admitted view (backend.h: host memory this backend imported, inside
+ * it, the problem's bytes, element-aligned). */
+static void *cpub_view(const struct convd_tensor_view *v, uint64_t need, size_t esz)
 {
-    if (v->mem == NULL)
-        return cpub_job_fail(job, CONVD_EINVAL, "%s tensor has no memory", name);
-    if (v->mem->kind != CONVD_MEM_HOST)
-        return cpub_job_fail(job, CONVD_EUNSUPPORTED,
-                             "%s tensor is in GPU memory; the cpu backend cannot access GPU memory",
-                             name);
-    uint64_t end;
-    if (__builtin_add_overflow(v->offset, v->bytes, &end) || end > v->mem->size)
-        return cpub_job_fail(job, CONVD_EBOUNDS,
-                             "%s tensor [%llu, +%llu) lies outside its region of %llu bytes", name,
-                             (unsigned long long)v->offset, (unsigned long long)v->bytes,
-                             (unsigned long long)v->mem->size);
-    if (v->bytes < need)
-        return cpub_job_fail(job, CONVD_ESIZE, "%s tensor has %llu bytes, the problem needs %llu",
-                             name, (unsigned long long)v->bytes, (unsigned long long)need);
-    if (v->mem->host == NULL)
-        return cpub_job_fail(job, CONVD_EINVAL, "%s tensor's memory has no host mapping", name);
-    uintptr_t addr = (uintptr_t)v->mem->host + (uintptr_t)v->offset;
-    if (addr % esz != 0)
-        return cpub_job_fail(job, CONVD_EINVAL,
-                             "%s tensor at offset %llu is not aligned to its %zu-byte elements",
-                             name, (unsigned long long)v->offset, esz);
-    *ret_ptr = (void *)addr;
-    return 0;
+    assert(v->mem != NULL && v->mem->kind == CONVD_MEM_HOST && v->mem->host != NULL);
+    assert(v->offset <= v->mem->size && v->bytes <= v->mem->size - v->offset);
+    assert(v->bytes == need);
+    const uintptr_t addr = (uintptr_t)v->mem->host + (uintptr_t)v->offset;
+    assert(addr % esz == 0);
+    (void)need, (void)esz;
+    return (void *)addr;
 }
 
-/* Checks a job and resolves its tensors. On failure the job's status and error are set. */
-static int cpub_job_prepare(struct convd_job *job, struct convd_tensors *ret_t,
-                            struct convd_problem_sizes *ret_z)
+/* Resolves an admitted job's tensors and sizes. */
+static void cpub_job_prepare(const struct convd_job *job, struct convd_tensors *ret_t,
+                             struct convd_problem_sizes *ret_z)
 {
-    char why[sizeof(job->error)];
+    const struct convd_problem *p = &job->problem;
     struct convd_problem_sizes z;
-    int rc = convd_problem_sizes(&job->problem, &z, why, sizeof(why));
-    if (rc != 0)
-        return cpub_job_fail(job, rc, "%s", why);
-    size_t esz = convd_dtype_size(job->problem.dtype);
-    struct convd_tensors t = {0};
-    void *in, *w, *out, *b = NULL;
-    if ((rc = cpub_view(job, "input", &job->input, z.input_bytes, esz, &in)) != 0 ||
-        (rc = cpub_view(job, "weight", &job->weight, z.weight_bytes, esz, &w)) != 0 ||
-        (rc = cpub_view(job, "output", &job->output, z.output_bytes, esz, &out)) != 0)
-        return rc;
-    if (job->problem.has_bias &&
-        (rc = cpub_view(job, "bias", &job->bias, z.bias_bytes, esz, &b)) != 0)
-        return rc;
-    t.input = in;
-    t.weight = w;
-    t.bias = b;
-    t.output = out;
-    *ret_t = t;
+    convd_problem_sizes_of(p, &z);
+    const size_t esz = convd_dtype_size(p->dtype);
+    ret_t->input = cpub_view(&job->input, z.input_bytes, esz);
+    ret_t->weight = cpub_view(&job->weight, z.weight_bytes, esz);
+    ret_t->bias = p->has_bias ? cpub_view(&job->bias, z.bias_bytes, esz) : NULL;
+    ret_t->output = cpub_view(&job->output, z.output_bytes, esz);
     *ret_z = z;
-    return 0;
 }
 
 static void cpub_job_run(struct convd_job *job, const struct convd_tensors *t,
@@ -270,8 +238,7 @@ static int cpub_run_batch(void *ctx, unsigned worker, struct convd_job *const *j
         struct convd_tensors t = {0};
         struct convd_problem_sizes z = {0};
         job->exec_ns = 0;
-        if (cpub_job_prepare(job, &t, &z) != 0)
-            continue;
+        cpub_job_prepare(job, &t, &z);
         if (small != NULL && z.flops < CPUB_SMALL_JOB_FLOPS && be->threads > 1) {
             small[nsmall].job = job;
             small[nsmall].t = t;

@@ -34,6 +34,7 @@
  * dead device) is detected by probing the stream after the failure; from then on the backend
  * refuses all work with the first such sentence, so that the daemon can report it and stop.
  */
+#include <assert.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -44,6 +45,7 @@
 #include <time.h>
 
 #include "vendor.h"
+#include "problem_priv.h"
 
 extern "C" {
 #include "backend.h"
@@ -353,8 +355,8 @@ static void gpu_job_fail(struct convd_job *j, int status, const char *sentence)
 }
 
 /* Checks one tensor view of a job: imported memory, enough bytes, inside its region. The daemon
- * has checked all of this; a backend that copies with DMA checks again, since a mistake here
- * would write over foreign memory instead of failing one request. */
+ * has checked all of this; the one check it repeats on purpose, since the views drive DMA: a
+ * mistake here would write over foreign memory instead of failing one request. */
 static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, size_t esz,
                           const char *name, char *why, size_t why_len)
 {
@@ -381,14 +383,10 @@ static int gpu_view_check(const struct convd_tensor_view *v, uint64_t need, size
                         (unsigned long long)m->size);
     }
     /* Kernels read whole elements in place from device memory: a misaligned address there would
-     * be a misaligned-access fault, which kills the context for every client. Host tensors are
-     * staged into aligned pool buffers, so they may sit anywhere. */
-    if (m->kind == CONVD_MEM_DEVICE && ((uintptr_t)m->device_ptr + v->offset) % esz != 0) {
-        return why_fail(why, why_len, CONVD_EINVAL,
-                        "the %s tensor in device memory (region offset %llu) is not aligned to its "
-                        "%zu-byte elements",
-                        name, (unsigned long long)v->offset, esz);
-    }
+     * be a misaligned-access fault, which kills the context for every client. The daemon refuses
+     * such a tensor when it decodes the request (daemon/request.c). */
+    assert(m->kind != CONVD_MEM_DEVICE || ((uintptr_t)m->device_ptr + v->offset) % esz == 0);
+    (void)esz;
     return 0;
 }
 
@@ -460,16 +458,15 @@ static void gpu_plan_group(struct gpu_ctx *ctx, struct gpu_slot *s, size_t base,
     struct convd_job **group = s->order + base;
     char why[GPU_WHY];
     const struct convd_problem *p = &group[0]->problem;
+    /* Admitted jobs (backend.h): the problem was checked at the request's decoding, with
+     * supports() (convd_gpu_check) among it. */
+    assert(convd_gpu_check(p, NULL, 0) == 0);
     struct convd_problem_sizes sz;
-    int rc = convd_problem_sizes(p, &sz, why, sizeof why);
-    if (rc == 0)
-        rc = convd_gpu_check(p, why, sizeof why);
-    if (rc != 0) {
-        for (size_t i = 0; i < n; i++)
-            gpu_job_fail(group[i], rc, why);
-        return;
-    }
-    /* Drop the jobs whose views are wrong, keeping the order of the rest. */
+    convd_problem_sizes_of(p, &sz);
+    int rc = 0;
+    /* The views are admitted too; they are checked once more before any DMA touches them (a
+     * mistake there would write over foreign memory instead of failing one request), and the
+     * jobs that fail are dropped, keeping the order of the rest. */
     size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
         rc = gpu_job_check(group[i], &sz, why, sizeof why);

@@ -11,6 +11,7 @@
 
 #include "convd/conv.h"
 #include "conv_math.h"
+#include "problem_priv.h"
 #include "why.h"
 
 void convd_problem_init(struct convd_problem *p, int32_t n, int32_t h, int32_t w, int32_t c,
@@ -174,13 +175,8 @@ int convd_problem_check(const struct convd_problem *p, char *why, size_t why_len
     return 0;
 }
 
-int convd_problem_sizes(const struct convd_problem *p, struct convd_problem_sizes *ret_sizes,
-                        char *why, size_t why_len)
+void convd_problem_sizes_of(const struct convd_problem *p, struct convd_problem_sizes *ret_sizes)
 {
-    int rc = convd_problem_check(p, why, why_len);
-    if (rc != 0)
-        return rc;
-
     /* Every product below was bounded by convd_problem_check(). */
     struct convd_problem_sizes z;
     const uint64_t esz = convd_dtype_size(p->dtype);
@@ -201,6 +197,15 @@ int convd_problem_sizes(const struct convd_problem *p, struct convd_problem_size
     if (mul_u64(z.output_elems, taps, &z.flops) != 0 || mul_u64(z.flops, 2, &z.flops) != 0)
         z.flops = UINT64_MAX;
     *ret_sizes = z;
+}
+
+int convd_problem_sizes(const struct convd_problem *p, struct convd_problem_sizes *ret_sizes,
+                        char *why, size_t why_len)
+{
+    int rc = convd_problem_check(p, why, why_len);
+    if (rc != 0)
+        return rc;
+    convd_problem_sizes_of(p, ret_sizes);
     return 0;
 }
 

@@ -1,4 +1,5 @@
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,6 +40,16 @@ static int req_tensor(const struct req_context *ctx, int which, const Convd__Ten
         return why_fail(why, why_len, CONVD_EINVAL,
                         "%s tensor at offset %llu is not aligned to its %zu-byte elements", name,
                         (unsigned long long)ref->offset, esz);
+    /* In device memory the kernels read whole elements in place: the device address must be
+     * aligned too (a region may start anywhere in its allocation), or the access would fault and
+     * take the GPU context down for every client. */
+    if (reg->mem.kind == CONVD_MEM_DEVICE &&
+        ((uintptr_t)reg->mem.device_ptr + (uintptr_t)ref->offset) % esz != 0)
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "%s tensor in device memory (region %llu, offset %llu) is not aligned to "
+                        "its %zu-byte elements: the region starts at allocation offset %llu",
+                        name, (unsigned long long)ref->region_id, (unsigned long long)ref->offset,
+                        esz, (unsigned long long)reg->mem.ipc_offset);
     if (which == REQ_OUTPUT && reg->readonly)
         return why_fail(why, why_len, CONVD_ESEAL,
                         "output tensor is in region %llu, which is sealed against writing",

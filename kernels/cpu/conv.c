@@ -5,12 +5,14 @@
  * The plan depends on the problem and the ISA only, never on the number of threads: each output
  * element is computed by one task in one fixed order, so 1 thread and 16 give the same bits.
  */
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conv_math.h"
 #include "cpu_internal.h"
+#include "problem_priv.h"
 
 /* Multiply-adds a task aims for: enough to amortise its packing and the pool's hand-out (a few
  * microseconds), few enough that a batch-1 problem still makes tasks for several threads. */
@@ -190,10 +192,9 @@ static void plan_cv(struct cpu_plan *pl)
 int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa, enum cpu_algo algo,
                   struct cpu_plan *ret_plan)
 {
+    assert(convd_problem_check(p, NULL, 0) == 0);
     struct convd_problem_sizes z;
-    int rc = convd_problem_sizes(p, &z, NULL, 0);
-    if (rc != 0)
-        return rc;
+    convd_problem_sizes_of(p, &z);
     if (isa == NULL)
         isa = cpu_isa_best();
 
@@ -303,8 +304,12 @@ int cpu_conv_ex(const struct convd_problem *p, const struct convd_tensors *t, in
 {
     if (p == NULL || t == NULL || threads < 0)
         return CONVD_EINVAL;
+    /* The kernel API's entry: the one place a problem is checked on this path. */
+    int rc = convd_problem_check(p, NULL, 0);
+    if (rc != 0)
+        return rc;
     struct cpu_plan plan;
-    int rc = cpu_plan_init(p, isa, algo, &plan);
+    rc = cpu_plan_init(p, isa, algo, &plan);
     if (rc != 0)
         return rc;
     if (t->input == NULL || t->weight == NULL || t->output == NULL ||

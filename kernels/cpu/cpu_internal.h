@@ -3,7 +3,7 @@
  * of one problem and the per-ISA kernel tables. Not installed; the tests include it to run every
  * ISA variant and to reach the pool directly.
  *
- * How a convolution runs: cpu_plan_init() validates the problem, picks an algorithm and a tiling
+ * How a convolution runs: cpu_plan_init() takes a valid problem, picks an algorithm and a tiling
  * that depend only on the problem (never on the thread count, so that any number of threads
  * gives bit-identical results), and says how many independent tasks there are and how much
  * scratch one task needs. The tasks then run on a pool; each one reads its slice of the input,
@@ -118,10 +118,10 @@ struct cpu_plan {
 /* Scratch a thread keeps between batches; more is returned once the batch is done. */
 #define CPU_SCRATCH_KEEP ((size_t)8 << 20)
 
-/* Validates p and fills *ret_plan for running it with `isa` (NULL: the best one this CPU runs)
- * and algorithm `algo` (0: the planner's choice). Returns 0, the problem's check error,
- * CONVD_EUNSUPPORTED when the forced algorithm cannot run p, or CONVD_ETOOBIG when a task would
- * need more than CPU_SCRATCH_MAX of scratch. */
+/* Fills *ret_plan for running p, which must be valid (convd_problem_check() passed where it came
+ * in; asserted), with `isa` (NULL: the best one this CPU runs) and algorithm `algo` (0: the
+ * planner's choice). Returns 0, CONVD_EUNSUPPORTED when the forced algorithm cannot run p, or
+ * CONVD_ETOOBIG when a task would need more than CPU_SCRATCH_MAX of scratch. */
 int cpu_plan_init(const struct convd_problem *p, const struct cpu_isa *isa, enum cpu_algo algo,
                   struct cpu_plan *ret_plan);
 

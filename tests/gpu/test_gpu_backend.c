@@ -947,31 +947,6 @@ static void peer_write_view(const struct convd_tensor_view *v, const void *data,
     peer_must(&rep, "writing a tensor into the peer's device memory");
 }
 
-/* A device-memory job whose input is not aligned to its elements must fail alone with
- * CONVD_EINVAL and a sentence, before any kernel touches it: a misaligned access would be a fault
- * that poisons the context for every client. */
-static void device_job_misaligned(struct convd_mem *m, const char *what)
-{
-    struct convd_problem p;
-    convd_problem_init(&p, 1, 8, 8, 8, 8, 3, 3, 2);
-    p.dtype = CONVD_DTYPE_FP32;
-    p.layout = CONVD_LAYOUT_NHWC;
-    struct convd_problem_sizes z;
-    assert_int_equal(convd_problem_sizes(&p, &z, NULL, 0), 0);
-    struct convd_job j;
-    memset(&j, 0, sizeof j);
-    j.problem = p;
-    view_set(&j.input, m, 2, z.input_bytes); /* 2 mod 4: misaligned for fp32 */
-    view_set(&j.weight, m, 4096, z.weight_bytes);
-    view_set(&j.output, m, 8192, z.output_bytes);
-    struct convd_job *jp = &j;
-    int rc = ops->run_batch(g_ctx, 0, &jp, 1);
-    if (rc != 0 || j.status != CONVD_EINVAL || strstr(j.error, "not aligned") == NULL)
-        fail_msg("%s: run_batch %s, job %s (%s); expected EINVAL naming the alignment", what,
-                 convd_status_name(rc), convd_status_name(j.status), j.error);
-    fprintf(stderr, "%s: %s\n", what, j.error);
-}
-
 /* A job whose tensors live in device region m (at allocation offset region_at) from a cursor
  * on, with data generated here and written into place by the peer; the peer checks the output
  * in its own memory. */
@@ -1114,8 +1089,9 @@ static void test_device_ipc(void **state)
     ops->mem_release(g_ctx, &a);
     assert_null(a.be_priv);
     device_job_roundtrip(&b, half, &cb, 0, "job in region b after a's release");
-    device_job_misaligned(&b, "misaligned job in region b");
-    device_job_roundtrip(&b, half, &cb, 1, "job in region b after the misaligned one");
+    /* (A tensor whose device address splits elements never reaches the backend: the daemon
+     * refuses it when it decodes the request, test_daemon_request.) */
+    device_job_roundtrip(&b, half, &cb, 1, "job in region b, the other worker");
     ops->mem_release(g_ctx, &b);
     /* Closed for good now; opening it again works. */
     a = device_mem(handle, IPC_REGION, half - IPC_REGION);

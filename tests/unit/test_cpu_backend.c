@@ -78,9 +78,8 @@ static void test_supports_and_memory(void **state)
     p.dtype = CONVD_DTYPE_BF16;
     p.layout = CONVD_LAYOUT_NHWC;
     assert_int_equal(ops->supports(ctx, &p, why, sizeof(why)), 0);
-    p.k = 10;
-    assert_int_equal(ops->supports(ctx, &p, why, sizeof(why)), CONVD_EGROUPS);
-    assert_non_null(strstr(why, "k=10"));
+    /* An invalid problem never reaches supports(): the daemon refuses it first
+     * (test_daemon_request). */
 
     uint8_t buf[64];
     struct convd_mem host = {.kind = CONVD_MEM_HOST, .size = sizeof(buf), .host = buf};
@@ -154,14 +153,6 @@ static void job_check_ok(struct job_data *d)
     assert_true(err <= tu_tolerance(d->job.problem.dtype));
 }
 
-/* Output still all poison: a failed job must not have run. */
-static void job_check_untouched(struct job_data *d, struct convd_mem *mem)
-{
-    const uint8_t *y = (const uint8_t *)mem->host + d->job.output.offset;
-    for (uint64_t i = 0; i < d->z.output_bytes; i++)
-        assert_int_equal(y[i], 0xff);
-}
-
 static void test_run_batch(void **state)
 {
     (void)state;
@@ -177,55 +168,38 @@ static void test_run_batch(void **state)
     assert_non_null(mem.host);
     memset(mem.host, 0, region);
     assert_int_equal(ops->mem_import(ctx, &mem, why, sizeof(why)), 0);
-    struct convd_mem dev = {.kind = CONVD_MEM_DEVICE, .size = region};
 
-    enum { NJOBS = 11 };
+    enum { NJOBS = 7 };
     struct job_data d[NJOBS];
     uint64_t cursor = 192; /* nothing starts at the region's first byte */
     for (int i = 0; i < NJOBS; i++) {
         struct convd_problem p;
         if (i < 5) {
             tu_random_problem(&rng, &p, 0, 0, 10); /* small: run side by side */
-        } else if (i < 7) {
+        } else {
             convd_problem_init(&p, 1, 20, 20, 48, 48, 3, 3, 2); /* > 8 MFLOP: whole pool */
             p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
             p.layout = i == 5 ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
             p.dtype = i == 5 ? CONVD_DTYPE_FP32 : CONVD_DTYPE_FP16;
             p.has_bias = true;
             p.activation = CONVD_ACT_RELU;
-        } else {
-            tu_random_problem(&rng, &p, 0, 0, 6); /* to be broken below */
         }
         job_make(&d[i], &p, &mem, &cursor);
     }
-    /* 7: weights in device memory; 8: input beyond the region; 9: output view too small;
-     * 10: input at an offset not aligned to the element size */
-    d[7].job.weight.mem = &dev;
-    d[8].job.input.offset = region - d[8].job.input.bytes / 2;
-    d[9].job.output.bytes -= 2;
-    d[10].job.input.offset += 1;
+    /* Jobs reach run_batch admitted (backend.h): views outside their region, of the wrong size,
+     * splitting elements or in GPU memory are the daemon's to refuse (test_daemon_request,
+     * test_daemon_regions). */
 
     struct convd_job *jobs[NJOBS];
     for (int i = 0; i < NJOBS; i++)
         jobs[i] = &d[i].job;
     assert_int_equal(ops->run_batch(ctx, 0, jobs, NJOBS), 0);
 
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < NJOBS; i++)
         job_check_ok(&d[i]);
-    assert_int_equal(d[7].job.status, CONVD_EUNSUPPORTED);
-    assert_non_null(strstr(d[7].job.error, "weight"));
-    assert_non_null(strstr(d[7].job.error, "cannot access GPU memory"));
-    assert_int_equal(d[8].job.status, CONVD_EBOUNDS);
-    assert_non_null(strstr(d[8].job.error, "input"));
-    assert_int_equal(d[9].job.status, CONVD_ESIZE);
-    assert_non_null(strstr(d[9].job.error, "output"));
-    assert_int_equal(d[10].job.status, CONVD_EINVAL);
-    assert_non_null(strstr(d[10].job.error, "aligned"));
-    for (int i = 7; i < NJOBS; i++)
-        job_check_untouched(&d[i], &mem);
 
     /* The same jobs again, one at a time, then an empty batch. */
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < NJOBS; i++) {
         tu_poison((uint8_t *)mem.host + d[i].job.output.offset, d[i].z.output_bytes);
         assert_int_equal(ops->run_batch(ctx, 0, &jobs[i], 1), 0);
         job_check_ok(&d[i]);

@@ -372,12 +372,68 @@ static void test_inflight_rejections(void **state)
     assert_int_equal(validate(fx, &fx->be, &r, 3, &d, why, sizeof(why)), CONVD_ENOREGION);
 }
 
+/* A backend that imports device regions at a made-up address (nothing is dereferenced while a
+ * request is validated): allocation base 0x100000, so a region's address is that plus its
+ * allocation offset. */
+static int fakedev_import(void *ctx, struct convd_mem *m, char *why, size_t len)
+{
+    (void)ctx, (void)why, (void)len;
+    m->device_ptr = (void *)(uintptr_t)(0x100000 + m->ipc_offset);
+    m->be_priv = m;
+    return 0;
+}
+
+static void fakedev_release(void *ctx, struct convd_mem *m)
+{
+    (void)ctx;
+    m->device_ptr = NULL;
+    m->be_priv = NULL;
+}
+
+/* Device memory: a tensor whose device address splits elements is refused when the request is
+ * decoded (the backends assume it never reaches them), though its offset in the region is
+ * element-aligned; the same tensor in a region that starts on an element boundary is admitted. */
+static void test_device_alignment(void **state)
+{
+    struct fixture *fx = *state;
+    struct convd_backend_ops ops = convd_cpu_backend_ops;
+    ops.mem_import = fakedev_import;
+    ops.mem_release = fakedev_release;
+    struct convd_backend be = fx->be;
+    be.ops = &ops;
+    struct region_table t;
+    region_table_init(&t, &be, &fx->limits, NULL);
+    const uint8_t handle[CONVD_IPC_HANDLE_SIZE] = {1};
+    char why[320] = "";
+    assert_int_equal(region_register_gpu(&t, 7, BIG, handle, sizeof handle, 2, why, sizeof why), 0);
+    assert_int_equal(region_register_gpu(&t, 8, BIG, handle, sizeof handle, 256, why, sizeof why),
+                     0);
+    struct convd_problem p;
+    small(&p);
+    p.dtype = CONVD_DTYPE_FP32;
+    struct req r;
+    req_init(&r, 1, &p);
+    r.in.region_id = r.w.region_id = r.b.region_id = r.out.region_id = 7;
+    const struct req_context ctx = {&t, &be, &fx->inflight, 64, CONVD_PROTOCOL_VERSION};
+    struct dreq d;
+    int rc = req_validate(&r.pb, &ctx, &d, why, sizeof why);
+    if (rc != CONVD_EINVAL || strstr(why, "input tensor in device memory") == NULL ||
+        strstr(why, "allocation offset 2") == NULL)
+        fail_msg("misaligned device tensor: %s (%s)", convd_status_name(rc), why);
+    r.in.region_id = r.w.region_id = r.b.region_id = r.out.region_id = 8;
+    assert_int_equal(req_validate(&r.pb, &ctx, &d, why, sizeof why), 0);
+    assert_ptr_equal(d.job.input.mem, &region_find(&t, 8)->mem);
+    region_table_release_all(&t);
+    region_table_destroy(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_valid_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_problem_rejections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_rejections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_device_alignment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inflight_rejections, setup, teardown),
     };
     return cmocka_run_group_tests_name("daemon request validation", tests, NULL, NULL);
