@@ -318,9 +318,10 @@ static int plan_cached(const struct gpu_route_in *in, enum convd_gpu_family req,
     pthread_mutex_lock(&plan_cache_lock);
     for (int i = 0; i < PLAN_CACHE_SIZE; i++) {
         const struct plan_entry *e = &plan_cache[i];
+        /* The policy last: every entry of a daemon has the same one. */
         if (e->used && e->dev == dev && e->req == req && e->ws == in->ws &&
-            e->aligned == in->aligned && memcmp(&e->pol, in->pol, sizeof(e->pol)) == 0 &&
-            convd_problem_same(&e->p, in->p)) {
+            e->aligned == in->aligned && convd_problem_same(&e->p, in->p) &&
+            memcmp(&e->pol, in->pol, sizeof(e->pol)) == 0) {
             *ret = e->plan;
             pthread_mutex_unlock(&plan_cache_lock);
             return 0;
