@@ -11,34 +11,31 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
 {
     if (pol == NULL)
         return CONVD_EINVAL;
+    /* Each knob's range, and the one value inside it that means nothing (-9: none). */
     const struct {
         const char *name;
-        int value, lo, hi;
+        int value, lo, hi, hole;
     } knobs[] = {
-        {"pdl", pol->pdl, -1, 3},
-        {"mma_cfg", pol->mma_cfg, -1, gpu_mma_configs() - 1},
-        {"mma_tma", pol->mma_tma, -1, 1},
-        {"mma_stages", pol->mma_stages, -1, 4},
-        {"mma_prefetch", pol->mma_prefetch, -1, 1},
-        {"mma_pad", pol->mma_pad, 0, 1},
-        {"dw_direct", pol->dw_direct, -1, gpu_dw_direct_shapes()},
-        {"fma_gemm", pol->fma_gemm, 0, 2},
-        {"fma_outputs3", pol->fma_outputs3, 0, 1},
-        {"direct", pol->direct, -1, 4},
-        {"direct_nhwc", pol->direct_nhwc, -1, 1},
-        {"direct_prefetch", pol->direct_prefetch, -1, 1},
-        {"direct_outputs8", pol->direct_outputs8, -1, 1},
+        {"pdl", pol->pdl, -1, 3, -9},
+        {"mma_cfg", pol->mma_cfg, -1, gpu_mma_configs() - 1, -9},
+        {"mma_tma", pol->mma_tma, -1, 1, -9},
+        {"mma_stages", pol->mma_stages, -1, 4, 0},
+        {"mma_prefetch", pol->mma_prefetch, -1, 1, -9},
+        {"mma_pad", pol->mma_pad, 0, 1, -9},
+        {"dw_direct", pol->dw_direct, -1, gpu_dw_direct_shapes(), -9},
+        {"fma_gemm", pol->fma_gemm, 0, 2, -9},
+        {"fma_outputs3", pol->fma_outputs3, 0, 1, -9},
+        {"direct", pol->direct, -1, 4, 3},
+        {"direct_nhwc", pol->direct_nhwc, -1, 1, -9},
+        {"direct_prefetch", pol->direct_prefetch, -1, 1, -9},
+        {"direct_outputs8", pol->direct_outputs8, -1, 1, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
-        int ok = knobs[i].value >= knobs[i].lo && knobs[i].value <= knobs[i].hi;
-        if (strcmp(knobs[i].name, "mma_stages") == 0)
-            ok = ok && knobs[i].value != 0;
-        if (strcmp(knobs[i].name, "direct") == 0)
-            ok = ok && knobs[i].value != 3;
-        if (!ok) {
+        const int v = knobs[i].value;
+        if (v < knobs[i].lo || v > knobs[i].hi || v == knobs[i].hole) {
             if (why != NULL && why_len > 0)
                 snprintf(why, why_len, "policy: %s = %d is not one of its values", knobs[i].name,
-                         knobs[i].value);
+                         v);
             return CONVD_EINVAL;
         }
     }
