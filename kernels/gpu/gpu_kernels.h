@@ -99,8 +99,9 @@ int convd_gpu_plan_workspace(const struct convd_problem *p, size_t count,
                              const struct convd_gpu_policy *pol, size_t *ret_bytes);
 
 /* One line describing how `family` (AUTO: the router's choice) would run p under pol with the
- * workspace convd_gpu_workspace() asks for: rule, tile shapes, threads, shared memory, grid. For
- * benchmarks and logs. Returns 0 or the family's refusal code. */
+ * workspace convd_gpu_workspace() asks for: tile shapes, threads, shared memory, grid and the
+ * copies it runs on (convd_gpu_rule() names the rule). For benchmarks and logs. Returns 0 or the
+ * family's refusal code. */
 int convd_gpu_plan_describe(const struct convd_problem *p, enum convd_gpu_family family,
                             const struct convd_gpu_policy *pol, char *buf, size_t len);
 
