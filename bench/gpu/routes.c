@@ -20,14 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cliargs.h"
 #include "convd_kernels.h"
 #include "gpu_dev.h"
 #include "mix.h"
-
-struct shape {
-    char name[64];
-    int n, h, w, c, k, r, s, stride, pad, dil, groups;
-};
 
 /* The epilogues that change a plan's inputs: none, bias+ReLU (inline), clamp (inline bounds),
  * SiLU (a separate pass after the kernel). */
@@ -99,38 +95,48 @@ static int dump_csv(const char *path)
         fprintf(stderr, "convd-routes: cannot open %s\n", path);
         return 1;
     }
-    char line[512];
-    for (int lineno = 1; fgets(line, sizeof(line), f) != NULL; lineno++) {
-        if (strncmp(line, "name,", 5) == 0 || line[0] == '#' || line[0] == '\n')
-            continue;
-        struct shape s;
-        if (sscanf(line, "%63[^,],%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", s.name, &s.n, &s.h, &s.w, &s.c,
-                   &s.k, &s.r, &s.s, &s.stride, &s.pad, &s.dil, &s.groups) != 12) {
-            fprintf(stderr,
-                    "convd-routes: %s:%d: expected name,n,h,w,c,k,r,s,stride,pad,dil,"
-                    "groups\n",
-                    path, lineno);
-            fclose(f);
-            return 1;
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    size_t got;
+    do {
+        if (cap - len < 4096) {
+            cap = len + 65536;
+            char *grown = realloc(text, cap);
+            if (grown == NULL) {
+                free(text);
+                fclose(f);
+                return 1;
+            }
+            text = grown;
         }
-        static const enum convd_dtype dts[] = {CONVD_DTYPE_FP16, CONVD_DTYPE_BF16,
-                                               CONVD_DTYPE_FP32};
+        got = fread(text + len, 1, cap - len, f);
+        len += got;
+    } while (got > 0);
+    fclose(f);
+    struct cli_shape *rows = NULL;
+    size_t count = 0;
+    char why[256];
+    const int rc = cli_shapes_parse(text, len, &rows, &count, why, sizeof(why));
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr, "convd-routes: %s: %s\n", path, why);
+        return 1;
+    }
+    static const enum convd_dtype dts[] = {CONVD_DTYPE_FP16, CONVD_DTYPE_BF16, CONVD_DTYPE_FP32};
+    for (size_t i = 0; i < count; i++)
         for (int d = 0; d < 3; d++)
             for (int l = 0; l < 2; l++)
                 for (size_t e = 0; e < (brief ? 1 : sizeof(epilogues) / sizeof(epilogues[0]));
                      e++) {
                     struct convd_problem p;
-                    convd_problem_init(&p, s.n, s.h, s.w, s.c, s.k, s.r, s.s, s.groups);
-                    p.stride_h = p.stride_w = s.stride;
-                    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = s.pad;
-                    p.dil_h = p.dil_w = s.dil;
+                    convd_problem_init(&p, 1, 1, 1, 1, 1, 1, 1, 1);
+                    cli_shape_apply(&rows[i], &p);
                     p.dtype = dts[d];
                     p.layout = l == 0 ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
                     set_epilogue(&p, e);
-                    print_problem(s.name, &p);
+                    print_problem(rows[i].name, &p);
                 }
-    }
-    fclose(f);
+    free(rows);
     return 0;
 }
 
