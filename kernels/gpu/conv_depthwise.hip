@@ -840,7 +840,6 @@ static constexpr struct dw_dcfg dw_dcfgs[] = {DW_DCFGS(DW_DCFG_ROW)};
 #undef DW_DCFG_ROW
 #define DW_NDCFG ((int)(sizeof(dw_dcfgs) / sizeof(dw_dcfgs[0])))
 
-#if !defined(CONVD_GPU_SWEEP_KERNELS)
 /* The row the router takes first for (layout, filter, stride, kpg) in dtype dt, or -1. */
 static constexpr int dw_first_row(int layout, int ks, int sh, int kpg, int dt)
 {
@@ -850,7 +849,14 @@ static constexpr int dw_first_row(int layout, int ks, int sh, int kpg, int dt)
             return i;
     return -1;
 }
-#endif
+
+/* Whether rows a and e are the same shape of work but for the band height: what dw_direct_plan
+ * may swap a for on a small image. */
+static constexpr bool dw_same_work(const struct dw_dcfg &a, const struct dw_dcfg &e)
+{
+    return e.layout == a.layout && e.ks == a.ks && e.sh == a.sh && e.kpg == a.kpg &&
+           e.cpt == a.cpt && e.p == a.p;
+}
 
 /* Whether row i's kernel is built for dtype dt. The production library holds the rows the router
  * can choose under the default policy: the first of its (layout, filter, stride, kpg) for dt,
@@ -869,8 +875,7 @@ static constexpr bool dw_row_built(int i, int dt)
     const int a = dw_first_row(r.layout, r.ks, r.sh, r.kpg, dt);
     if (a < 0)
         return false;
-    const struct dw_dcfg &f = dw_dcfgs[a];
-    return a == i || (f.cpt == r.cpt && f.p == r.p && f.th != r.th);
+    return a == i || (dw_same_work(dw_dcfgs[a], r) && dw_dcfgs[a].th != r.th);
 #endif
 }
 
@@ -904,14 +909,13 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
         (g->pl != (g->s - 1) / 2 || g->w % 4 != 0 || g->wo % 4 != 0))
         return 0;
     int ci = -1;
-    for (int i = 0; i < DW_NDCFG; i++)
-        if (dw_dcfgs[i].layout == (int)p->layout && dw_dcfgs[i].ks == g->r &&
-            dw_dcfgs[i].sh == g->sh && dw_dcfgs[i].kpg == g->kpg &&
-            (dw_direct_mode < 0 ? (dw_dcfgs[i].dtypes >> p->dtype & 1) != 0
-                                : dw_direct_mode == 1 + i)) {
-            ci = i;
-            break;
-        }
+    if (dw_direct_mode < 0) {
+        ci = dw_first_row((int)p->layout, g->r, g->sh, g->kpg, (int)p->dtype);
+    } else if (dw_direct_mode <= DW_NDCFG) {
+        const struct dw_dcfg &f = dw_dcfgs[dw_direct_mode - 1];
+        if (f.layout == (int)p->layout && f.ks == g->r && f.sh == g->sh && f.kpg == g->kpg)
+            ci = dw_direct_mode - 1;
+    }
     if (ci < 0)
         return 0;
     /* Bands that overrun a small image by more than a fifth of it (6-row bands on a 7-row
@@ -922,8 +926,7 @@ static int dw_direct_plan(const struct convd_problem *p, const struct gpu_geom *
         const struct dw_dcfg *a = &dw_dcfgs[ci], *e = &dw_dcfgs[i];
         const int wa = (ho + a->th - 1) / a->th * a->th - ho,
                   we = (ho + e->th - 1) / e->th * e->th - ho;
-        if (5 * wa > ho && we < wa && e->layout == a->layout && e->ks == a->ks && e->sh == a->sh &&
-            e->kpg == a->kpg && e->cpt == a->cpt && e->p == a->p)
+        if (5 * wa > ho && we < wa && dw_same_work(*a, *e))
             ci = i;
     }
     const struct dw_dcfg *d = &dw_dcfgs[ci];

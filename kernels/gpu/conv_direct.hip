@@ -199,20 +199,32 @@ static int gd_shape_ok(const struct convd_problem *p, const struct gpu_geom *g, 
     return 1;
 }
 
+/* What the planner picks under the default policy. 8 outputs (one row) where kpg allows pay in
+ * fp32 and not in 16-bit, where the window's loads cost less than the accumulators' registers.
+ * Prefetching the next plane's window pays where a plane's window is a few rows of several
+ * threads' work (2 or 4 rows) and costs where it is not (1 row); fp32 at stride 2 with 4 outputs
+ * spills with it. */
+static constexpr bool gd_default_outputs8(int dtype)
+{
+    return dtype == CONVD_DTYPE_FP32;
+}
+
+static constexpr bool gd_default_prefetch(int dtype, int sh, int kt, int th)
+{
+    return th >= 2 && !(dtype == CONVD_DTYPE_FP32 && sh == 2 && kt == 4);
+}
+
 /* Whether the kernel variant is built. The production library holds what the planner picks
- * under the default policy: the next plane's window prefetched exactly with 2 or 4 rows, except
- * fp32 at stride 2 with 4 outputs (it spills there), and 8 outputs in fp32 only. The others,
- * reachable by forcing the policy's direct_prefetch or direct_outputs8, are built with
- * CONVD_GPU_SWEEP_KERNELS (the sweeps' build); without it a plan that needs one is refused. */
+ * under the default policy (above). The others, reachable by forcing the policy's
+ * direct_prefetch or direct_outputs8, are built with CONVD_GPU_SWEEP_KERNELS (the sweeps'
+ * build); without it a plan that needs one is refused. */
 static constexpr bool gd_built(int dtype, int sh, int kt, int th, bool pf)
 {
 #if defined(CONVD_GPU_SWEEP_KERNELS)
     (void)dtype, (void)sh, (void)kt, (void)th, (void)pf;
     return true;
 #else
-    if (kt == 8 && dtype != CONVD_DTYPE_FP32)
-        return false;
-    return pf == (th >= 2 && !(dtype == CONVD_DTYPE_FP32 && sh == 2 && kt == 4));
+    return (kt != 8 || gd_default_outputs8(dtype)) && pf == gd_default_prefetch(dtype, sh, kt, th);
 #endif
 }
 
@@ -227,10 +239,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_polic
     if (!gd_shape_ok(p, g, why, why_len))
         return CONVD_EUNSUPPORTED;
     pl.kt = g->kpg % 4 == 0 ? 4 : g->kpg % 2 == 0 ? 2 : 1;
-    /* 8 outputs (one row) where kpg allows pay in fp32 and not in 16-bit, where the window's loads
-     * cost less than the accumulators' registers. */
     if (g->kpg % 8 == 0 &&
-        (pol->direct_outputs8 > 0 || (pol->direct_outputs8 < 0 && p->dtype == CONVD_DTYPE_FP32)))
+        (pol->direct_outputs8 > 0 || (pol->direct_outputs8 < 0 && gd_default_outputs8(p->dtype))))
         pl.kt = 8;
     pl.ktiles = g->kpg / pl.kt;
     pl.smem = g->cpg * 9 * pl.kt * (int)sizeof(float);
@@ -263,12 +273,8 @@ int gpu_gd_plan_make(const struct convd_problem *p, const struct convd_gpu_polic
                 break;
             }
         }
-    /* Prefetch pays where a plane's window is a few rows of several threads' work (2 or 4 rows)
-     * and costs where it is not (1 row); fp32 at stride 2 with 4 outputs spills with it. */
-    if (pol->direct_prefetch >= 0)
-        pl.prefetch = pol->direct_prefetch;
-    else
-        pl.prefetch = pl.th >= 2 && !(p->dtype == CONVD_DTYPE_FP32 && g->sh == 2 && pl.kt == 4);
+    pl.prefetch = pol->direct_prefetch >= 0 ? pol->direct_prefetch
+                                            : gd_default_prefetch(p->dtype, g->sh, pl.kt, pl.th);
     if (!gd_built(p->dtype, g->sh, pl.kt, pl.th, pl.prefetch != 0)) {
         snprintf(why, why_len,
                  "direct: %d outputs x %d rows%s is built only with CONVD_GPU_SWEEP_KERNELS", pl.kt,
