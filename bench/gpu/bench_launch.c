@@ -8,8 +8,12 @@
  *             p99 of many, one at a time): what the daemon's loop sees as the batch's exec time.
  * Inputs are random and never checked here: the kernels' tests do that.
  *
+ * --floor prints first the same for an empty kernel by parameter size (launch_floor.cu), the
+ * part of the above no library change can remove; --tune sets a knob of the development policy
+ * (gpu_dev.h, as convd-routes does), to compare the launch of one plan with another's.
+ *
  *   convd-bench-launch [--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,GROUPS] [--dtype fp16] [--layout nhwc]
- *                      [--iters 2000]
+ *                      [--iters 2000] [--floor] [--tune KNOB=VALUE]...
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -18,6 +22,8 @@
 #include <time.h>
 
 #include "convd_kernels.h"
+#include "gpu_dev.h"
+#include "launch_floor.h"
 
 #define BL_MAX 32
 
@@ -42,8 +48,43 @@ static int bl_check(cudaError_t e, const char *what)
     return 1;
 }
 
+static const struct {
+    const char *name;
+    int (*set)(int);
+} bl_knobs[] = {
+    {"pdl", convd_gpu_tune_pdl},
+    {"mma_cfg", convd_gpu_tune_mma_cfg},
+    {"mma_tma", convd_gpu_tune_mma_tma},
+    {"mma_stages", convd_gpu_tune_mma_stages},
+    {"mma_prefetch", convd_gpu_tune_mma_prefetch},
+};
+
+/* "name=value": sets that knob; 0, or 1 with a message. */
+static int bl_tune(const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    for (size_t i = 0; eq != NULL && i < sizeof(bl_knobs) / sizeof(bl_knobs[0]); i++)
+        if (strlen(bl_knobs[i].name) == (size_t)(eq - arg) &&
+            strncmp(arg, bl_knobs[i].name, (size_t)(eq - arg)) == 0 &&
+            bl_knobs[i].set(atoi(eq + 1)) == 0)
+            return 0;
+    fprintf(stderr,
+            "convd-bench-launch: %s: expected KNOB=VALUE (pdl, mma_cfg, mma_tma, "
+            "mma_stages, mma_prefetch)\n",
+            arg);
+    return 1;
+}
+
+/* convd_gpu_conv() under the development policy (its default unless --tune changed it). */
+static int bl_conv(const struct convd_problem *p, const struct convd_tensors *t, size_t count,
+                   void *ws, size_t ws_bytes, cudaStream_t s)
+{
+    return convd_gpu_conv_family(p, t, count, ws, ws_bytes, s, CONVD_GPU_FAMILY_AUTO);
+}
+
 int main(int argc, char **argv)
 {
+    int floor = 0;
     struct convd_problem p;
     convd_problem_init(&p, 1, 56, 56, 128, 128, 3, 3, 32);
     p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
@@ -79,9 +120,16 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--iters") == 0 && v) {
             iters = atoi(v);
             i++;
+        } else if (strcmp(argv[i], "--floor") == 0) {
+            floor = 1;
+        } else if (strcmp(argv[i], "--tune") == 0 && v) {
+            if (bl_tune(v) != 0)
+                return 2;
+            i++;
         } else {
             fprintf(stderr, "usage: convd-bench-launch [--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,"
-                            "GROUPS] [--dtype D] [--layout L] [--iters N]\n");
+                            "GROUPS] [--dtype D] [--layout L] [--iters N] [--floor] "
+                            "[--tune KNOB=VALUE]...\n");
             return 2;
         }
     }
@@ -98,7 +146,7 @@ int main(int argc, char **argv)
     char *mem = NULL;
     size_t ws_bytes = 0;
     if (bl_check(cudaMalloc((void **)&mem, per * BL_MAX + z.weight_bytes), "cudaMalloc") ||
-        convd_gpu_workspace(&p, BL_MAX, &ws_bytes) != 0)
+        convd_gpu_dev_workspace(&p, BL_MAX, &ws_bytes) != 0)
         return 1;
     void *ws = NULL;
     if (ws_bytes > 0 && bl_check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace"))
@@ -120,15 +168,21 @@ int main(int argc, char **argv)
     double *trip = malloc(sizeof(double) * (size_t)iters);
     if (trip == NULL)
         return 1;
-    char desc[160];
-    printf("convd-bench-launch: %s, kernel family %s, %d iterations\n\n",
-           convd_problem_str(&p, desc, sizeof(desc)), convd_gpu_kernel_name(&p), iters);
+    if (floor && convd_bench_launch_floor(iters) != 0) {
+        fprintf(stderr, "convd-bench-launch: the floor table failed\n");
+        return 1;
+    }
+    char desc[160], plan[512];
+    if (convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, plan, sizeof(plan)) != 0)
+        snprintf(plan, sizeof(plan), "(no plan)");
+    printf("convd-bench-launch: %s, rule %s, %d iterations\n%s\n\n",
+           convd_problem_str(&p, desc, sizeof(desc)), convd_gpu_dev_rule(&p), iters, plan);
     printf("| batch | host us/call | +record us | trip p50 us | trip p99 us | host us/problem |\n");
     printf("|---:|---:|---:|---:|---:|---:|\n");
     for (int count = 1; count <= BL_MAX; count *= 2) {
         /* Warm-up: plans, tensor-map entry points, the first launches. */
         for (int i = 0; i < 20; i++)
-            if (convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, s) != 0) {
+            if (bl_conv(&p, t, (size_t)count, ws, ws_bytes, s) != 0) {
                 fprintf(stderr, "convd-bench-launch: convd_gpu_conv failed\n");
                 return 1;
             }
@@ -137,7 +191,7 @@ int main(int argc, char **argv)
         double host = 0, rec = 0;
         for (int i = 0; i < iters; i++) {
             double t0 = bl_now_us();
-            convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, s);
+            bl_conv(&p, t, (size_t)count, ws, ws_bytes, s);
             double t1 = bl_now_us();
             cudaEventRecord(ev, s);
             double t2 = bl_now_us();
@@ -150,7 +204,7 @@ int main(int argc, char **argv)
         /* One at a time: launch, record, spin on the event. */
         for (int i = 0; i < iters; i++) {
             double t0 = bl_now_us();
-            convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, s);
+            bl_conv(&p, t, (size_t)count, ws, ws_bytes, s);
             cudaEventRecord(ev, s);
             while (cudaEventQuery(ev) == cudaErrorNotReady)
                 ;
