@@ -6,6 +6,9 @@
  * after a routing change shows whether any choice moved; it says nothing about speed, and the
  * mma family's occupancy it reports is this file's estimate, not the device's.
  *
+ * Built with STUB_LAUNCHES (convd-launch-host), launches and tensor-map encodes succeed and do
+ * nothing, so the library's own host cost per call can be timed without a device.
+ *
  * Development tool only: never linked into the daemon or the libraries.
  */
 #include <stdint.h>
@@ -40,7 +43,8 @@ void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fu
     (void)tid, (void)bid, (void)bdim, (void)gdim, (void)wsize;
 }
 
-/* Launch paths: never taken by a route dump, refused if they were. */
+/* Launch paths: never taken by a route dump, refused if they were (accepted under
+ * STUB_LAUNCHES). */
 cudaError_t __cudaPopCallConfiguration(void *grid, void *block, size_t *smem, void *stream)
 {
     (void)grid, (void)block, (void)smem, (void)stream;
@@ -61,7 +65,11 @@ cudaError_t __cudaLaunchKernel(void)
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
     (void)config, (void)func, (void)args;
+#ifdef STUB_LAUNCHES
+    return cudaSuccess;
+#else
     return cudaErrorNotSupported;
+#endif
 }
 
 /* ---- the device ---- */
@@ -159,7 +167,11 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const voi
 /* cuTensorMapEncodeTiled: present (so tensor-copy plans are made), never called by planning. */
 static int stub_encode(void)
 {
+#ifdef STUB_LAUNCHES
+    return 0; /* CUDA_SUCCESS, the map left as it was */
+#else
     return 1; /* CUDA_ERROR_INVALID_VALUE */
+#endif
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
