@@ -17,13 +17,6 @@ int wire_request_supported(const struct convd_problem *p, uint32_t version, char
                      (unsigned)version);
         return CONVD_EUNSUPPORTED;
     }
-    if (p->allow_tf32) {
-        if (why != NULL && why_len > 0)
-            snprintf(why, why_len,
-                     "allow_tf32 is set, but no convd kernel implements TF32 yet: the request "
-                     "would run in exact fp32; clear the flag");
-        return CONVD_EUNSUPPORTED;
-    }
     return 0;
 }
 

@@ -34,8 +34,8 @@ int wire_problem_from_pb(const Convd__Problem *pb, struct convd_problem *ret, ch
 /* What a request may ask for beyond a valid problem on a connection of protocol `version`,
  * judged the same way by the client library and the daemon (CONVD_EUNSUPPORTED, so that nothing
  * asked for is silently dropped): an activation other than relu needs protocol 2, which an older
- * daemon would not read; allow_tf32 is refused until a kernel implements TF32. Returns 0 or the
- * code with a sentence. */
+ * daemon would not read. Returns 0 or the code with a sentence. (allow_tf32 needs nothing here:
+ * daemons before TF32 refuse it themselves, naming the flag.) */
 int wire_request_supported(const struct convd_problem *p, uint32_t version, char *why,
                            size_t why_len);
 

@@ -7,11 +7,12 @@
  *   or why it refuses, without workspace as convd_gpu_family_check plans).
  *
  *   convd-routes [--shapes FILE]... [--random N] [--seed S] [--tune KNOB=VALUE]... [--brief]
+ *                [--tf32]   (fp32 problems allow TF32)
  *   convd-routes --table      (the routing table as docs/architecture.md carries it; no GPU)
  *
  * --tune sets a knob of the development policy (gpu_dev.h: pdl, mma_cfg, mma_tma, mma_stages,
  * mma_prefetch, mma_pad, dw_direct, fma_gemm, fma_outputs3, direct, direct_nhwc,
- * direct_prefetch, direct_outputs8) before anything is planned.
+ * direct_prefetch, direct_outputs8, tf32) before anything is planned.
  *
  * Needs a GPU (the planners read the device); no kernel is launched.
  */
@@ -46,16 +47,17 @@ static const struct {
 #endif
 
 static int brief; /* --brief: the routed plan and workspace only, shapes without an epilogue */
+static int tf32;  /* --tf32: fp32 problems allow TF32 */
 
 static void print_problem(const char *label, const struct convd_problem *p)
 {
     char key[200];
     snprintf(key, sizeof(key),
-             "%s n%d h%d w%d c%d k%d g%d r%d s%d st%d,%d pad%d,%d,%d,%d dil%d,%d %s %s%s %s", label,
-             p->n, p->h, p->w, p->c, p->k, p->groups, p->r, p->s, p->stride_h, p->stride_w,
+             "%s n%d h%d w%d c%d k%d g%d r%d s%d st%d,%d pad%d,%d,%d,%d dil%d,%d %s%s %s%s %s",
+             label, p->n, p->h, p->w, p->c, p->k, p->groups, p->r, p->s, p->stride_h, p->stride_w,
              p->pad_top, p->pad_bottom, p->pad_left, p->pad_right, p->dil_h, p->dil_w,
-             convd_dtype_name(p->dtype), convd_layout_name(p->layout), p->has_bias ? " bias" : "",
-             convd_activation_name(p->activation));
+             convd_dtype_name(p->dtype), p->allow_tf32 ? "+tf32" : "", convd_layout_name(p->layout),
+             p->has_bias ? " bias" : "", convd_activation_name(p->activation));
     char why[200];
     if (convd_gpu_check(p, why, sizeof(why)) != 0) {
         printf("%s | refused: %s\n", key, why);
@@ -134,6 +136,7 @@ static int dump_csv(const char *path)
                     p.dtype = dts[d];
                     p.layout = l == 0 ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
                     set_epilogue(&p, e);
+                    p.allow_tf32 = tf32 && p.dtype == CONVD_DTYPE_FP32;
                     print_problem(rows[i].name, &p);
                 }
     free(rows);
@@ -157,6 +160,7 @@ static const struct {
     {"direct_nhwc", convd_gpu_tune_direct_nhwc},
     {"direct_prefetch", convd_gpu_tune_direct_prefetch},
     {"direct_outputs8", convd_gpu_tune_direct_outputs8},
+    {"tf32", convd_gpu_tune_tf32},
 };
 
 /* "name=value": sets that knob; 0, or 1 with a message. */
@@ -224,6 +228,7 @@ static void dump_random(int count)
             (const int[]){CONVD_DTYPE_FP16, CONVD_DTYPE_BF16, CONVD_DTYPE_FP32}, 3);
         p.layout = pick(0, 1) ? CONVD_LAYOUT_NHWC : CONVD_LAYOUT_NCHW;
         set_epilogue(&p, (size_t)pick(0, 3));
+        p.allow_tf32 = tf32 && p.dtype == CONVD_DTYPE_FP32;
         if (convd_problem_check(&p, NULL, 0) != 0)
             continue;
         char label[32];
@@ -251,6 +256,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(argv[i], "--brief") == 0) {
             brief = 1;
+        } else if (strcmp(argv[i], "--tf32") == 0) {
+            tf32 = 1;
         } else if (strcmp(argv[i], "--table") == 0) {
             const size_t need = convd_gpu_rule_table(NULL, 0);
             char *table = malloc(need + 1);
@@ -266,7 +273,7 @@ int main(int argc, char **argv)
             i++;
         } else {
             printf("usage: convd-routes [--shapes FILE]... [--random N] [--seed S] "
-                   "[--tune KNOB=VALUE]... [--brief] | --table\n");
+                   "[--tune KNOB=VALUE]... [--brief] [--tf32] | --table\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }

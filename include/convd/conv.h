@@ -75,7 +75,8 @@ struct convd_problem {
     enum convd_dtype dtype;
     enum convd_layout layout;
     bool has_bias;   /* add bias[k] before the activation */
-    bool allow_tf32; /* fp32 only: the GPU may use TF32 tensor cores (changes the numerics) */
+    bool allow_tf32; /* fp32 only: the GPU may multiply in TF32 (10-bit mantissa), as PyTorch does
+                        by default; where it does not, and on the CPU, fp32 is exact */
     enum convd_activation activation; /* after the bias */
     float act_min, act_max;           /* CONVD_ACT_CLAMP's bounds; 0 for every other activation */
 };

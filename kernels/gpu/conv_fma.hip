@@ -525,7 +525,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
     const struct gpu_geom *g = &pl.g;
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
     if (kernel != GPU_FMA_DIRECT) {
-        const int rc = gpu_pw_plan_make(p, out_nchw, pol, &pl.pw, why, why_len);
+        const int rc =
+            gpu_pw_plan_make(p, out_nchw, kernel == GPU_FMA_TF32, pol, &pl.pw, why, why_len);
         if (rc == 0) {
             pl.gemm = 1;
             pl.threads = pl.pw.threads;
@@ -533,7 +534,7 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
             *ret = pl;
             return 0;
         }
-        if (kernel == GPU_FMA_GEMM)
+        if (kernel == GPU_FMA_GEMM || kernel == GPU_FMA_TF32)
             return rc;
     }
 

@@ -19,6 +19,11 @@
  * weights transposed) and leave through an NCHW epilogue; NCHW gathers for general filters (one
  * element per load) measured slower than the direct kernel on transposed copies and are not
  * built. NHWC weights are [K][R][S][cpg], already tap-major.
+ *
+ * TF32 (fp32 problems that allow it, NVIDIA sm_80 and later): the same tiles, loaders and
+ * epilogue, operands rounded to TF32 as they are staged, and each warp multiplies a 32 x 32 part
+ * of the tile on the tensor cores (mma m16n8k8) instead of each thread a 4 x 8 outer product;
+ * the accumulators go through shared memory into the FMA path's layout for the epilogue.
  */
 #include "gpu_internal.h"
 
@@ -31,6 +36,8 @@
 /* Least useful fraction of tile work x waves for general filters (fma_gemm 1): the point below
  * which the direct kernel won in `--sweep-fma` (bench/gpu/NOTES.md, "fma"). */
 #define PW_MIN_EFF 0.6
+/* TF32 tiles: warps of 32 outputs x 32 pixels, 128 to 256 threads. */
+#define PW_TF32_WARP 32
 
 static int pw_is_pointwise(const struct convd_problem *p)
 {
@@ -38,13 +45,18 @@ static int pw_is_pointwise(const struct convd_problem *p)
            p->pad_bottom == 0 && p->pad_left == 0 && p->pad_right == 0;
 }
 
-int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy *pol)
+static int pw_shape_ok(const struct convd_problem *p)
 {
-    if (pol->fma_gemm == 0 || p->groups < 1)
+    if (p->groups < 1)
         return 0;
     const int64_t cpg = p->c / p->groups, kpg = p->k / p->groups;
     return pw_is_pointwise(p) ||
            (p->layout == CONVD_LAYOUT_NHWC && cpg % 4 == 0 && kpg >= PW_MIN_KPG);
+}
+
+int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy *pol)
+{
+    return pol->fma_gemm != 0 && pw_shape_ok(p);
 }
 
 /*
@@ -55,7 +67,7 @@ int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy 
  * filter); the others serve pointwise problems only (NHWC: one channel per load; NCHW: one pixel,
  * or with VEC 4 pixels of a plane).
  */
-template <class DT, int NHWC, int VEC>
+template <class DT, int NHWC, int VEC, int TF32>
 __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     pw_kernel(const struct gpu_geom g, const struct gpu_batch b, int tch, int tpx, int ctiles,
               int ptiles, int vec_out, int out_nchw)
@@ -163,6 +175,14 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             }
         }
     };
+    /* TF32 rounds once, as each element is staged, not per fragment read. */
+    auto cv = [](float v) {
+#if defined(CONVD_GPU_NVIDIA)
+        return TF32 ? gpu_to_tf32(v) : v;
+#else
+        return v;
+#endif
+    };
     auto store = [&]() {
         if (VEC) {
 #pragma unroll
@@ -172,18 +192,18 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                     if (j < tpx)
 #pragma unroll
                         for (int t = 0; t < 4; t++)
-                            xsm[(vk * 4 + t) * xs + j] = vx[u][t];
+                            xsm[(vk * 4 + t) * xs + j] = cv(vx[u][t]);
                 } else {
                     const int e = tid + u * nthr, row = e >> qsh, q = e - (row << qsh);
                     if (row < PW_KC)
                         *(float4 *)(xsm + row * xs + q * 4) =
-                            make_float4(vx[u][0], vx[u][1], vx[u][2], vx[u][3]);
+                            make_float4(cv(vx[u][0]), cv(vx[u][1]), cv(vx[u][2]), cv(vx[u][3]));
                 }
                 const int i = vr + u * vstep;
                 if (i < tch)
 #pragma unroll
                     for (int t = 0; t < 4; t++)
-                        wsm[(vk * 4 + t) * ws + i] = vw[u][t];
+                        wsm[(vk * 4 + t) * ws + i] = cv(vw[u][t]);
             }
         } else {
 #pragma unroll
@@ -191,16 +211,32 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                 if (NHWC) {
                     const int j = lr + u * lstep;
                     if (j < tpx)
-                        xsm[lk * xs + j] = sx[u];
+                        xsm[lk * xs + j] = cv(sx[u]);
                 } else if (u < PW_KC && tid < tpx) {
-                    xsm[u * xs + tid] = sx[u];
+                    xsm[u * xs + tid] = cv(sx[u]);
                 }
                 const int i = lr + u * lstep;
                 if (i < tch)
-                    wsm[lk * ws + i] = sw[u];
+                    wsm[lk * ws + i] = cv(sw[u]);
             }
         }
     };
+
+    /* TF32: this warp's 32 x 32 part of the tile, (wm, wn) in units of 32, as 2 x 4 mma tiles
+     * of 16 outputs x 8 pixels; lane (lg, lt) holds fragment rows lg, lg + 8 and columns lt,
+     * lt + 4 (k) or 2 lt, 2 lt + 1 (pixels). Rows of xs and ws are 4 mod 32 floats apart, so the
+     * fragment reads hit 32 banks. */
+    float d[TF32 ? 2 : 1][TF32 ? 4 : 1][4];
+    const int mw = TF32 ? tch / PW_TF32_WARP : 1, wm = (tid >> 5) % mw, wn = (tid >> 5) / mw;
+    const int lg = (tid & 31) >> 2, lt = tid & 3;
+    if (TF32)
+#pragma unroll
+        for (int mt = 0; mt < (TF32 ? 2 : 1); mt++)
+#pragma unroll
+            for (int nt = 0; nt < (TF32 ? 4 : 1); nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    d[mt][nt][i] = 0.0f;
 
     load(0);
     for (int k0 = 0; k0 < kdim; k0 += PW_KC) {
@@ -208,6 +244,37 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
         __syncthreads();
         if (k0 + PW_KC < kdim)
             load(k0 + PW_KC);
+#if defined(CONVD_GPU_NVIDIA)
+        if constexpr (TF32) {
+            /* Rows past kdim were staged as zeros: both k8 halves always run. */
+            const float *wa = wsm + wm * PW_TF32_WARP + lg, *xb = xsm + wn * PW_TF32_WARP + lg;
+#pragma unroll
+            for (int k8 = 0; k8 < PW_KC; k8 += 8) {
+                const float *w0 = wa + (k8 + lt) * ws, *w1 = w0 + 4 * ws;
+                const float *x0 = xb + (k8 + lt) * xs, *x1 = x0 + 4 * xs;
+                uint32_t a[2][4], bb[4][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    a[mt][0] = __float_as_uint(w0[mt * 16]);
+                    a[mt][1] = __float_as_uint(w0[mt * 16 + 8]);
+                    a[mt][2] = __float_as_uint(w1[mt * 16]);
+                    a[mt][3] = __float_as_uint(w1[mt * 16 + 8]);
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    bb[nt][0] = __float_as_uint(x0[nt * 8]);
+                    bb[nt][1] = __float_as_uint(x1[nt * 8]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+                        gpu_mma_tf32(d[mt][nt], a[mt], bb[nt][0], bb[nt][1]);
+            }
+            __syncthreads();
+            continue;
+        }
+#endif
         const int kn = min(PW_KC, kdim - k0);
         const float *wr = wsm + ti * PW_TC, *xr = xsm + tj * 4;
 #pragma unroll 4
@@ -224,6 +291,33 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                     acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
         __syncthreads();
+    }
+
+    if (TF32) {
+        /* The warps' fragments into shared memory ([output][pixel], rows tpx + 4 apart; the last
+         * K step's barrier freed it), then each thread's 4 x 8 of the FMA layout out of it. */
+        const int sp = tpx + 4;
+#pragma unroll
+        for (int mt = 0; mt < (TF32 ? 2 : 1); mt++)
+#pragma unroll
+            for (int nt = 0; nt < (TF32 ? 4 : 1); nt++) {
+                const int m = wm * PW_TF32_WARP + mt * 16 + lg;
+                const int n = wn * PW_TF32_WARP + nt * 8 + 2 * lt;
+                *(float2 *)(pw_smem + m * sp + n) = make_float2(d[mt][nt][0], d[mt][nt][1]);
+                *(float2 *)(pw_smem + (m + 8) * sp + n) = make_float2(d[mt][nt][2], d[mt][nt][3]);
+            }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < PW_TC; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float4 v =
+                    *(const float4 *)(pw_smem + (ti * PW_TC + i) * sp + tj * 4 + h * (tpx / 2));
+                acc[i][h * 4] = v.x;
+                acc[i][h * 4 + 1] = v.y;
+                acc[i][h * 4 + 2] = v.z;
+                acc[i][h * 4 + 3] = v.w;
+            }
     }
 
     /* Epilogue. Pixels of the thread: p0 + tj * 4 + {0..3} and the same half a tile on. */
@@ -322,11 +416,32 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
  */
 #define PW_LOAD_COST 8
 
-int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
+/* TF32 tiles cost a quarter of the FMA path's per multiply (mma.sync TF32 against FFMA on the
+ * H100 and H200: about 4x); the loads cost the same. */
+#define PW_TF32_MATH 4
+
+int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
                      const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
                      size_t why_len)
 {
-    if (!gpu_pw_applies(p, pol)) {
+    if (tf32) {
+        struct gpu_device_info dev;
+#if defined(CONVD_GPU_NVIDIA)
+        const int cc = gpu_device_info_get(&dev) == 0 ? dev.code_cc : 0;
+#else
+        const int cc = 0;
+        (void)dev;
+#endif
+        if (p->dtype != CONVD_DTYPE_FP32 || !p->allow_tf32) {
+            snprintf(why, why_len, "tf32 gemm: needs an fp32 problem that allows TF32");
+            return CONVD_EUNSUPPORTED;
+        }
+        if (cc < 80) {
+            snprintf(why, why_len, "tf32 gemm: needs NVIDIA tensor cores of sm_80 or later");
+            return CONVD_EUNSUPPORTED;
+        }
+    }
+    if (tf32 ? !pw_shape_ok(p) : !gpu_pw_applies(p, pol)) {
         snprintf(why, why_len,
                  "fma gemm: needs a 1x1 filter with unit stride and no padding, or cpg a "
                  "multiple of 4 and kpg >= %d",
@@ -347,14 +462,15 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
     if (gpu_device_info_get(&dev) != 0)
         dev.sm_count = 132;
     static const int tpxs[] = {128, 112, 96, 64, 32};
+    const int tch_step = tf32 ? PW_TF32_WARP : PW_TC;
     /* NCHW vector loads step through a tile's pixel rows by shifts: power-of-two tiles only. */
     const int pow2_only = !nhwc && pointwise && g->cpg % 4 == 0 && npix % 4 == 0;
     double best = -1.0;
     for (size_t a = 0; a < sizeof(tpxs) / sizeof(tpxs[0]); a++) {
         const int tpx = tpxs[a];
-        if (pow2_only && (tpx & (tpx - 1)) != 0)
+        if ((pow2_only && (tpx & (tpx - 1)) != 0) || (tf32 && tpx % PW_TF32_WARP != 0))
             continue;
-        for (int tch = 4; tch <= 128; tch += 4) {
+        for (int tch = tch_step; tch <= 128; tch += tch_step) {
             const int threads = (tch / PW_TC) * (tpx / PW_TP);
             if (threads < 128 || threads > 256 || threads % 32 != 0)
                 continue;
@@ -366,8 +482,8 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
             const int64_t slots = (int64_t)dev.sm_count * 2;
             const double waves = (double)((blocks + slots - 1) / slots);
             const double kp = (double)((g->cpg * g->r * g->s + PW_KC - 1) / PW_KC * PW_KC);
-            const double cost =
-                waves * kp * ((double)tch * tpx + PW_LOAD_COST * (double)(tch + tpx));
+            const double math = (double)tch * tpx / (tf32 ? PW_TF32_MATH : 1);
+            const double cost = waves * kp * (math + PW_LOAD_COST * (double)(tch + tpx));
             if (best < 0.0 || cost < best) {
                 best = cost;
                 pl.tch = tch;
@@ -382,7 +498,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
         snprintf(why, why_len, "fma gemm: grid too large");
         return CONVD_EUNSUPPORTED;
     }
-    if (!pointwise && pol->fma_gemm == 1) {
+    if (!pointwise && pol->fma_gemm == 1 && !tf32) {
         /* Useful fraction: outputs of the channel tiles times blocks of the last wave (blocks
          * per SM from the 128 registers the launch bounds allow). */
         const int64_t blocks = (int64_t)pl.ptiles * pl.ctiles * g->g;
@@ -396,6 +512,9 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
         }
     }
     pl.smem = PW_KC * (pl.tpx + 4 + pl.tch + 4) * (int)sizeof(float);
+    pl.tf32 = tf32;
+    if (tf32 && pl.tch * (pl.tpx + 4) * (int)sizeof(float) > pl.smem)
+        pl.smem = pl.tch * (pl.tpx + 4) * (int)sizeof(float); /* the accumulators' way out */
     /* NHWC: 4 channels of a tap per load (any filter); NCHW: 4 pixels of a plane (pointwise). */
     pl.vec_in =
         g->cpg % 4 == 0 && (nhwc || (pointwise && npix % 4 == 0 && (pl.tpx & (pl.tpx - 1)) == 0));
@@ -417,17 +536,33 @@ static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b,
     dim3 grid((unsigned)(pl->ptiles * (nhwc ? 1 : g->n)), (unsigned)(pl->ctiles * g->g),
               (unsigned)count);
     dim3 block((unsigned)pl->threads);
-#define PW_GO(NHWC, VEC)                                                                           \
-    GPU_LAUNCH((pw_kernel<DT, NHWC, VEC>), grid, block, pl->smem, ln, *g, *b, pl->tch, pl->tpx,    \
-               pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw)
+#define PW_GO(NHWC, VEC, TF32)                                                                     \
+    GPU_LAUNCH((pw_kernel<DT, NHWC, VEC, TF32>), grid, block, pl->smem, ln, *g, *b, pl->tch,       \
+               pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw)
+#if defined(CONVD_GPU_NVIDIA)
+    if constexpr (DT::id == CONVD_DTYPE_FP32) {
+        if (pl->tf32) {
+            if (nhwc && pl->vec_in)
+                PW_GO(1, 1, 1);
+            else if (nhwc)
+                PW_GO(1, 0, 1);
+            else if (pl->vec_in)
+                PW_GO(0, 1, 1);
+            else
+                PW_GO(0, 0, 1);
+            CONVD_GPU_CHECK(hipGetLastError());
+            return 0;
+        }
+    }
+#endif
     if (nhwc && pl->vec_in)
-        PW_GO(1, 1);
+        PW_GO(1, 1, 0);
     else if (nhwc)
-        PW_GO(1, 0);
+        PW_GO(1, 0, 0);
     else if (pl->vec_in)
-        PW_GO(0, 1);
+        PW_GO(0, 1, 0);
     else
-        PW_GO(0, 0);
+        PW_GO(0, 0, 0);
 #undef PW_GO
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;

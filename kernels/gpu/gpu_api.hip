@@ -390,8 +390,9 @@ extern "C" int convd_gpu_plan_describe(const struct convd_problem *p, enum convd
         break;
     case CONVD_GPU_FAMILY_FMA:
         if (pl.u.fma.gemm) {
-            snprintf(buf, len, "fma gemm tile %dx%d threads %d smem %d blocks %dx%d",
-                     pl.u.fma.pw.tch, pl.u.fma.pw.tpx, pl.u.fma.pw.threads, pl.u.fma.pw.smem,
+            snprintf(buf, len, "%s gemm tile %dx%d threads %d smem %d blocks %dx%d",
+                     pl.u.fma.pw.tf32 ? "tf32" : "fma", pl.u.fma.pw.tch, pl.u.fma.pw.tpx,
+                     pl.u.fma.pw.threads, pl.u.fma.pw.smem,
                      pl.u.fma.pw.ptiles *
                          (pl.u.fma.pw.layout == CONVD_LAYOUT_NHWC ? 1 : pl.u.fma.g.n),
                      pl.u.fma.pw.ctiles * pl.u.fma.g.g);

@@ -199,6 +199,29 @@ GPU_D void gpu_fence_async_smem()
 #endif
 }
 
+/* fp32 rounded to TF32 (nearest, ties away: what cuBLAS and cuDNN do), low 13 bits zero. */
+GPU_D float gpu_to_tf32(float v)
+{
+#if defined(CONVD_DEVICE_SM80)
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+    return __uint_as_float(r);
+#else
+    return v;
+#endif
+}
+
+/* c += a * b on TF32 operands (gpu_to_tf32), one m16n8k8 tile, fp32 accumulation. */
+GPU_D void gpu_mma_tf32(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+#if defined(CONVD_DEVICE_SM80)
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
 template <class DT> struct gpu_mma_op;
 template <> struct gpu_mma_op<dt_f16> {
     static GPU_D void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)

@@ -36,6 +36,7 @@ DEV_SETTER(direct, direct)
 DEV_SETTER(direct_nhwc, direct_nhwc)
 DEV_SETTER(direct_prefetch, direct_prefetch)
 DEV_SETTER(direct_outputs8, direct_outputs8)
+DEV_SETTER(tf32, tf32)
 
 enum convd_gpu_family convd_gpu_route(const struct convd_problem *p)
 {

@@ -48,6 +48,7 @@ int convd_gpu_tune_direct(int mode);
 int convd_gpu_tune_direct_nhwc(int mode);
 int convd_gpu_tune_direct_prefetch(int mode);
 int convd_gpu_tune_direct_outputs8(int mode);
+int convd_gpu_tune_tf32(int mode);
 
 #ifdef __cplusplus
 }

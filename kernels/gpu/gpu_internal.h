@@ -372,12 +372,15 @@ struct gpu_pw_plan {
     int vec_out;  /* outputs leave as 4-element runs */
     int vec_in;   /* operands arrive as 4-element loads */
     int out_nchw; /* NHWC input (transposed copies of an NCHW problem), NCHW output */
+    int tf32;     /* TF32 tensor-core tiles (fp32 problems that allow it) */
 };
 /* Whether the implicit GEMM takes p's shape (1x1 unit stride; NHWC cpg % 4 == 0, kpg >= 24)
  * and pol does not switch it off; its planner may still refuse a grid that would not fill the
  * GPU. */
 int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy *pol);
-int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw,
+/* tf32: TF32 tiles (p fp32 with allow_tf32, NVIDIA sm_80+, the shape as above whatever
+ * pol->fma_gemm says), or a refusal. */
+int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
                      const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
                      size_t why_len);
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
@@ -413,10 +416,12 @@ struct gpu_fma_plan {
  * (gpu_pw_applies and its planner) run on gpu_pw_*: NCHW pointwise ones natively, other NCHW
  * ones on the transposed copies with the GEMM's NCHW epilogue. */
 /* kernel: GPU_FMA_ANY (the implicit GEMM where it applies and its planner takes the problem,
- * else the direct kernel), GPU_FMA_GEMM or GPU_FMA_DIRECT (that kernel or nothing). */
+ * else the direct kernel), GPU_FMA_GEMM, GPU_FMA_TF32 or GPU_FMA_DIRECT (that kernel or
+ * nothing). */
 #define GPU_FMA_ANY    0
 #define GPU_FMA_GEMM   1
 #define GPU_FMA_DIRECT 2
+#define GPU_FMA_TF32   3 /* the implicit GEMM's TF32 tiles or nothing */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
                       const struct convd_gpu_policy *pol, struct gpu_fma_plan *ret, char *why,
                       size_t why_len);

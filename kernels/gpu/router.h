@@ -40,7 +40,7 @@ struct gpu_rule {
     const char *name;
     enum convd_gpu_family family;
     enum gpu_view view;
-    int fma_kernel; /* fma family: GPU_FMA_GEMM or GPU_FMA_DIRECT */
+    int fma_kernel; /* fma family: GPU_FMA_GEMM, GPU_FMA_TF32 or GPU_FMA_DIRECT */
     int (*fits)(const struct gpu_route_in *in);
     int (*when)(const struct gpu_route_in *in);
     const char *doc; /* what it takes, one line (docs/benchmarks.md's routing table) */

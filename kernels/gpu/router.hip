@@ -29,6 +29,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"direct_nhwc", pol->direct_nhwc, -1, 1, -9},
         {"direct_prefetch", pol->direct_prefetch, -1, 1, -9},
         {"direct_outputs8", pol->direct_outputs8, -1, 1, -9},
+        {"tf32", pol->tf32, -1, 1, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;
@@ -136,6 +137,16 @@ static int direct_routes_nhwc(const struct gpu_route_in *in)
     return no_mma(in);
 }
 
+/* fp32 problems that allow TF32, on the implicit GEMM's tensor-core tiles: where kpg fills a 32-
+ * output warp tile (policy tf32 -1), everywhere the GEMM applies (1) or never (0). */
+static int tf32_routes(const struct gpu_route_in *in)
+{
+    const struct convd_problem *p = in->p;
+    if (p->dtype != CONVD_DTYPE_FP32 || !p->allow_tf32 || in->pol->tf32 == 0)
+        return 0;
+    return in->pol->tf32 == 1 || kpg_of(p) >= 32;
+}
+
 static int nhwc_with_output_copies(const struct gpu_route_in *in)
 {
     return nhwc(in) && in->ws >= GPU_WS_OUTPUT;
@@ -178,6 +189,11 @@ static const struct gpu_rule gpu_rules[] = {
      "tensors not 16-byte aligned: one thread per output"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
+    {"fma-tf32", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_TF32, fma_in_place, tf32_routes,
+     "fp32 allowing TF32 with kpg >= 32, in the implicit GEMM's shapes: its tiles on the tensor "
+     "cores (mma m16n8k8 TF32, fp32 accumulation)"},
+    {"fma-tf32-nchw", CONVD_GPU_FAMILY_FMA, TO_NHWC, GPU_FMA_TF32, fma_copies, tf32_routes,
+     "NCHW of the same (not 1x1) on NHWC copies, NCHW out from the epilogue"},
     {"direct", CONVD_GPU_FAMILY_DIRECT, N, 0, nchw, direct_routes,
      "NCHW 3x3, pad_left 1, stride 1 or 2, W and Wo multiples of 4: fp32 cpg <= 64; 16-bit cpg "
      "<= 4, cpg 8 at stride 2, or cpg <= 64 that mma cannot take"},

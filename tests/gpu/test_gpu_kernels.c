@@ -191,7 +191,7 @@ static int check_problem(const struct convd_problem *p, enum convd_gpu_family fa
         }
         size_t bad = 0;
         double err = tu_rel_error(p->dtype, c.hy, c.ref, c.z.output_elems, &bad);
-        double tol = tu_tolerance(p->dtype);
+        double tol = tu_tolerance_of(p);
         if (!(err <= tol)) {
             float got = tu_load(p->dtype, c.hy, bad), want = c.ref[bad];
             tc_free(&c);
@@ -561,6 +561,90 @@ static void test_fma_gemm(void **state)
     }
     assert_int_equal(convd_gpu_tune_fma_gemm(1), 0);
     assert_int_equal(convd_gpu_tune_fma_gemm(3), CONVD_EINVAL);
+}
+
+/* TF32 (fp32 problems with allow_tf32): routed to the implicit GEMM's tensor-core tiles where kpg
+ * >= 32, in both layouts (NCHW on NHWC copies, or in place for 1x1), every loader (4-channel
+ * gathers, pointwise channel by channel, NCHW pixel runs), with tails in pixels, outputs (kpg 40:
+ * a half-empty second warp tile) and K (36 = 9 taps x cpg 4: a short last step), stride,
+ * dilation and asymmetric padding, bias and activations. Each result must meet the TF32
+ * tolerance and must also differ from the exact fp32 reference by more than fp32 arithmetic
+ * would (2e-5): proof that the tensor cores computed it. Without allow_tf32 the same problems
+ * stay off TF32; the policy's tf32 knob switches it off (0) or forces it below kpg 32 (1). */
+static void test_tf32(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_layout H = CONVD_LAYOUT_NHWC, C = CONVD_LAYOUT_NCHW;
+    const enum convd_dtype F32 = CONVD_DTYPE_FP32;
+    struct convd_problem ps[] = {
+        mk(2, 13, 11, 64, 64, 3, 3, 1, 1, 1, 1, F32, H),  /* dense 3x3 */
+        mk(2, 13, 11, 64, 64, 3, 3, 1, 1, 1, 1, F32, C),  /* the same on NHWC copies */
+        mk(2, 9, 9, 128, 128, 3, 3, 4, 2, 1, 1, F32, H),  /* grouped, kpg 32, stride 2 */
+        mk(1, 12, 9, 32, 64, 3, 5, 1, 2, 0, 1, F32, C),   /* 3x5, asymmetric pad, dilation */
+        mk(2, 7, 9, 30, 96, 1, 1, 1, 1, 0, 1, F32, C),    /* pointwise cpg 30: pixel by pixel */
+        mk(2, 7, 9, 30, 96, 1, 1, 1, 1, 0, 1, F32, H),    /* the same, channel by channel */
+        mk(2, 8, 8, 64, 64, 1, 1, 1, 1, 0, 1, F32, C),    /* pointwise, 4-pixel runs */
+        mk(1, 10, 10, 32, 320, 3, 3, 8, 1, 1, 1, F32, H), /* cpg 4: K 36, a short last step */
+        mk(2, 11, 13, 48, 80, 3, 3, 2, 1, 1, 1, F32, H),  /* kpg 40: a half-empty warp tile */
+    };
+    ps[3].pad_top = 1;
+    ps[3].pad_bottom = 2;
+    ps[3].pad_left = 2;
+    ps[3].pad_right = 0;
+    ps[3].dil_h = 2;
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    /* TF32 needs the tensor cores that the mma family needs (NVIDIA, sm_80 code). */
+    struct convd_problem probe = mk(1, 8, 8, 32, 32, 3, 3, 4, 1, 1, 1, CONVD_DTYPE_FP16, H);
+    char why[160];
+    const int tensor_cores =
+        convd_gpu_family_check(&probe, CONVD_GPU_FAMILY_MMA, why, sizeof(why)) == 0;
+    for (size_t i = 0; i < np; i++)
+        for (int v = 0; v < 3; v++) {
+            struct convd_problem p = ps[i];
+            p.allow_tf32 = true;
+            p.has_bias = v > 0;
+            set_act(&p, v == 0 ? -1 : (int)(i + (size_t)v) % 6);
+            char desc[160];
+            convd_problem_str(&p, desc, sizeof(desc));
+            const char *rule = convd_gpu_kernel_name(&p);
+            if (tensor_cores && strncmp(rule, "fma-tf32", 8) != 0)
+                fail_msg("%s allows TF32 and went to %s", desc, rule);
+            if (!tensor_cores && strncmp(rule, "fma-tf32", 8) == 0)
+                fail_msg("%s went to %s on a GPU without TF32", desc, rule);
+            struct tcase c;
+            tc_init(&c, &p);
+            tc_reference(&c);
+            assert_int_equal(tc_run(&c, CONVD_GPU_FAMILY_AUTO), 0);
+            size_t bad = 0;
+            const double err = tu_rel_error(F32, c.hy, c.ref, c.z.output_elems, &bad);
+            const double got = ((const float *)c.hy)[bad], want = c.ref[bad];
+            tc_free(&c);
+            if (!(err <= tu_tolerance_of(&p)))
+                fail_msg("%s [%s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc,
+                         rule, err, tu_tolerance_of(&p), bad, got, want);
+            if (tensor_cores && !(err > 2e-5))
+                fail_msg("%s [%s]: rel error %.3g: exact fp32, not TF32", desc, rule, err);
+            n_checked++;
+            p.allow_tf32 = false;
+            if (strncmp(convd_gpu_kernel_name(&p), "fma-tf32", 8) == 0)
+                fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_kernel_name(&p));
+        }
+    /* The policy: off, and forced onto kpg 8 (below the default's 32). */
+    struct convd_problem p = mk(2, 9, 9, 64, 64, 3, 3, 8, 1, 1, 1, F32, H);
+    p.allow_tf32 = true;
+    assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
+    assert_int_equal(convd_gpu_tune_tf32(1), 0);
+    if (tensor_cores) {
+        assert_string_equal(convd_gpu_dev_rule(&p), "fma-tf32");
+        check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
+    }
+    p = ps[0];
+    p.allow_tf32 = true;
+    assert_int_equal(convd_gpu_tune_tf32(0), 0);
+    assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
+    check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
+    assert_int_equal(convd_gpu_tune_tf32(2), CONVD_EINVAL);
 }
 
 /* Runs p in NCHW over every dtype, plain and with a bias and an activation. */
@@ -1481,6 +1565,7 @@ int main(void)
         cmocka_unit_test(test_depthwise_planes),
         cmocka_unit_test_teardown(test_fma, untune),
         cmocka_unit_test(test_fma_gemm),
+        cmocka_unit_test_teardown(test_tf32, untune),
         cmocka_unit_test_teardown(test_direct, untune),
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_padded, untune),

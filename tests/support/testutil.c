@@ -132,7 +132,8 @@ double tu_ref_act(const struct convd_problem *p, double y)
     case CONVD_ACT_GELU:
         return 0.5 * y * (1.0 + erf(y / sqrt(2.0)));
     case CONVD_ACT_GELU_TANH:
-        return 0.5 * y * (1.0 + tanh(0.79788456080286536 /* sqrt(2 / pi) */ * (y + 0.044715 * y * y * y)));
+        return 0.5 * y *
+               (1.0 + tanh(0.79788456080286536 /* sqrt(2 / pi) */ * (y + 0.044715 * y * y * y)));
     }
     abort();
 }
@@ -222,6 +223,11 @@ double tu_rel_error(enum convd_dtype dtype, const void *out, const float *ref, s
 double tu_tolerance(enum convd_dtype dtype)
 {
     return dtype == CONVD_DTYPE_FP32 ? 1e-4 : 1e-2;
+}
+
+double tu_tolerance_of(const struct convd_problem *p)
+{
+    return p->dtype == CONVD_DTYPE_FP32 && p->allow_tf32 ? 3e-3 : tu_tolerance(p->dtype);
 }
 
 void tu_random_geometry(struct tu_rng *g, struct convd_problem *p)

@@ -72,6 +72,12 @@ double tu_rel_error(enum convd_dtype dtype, const void *out, const float *ref, s
  * 11465520243125233); 1e-4 still fails TF32 (about 1e-3) and every indexing error. */
 double tu_tolerance(enum convd_dtype dtype);
 
+/* The tolerance for p: tu_tolerance's, but 3e-3 for fp32 problems that allow TF32. Products of
+ * operands rounded to TF32 (10-bit mantissa, |error| <= 2^-11 each) put random data's relative
+ * error near 3e-4; a missing tap or channel among K terms costs about 1 / sqrt(K), above 3e-3 for
+ * every K below 100,000. */
+double tu_tolerance_of(const struct convd_problem *p);
+
 /* The activation of p applied to y, in double, from the definitions (PyTorch's), written apart
  * from the library's own so that the two check each other. */
 double tu_ref_act(const struct convd_problem *p, double y);

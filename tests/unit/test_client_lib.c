@@ -849,7 +849,7 @@ static void test_submit_validation(void **state)
         {"struct", CONVD_EINVAL, "CONVD_CONV_ARGS_INIT"},
         {"size+bounds", CONVD_ESIZE, "the problem needs 128"},
         {"misaligned", CONVD_EINVAL, "not aligned to its 4-byte elements"},
-        {"tf32", CONVD_EUNSUPPORTED, "allow_tf32"},
+        {"tf32", CONVD_EBADSHAPE, "allow_tf32"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         small_args(&a, r);
@@ -880,8 +880,10 @@ static void test_submit_validation(void **state)
             a.output = (struct convd_tensor){r, 4090, 100};
         else if (strcmp(w, "misaligned") == 0)
             a.output.offset += 2;
-        else if (strcmp(w, "tf32") == 0)
-            a.problem.allow_tf32 = true;
+        else if (strcmp(w, "tf32") == 0) {
+            a.problem.allow_tf32 = true; /* an fp32 permission only */
+            a.problem.dtype = CONVD_DTYPE_FP16;
+        }
         int rc = convd_conv_submit(f.c, &a, &id);
         if (rc != cases[i].want || strstr(convd_errstr(f.c), cases[i].says) == NULL)
             fail_msg("%s: rc %d (%s) '%s'", w, rc, convd_status_name(rc), convd_errstr(f.c));

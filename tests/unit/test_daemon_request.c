@@ -230,10 +230,19 @@ static void test_problem_rejections(void **state)
     req_init(&r, 1, &p);
     r.prob.r = 20;
     expect_reject(fx, &r, CONVD_EBADSHAPE, "filter height", NULL);
-    /* a flag no kernel honours is refused, not silently ignored */
+    /* TF32 is an fp32 permission: allowed there (and reaches the job), refused elsewhere */
     req_init(&r, 1, &p);
     r.prob.allow_tf32 = true;
-    expect_reject(fx, &r, CONVD_EUNSUPPORTED, "allow_tf32", "no convd kernel implements TF32");
+    {
+        struct dreq d;
+        char why[320];
+        assert_int_equal(validate(fx, &fx->be, &r, 64, &d, why, sizeof(why)), 0);
+        assert_true(d.job.problem.allow_tf32);
+    }
+    req_init(&r, 1, &p);
+    r.prob.allow_tf32 = true;
+    r.prob.dtype = CONVD__DTYPE__DTYPE_FP16;
+    expect_reject(fx, &r, CONVD_EBADSHAPE, "allow_tf32", NULL);
 
     /* a problem the backend does not run */
     struct convd_problem nhwc = p;
