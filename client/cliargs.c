@@ -179,6 +179,10 @@ int cli_problem_option(struct convd_problem *p, const char *name, const char *va
         p->act_min = p->act_max = 0.0f;
         return 0;
     }
+    if (i == CLI_PO_TF32) {
+        p->allow_tf32 = true;
+        return 0;
+    }
     if (value == NULL)
         return why_fail(why, why_len, CONVD_EINVAL, "--%s needs a value", name);
     if (i <= CLI_PO_GROUPS) {

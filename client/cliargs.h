@@ -46,7 +46,8 @@ int cli_parse_pad(const char *s, int32_t ret[4], char *why, size_t why_len);
     X(LAYOUT, "layout", 1, 1)                                                                      \
     X(BIAS, "bias", 0, 0)                                                                          \
     X(RELU, "relu", 0, 1)                                                                          \
-    X(ACT, "act", 1, 1)
+    X(ACT, "act", 1, 1)                                                                            \
+    X(TF32, "tf32", 0, 1)
 
 /* Indices into the table: CLI_PO_N, ..., CLI_PO_ACT, then the count. */
 enum cli_problem_opt {
@@ -59,10 +60,10 @@ enum cli_problem_opt {
 /* The name of option i of the table ("stride"), or NULL when i is out of range. */
 const char *cli_problem_option_name(int i);
 
-/* Applies one problem option of the table, by name, to p. bias and relu take no value (value may
- * be NULL); the others need one. act takes an activation's name (convd_activation_parse(): relu,
- * relu6, silu, ...) or clamp:LO,HI; --relu is --act relu. Other fields stay as they are. Unknown
- * names fail. */
+/* Applies one problem option of the table, by name, to p. bias, relu and tf32 (allow_tf32) take
+ * no value (value may be NULL); the others need one. act takes an activation's name
+ * (convd_activation_parse(): relu, relu6, silu, ...) or clamp:LO,HI; --relu is --act relu. Other
+ * fields stay as they are. Unknown names fail. */
 int cli_problem_option(struct convd_problem *p, const char *name, const char *value, char *why,
                        size_t why_len);
 

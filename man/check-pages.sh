@@ -47,8 +47,8 @@ done
 
 # 2. Options, keys and commands. The sources are searched (markup: *--name* and *key*).
 "$convd" --help > "$tmp/convd-help"
-mapfile -t convd_opts < <(grep -oE '^  (-[a-zA-Z], )?--[a-z][a-z-]*' "$tmp/convd-help" |
-    grep -oE -- '--[a-z][a-z-]*' | sort -u)
+mapfile -t convd_opts < <(grep -oE '^  (-[a-zA-Z], )?--[a-z][a-z0-9-]*' "$tmp/convd-help" |
+    grep -oE -- '--[a-z][a-z0-9-]*' | sort -u)
 [[ ${#convd_opts[@]} -ge 20 ]] || bad "found only ${#convd_opts[@]} options in convd --help"
 for o in "${convd_opts[@]}"; do
     grep -qF -- "*$o*" "$src/convd.8.scd" || bad "convd.8 does not describe $o"
@@ -73,7 +73,7 @@ entry() {
     section COMMANDS | awk -v c="$1" '/^\*[a-z]+\*/ { on = index($0, "*" c "*") == 1 } on'
 }
 mapfile -t global_opts < <(sed -n '/^Global options/,/^$/p' "$tmp/convctl-help" |
-    grep -oE -- '--[a-z][a-z-]*' | sort -u)
+    grep -oE -- '--[a-z][a-z0-9-]*' | sort -u)
 for o in "${global_opts[@]}"; do
     grep -qF -- "*$o*" "$tmp/man-global" || bad "convctl.1 does not describe the global $o"
 done
@@ -86,7 +86,7 @@ for c in "${cmds[@]}"; do
     if grep -q 'SHAPE OPTION' "$tmp/man-$c"; then
         cat "$tmp/man-shape" >> "$tmp/man-$c-all"
     fi
-    mapfile -t cmd_opts < <(grep -oE -- '--[a-z][a-z-]*' "$tmp/help-$c" | sort -u)
+    mapfile -t cmd_opts < <(grep -oE -- '--[a-z][a-z0-9-]*' "$tmp/help-$c" | sort -u)
     for o in "${cmd_opts[@]}"; do
         # Every command answers --help (the page says so once); global options are checked above.
         [[ $o == --help ]] && continue

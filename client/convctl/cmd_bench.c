@@ -61,7 +61,8 @@ static const char bench_usage[] =
     "Shape options (default: n2 c32 h16 w16 k32 r3 s3 groups 4 pad 1; they override a CSV row):\n"
     "  --n --c --h --w --k --r --s --groups --stride --pad --dilation\n"
     "  --dtype fp32|fp16|bf16  --layout nchw|nhwc  --bias\n"
-    "  --act none|relu|relu6|clamp:LO,HI|silu|hardswish|gelu|gelu_tanh  (--relu: --act relu)\n";
+    "  --act none|relu|relu6|clamp:LO,HI|silu|hardswish|gelu|gelu_tanh  (--relu: --act relu)\n"
+    "  --tf32        fp32 may multiply in TF32 on the GPU (allow_tf32)\n";
 
 #define BENCH_LAT_BUCKETS 3776 /* see bench_lat_bucket */
 #define BENCH_BATCH_MAX   1024

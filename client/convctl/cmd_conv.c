@@ -15,6 +15,7 @@ static const char conv_usage[] =
     "                    [--stride S|SH,SW] [--pad P|PH,PW|PT,PB,PL,PR] [--dilation D|DH,DW]\n"
     "                    [--groups G] [--layout nchw|nhwc] [--dtype fp32|fp16|bf16]\n"
     "                    [--act relu|relu6|clamp:LO,HI|silu|hardswish|gelu|gelu_tanh] [--relu]\n"
+    "                    [--tf32]\n"
     "                    [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
     "Runs one grouped 2-D convolution on the daemon and writes the result as a .npy file.\n"

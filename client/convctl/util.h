@@ -158,8 +158,8 @@ float ctl_load(enum convd_dtype dtype, const void *data, size_t i);
 double ctl_rel_error(enum convd_dtype dtype, const void *out, const void *ref, size_t count,
                      double *ret_max_abs);
 
-/* Relative L2 tolerance per dtype: 1e-5 fp32, 1e-2 fp16 and bf16. */
-double ctl_tolerance(enum convd_dtype dtype);
+/* Relative L2 tolerance for p: 1e-5 fp32 (3e-3 allowing TF32), 1e-2 fp16 and bf16. */
+double ctl_tolerance(const struct convd_problem *p);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t ctl_now_ns(void);

@@ -101,6 +101,7 @@ static void test_problem_option(void **state)
         {"k", "32"},        {"r", "3"},         {"s", "5"},        {"groups", "8"},
         {"stride", "2,1"},  {"pad", "0,1,2,3"}, {"dilation", "3"}, {"dtype", "bf16"},
         {"layout", "NHWC"}, {"bias", NULL},     {"relu", NULL},    {"act", "relu"},
+        {"tf32", NULL},
     };
     /* The table that convctl's getopt entries are made from holds exactly these, in order. */
     assert_int_equal(CLI_PO_COUNT, sizeof(set) / sizeof(set[0]));
@@ -128,6 +129,7 @@ static void test_problem_option(void **state)
     assert_int_equal(p.dil_w, 3);
     assert_int_equal(p.dtype, CONVD_DTYPE_BF16);
     assert_int_equal(p.layout, CONVD_LAYOUT_NHWC);
+    assert_true(p.allow_tf32);
     assert_true(p.has_bias);
     assert_int_equal(p.activation, CONVD_ACT_RELU);
 
@@ -139,8 +141,8 @@ static void test_problem_option(void **state)
     assert_int_equal(cli_problem_option(&p, "act", "clamp:-1.5,2", why, sizeof(why)), 0);
     assert_true(p.activation == CONVD_ACT_CLAMP && p.act_min == -1.5f && p.act_max == 2.0f);
     struct convd_problem kept = p;
-    static const char *const bad_acts[] = {"clamp", "clamp:1", "clamp:2,1", "clamp:a,b",
-                                           "clamp:1,2x", "tanh", ""};
+    static const char *const bad_acts[] = {"clamp",      "clamp:1", "clamp:2,1", "clamp:a,b",
+                                           "clamp:1,2x", "tanh",    ""};
     for (size_t i = 0; i < sizeof(bad_acts) / sizeof(bad_acts[0]); i++) {
         assert_int_equal(cli_problem_option(&p, "act", bad_acts[i], why, sizeof(why)),
                          CONVD_EINVAL);
