@@ -211,6 +211,7 @@ def make_plan(
     dilation,
     groups,
     act,
+    allow_tf32: bool = False,
     out_nhwc_order: bool,
     squeeze: bool,
 ) -> Plan:
@@ -227,7 +228,8 @@ def make_plan(
 
     p = _lib.Problem(n, h, w, c, k, r, s, g, sh, sw, pt, pb, pl, pr, dh, dw, dtype, layout)
     p.has_bias = bshape is not None
-    p.allow_tf32 = False
+    # A permission that only fp32 has: ignored for the 16-bit types, as PyTorch's flag is.
+    p.allow_tf32 = bool(allow_tf32) and dtype == _lib.DTYPE_FP32
     p.activation, p.act_min, p.act_max = act
     z = _lib.ProblemSizes()
     why = ctypes.create_string_buffer(256)

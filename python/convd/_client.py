@@ -481,16 +481,19 @@ class Client:
         dtype=None,
         layout=None,
         priority=0,
+        allow_tf32=None,
     ):
         """A convolution with torch.nn.functional.conv2d's semantics, optionally followed by
         an activation: ``activation`` is one of 'relu', 'relu6', 'silu' (or 'swish'),
         'hardswish', 'gelu', 'gelu_tanh' (GELU(approximate='tanh')) or ('clamp', lo, hi);
         ``relu=True`` is activation='relu'. Returns the output as the input came: numpy in,
         numpy out; torch in, torch out on the input's device (channels_last when the input is).
+        ``allow_tf32`` lets fp32 multiply in TF32 on the GPU; None follows PyTorch:
+        torch.backends.cudnn.allow_tf32 for CUDA tensors, exact fp32 for CPU tensors and numpy.
         See convd.connect()."""
         return self._call(
             input, weight, bias, stride, padding, dilation, groups,
-            activation_spec(relu, activation), dtype, layout, priority, True,
+            activation_spec(relu, activation), dtype, layout, priority, True, allow_tf32,
         )
 
     def submit(
@@ -508,12 +511,13 @@ class Client:
         dtype=None,
         layout=None,
         priority=0,
+        allow_tf32=None,
     ) -> Future:
         """conv2d() without waiting: returns a Future. The tensors must not change until it is
         done."""
         return self._call(
             input, weight, bias, stride, padding, dilation, groups,
-            activation_spec(relu, activation), dtype, layout, priority, False,
+            activation_spec(relu, activation), dtype, layout, priority, False, allow_tf32,
         )
 
     async def conv2d_async(self, *args, **kwargs):
@@ -525,16 +529,18 @@ class Client:
         with self._lock:
             self._reap()
 
-    def _call(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait):
+    def _call(
+        self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait, tf32=None
+    ):
         if self._dead:
             self._reap_locked()
         if type(x) is np.ndarray or (isinstance(x, np.ndarray) and not _is_tensor(x)):
             return self._call_numpy(
-                x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait
+                x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait, tf32
             )
         if _is_tensor(x):
             return self._call_torch(
-                x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait
+                x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait, tf32
             )
         raise invalid(
             f"the input must be a numpy array or a torch tensor, not {type(x).__name__}"
@@ -555,7 +561,10 @@ class Client:
 
     # numpy ----------------------------------------------------------------
 
-    def _call_numpy(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait):
+    def _call_numpy(
+        self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait, tf32=None
+    ):
+        tf32 = bool(tf32)  # None: exact, as numpy computes
         if type(w) is not np.ndarray:
             if not isinstance(w, np.ndarray):
                 raise invalid(
@@ -570,10 +579,13 @@ class Client:
             "np", x.shape, x.dtype, w.shape, w.dtype,
             None if b is None else (b.shape, b.dtype),
             _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, layout,
+            tf32,
         )
         plan = self._plan_for(
             key,
-            lambda: self._numpy_plan(x, w, b, stride, padding, dilation, groups, act, dtype, layout),
+            lambda: self._numpy_plan(
+                x, w, b, stride, padding, dilation, groups, act, dtype, layout, tf32
+            ),
         )
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
@@ -592,7 +604,7 @@ class Client:
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
 
-    def _numpy_plan(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout):
+    def _numpy_plan(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, tf32):
         explicit = dtype_code(dtype) if dtype is not None else None
         code = np_code(x.dtype, explicit)
         if w.dtype != x.dtype:
@@ -619,13 +631,16 @@ class Client:
             dilation=dilation,
             groups=groups,
             act=act,
+            allow_tf32=tf32,
             out_nhwc_order=nhwc,
             squeeze=squeeze,
         )
 
     # torch ----------------------------------------------------------------
 
-    def _call_torch(self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait):
+    def _call_torch(
+        self, x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait, tf32=None
+    ):
         torch = _torch()
         held = isinstance(w, Held)
         if not held and not isinstance(w, torch.Tensor):
@@ -638,6 +653,9 @@ class Client:
                 f"the input is a torch tensor, so the bias must be one too, not {type(b).__name__}"
             )
         cuda = x.is_cuda
+        if tf32 is None:  # what PyTorch would do with this tensor
+            tf32 = cuda and bool(torch.backends.cudnn.allow_tf32)
+        tf32 = bool(tf32)
         if layout is None:
             nhwc = channels_last(x)
         else:
@@ -648,12 +666,12 @@ class Client:
             wkey = (w.shape, w.dtype, w.device, None if b is None else (b.shape, b.dtype, b.device))
         key = (
             "cuda" if cuda else "cpu", x.shape, x.dtype, wkey, nhwc, x.device if cuda else None,
-            _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, None,
+            _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, tf32,
         )
         plan = self._plan_for(
             key,
             lambda: self._torch_plan(
-                x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype
+                x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
             ),
         )
         squeeze = plan.squeeze
@@ -682,7 +700,9 @@ class Client:
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
 
-    def _torch_plan(self, x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype):
+    def _torch_plan(
+        self, x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
+    ):
         code = dtype_code(x.dtype)
         if dtype is not None and dtype_code(dtype) != code:
             raise invalid(f"dtype={dtype!r} was asked for, but the input is {x.dtype}")
@@ -722,6 +742,7 @@ class Client:
             dilation=dilation,
             groups=groups,
             act=act,
+            allow_tf32=tf32,
             out_nhwc_order=False,
             squeeze=squeeze,
         )

@@ -85,7 +85,8 @@ class Conv2d(nn.Conv2d):
 
     Takes nn.Conv2d's arguments plus ``client`` (a convd.Client; None computes with PyTorch) and
     ``activation`` (fused after the bias, as in Client.conv2d(): 'relu', 'relu6', 'silu',
-    'hardswish', 'gelu', 'gelu_tanh' or ('clamp', lo, hi); ``relu=True`` is 'relu'). The parameters are the module's own, trained and saved
+    'hardswish', 'gelu', 'gelu_tanh' or ('clamp', lo, hi); ``relu=True`` is 'relu'). fp32 on
+    CUDA multiplies in TF32 when torch.backends.cudnn.allow_tf32 says so, as nn.Conv2d does. The parameters are the module's own, trained and saved
     as usual. On the CPU the weight (and bias) is copied once into memory the daemon has mapped
     and kept there; it is copied again only when it changes (a new tensor, or an in-place update,
     which bumps the tensor's version). CUDA weights are used in place; for channels_last input

@@ -164,6 +164,33 @@ def test_numpy_random_problems(client, rng, dtype, layout):
         assert err <= TOL[dtype], f"{p} {dtype} {layout}: relative L2 error {err:.3g}"
 
 
+def _tf32_flags(client):
+    return sorted({plan.problem.allow_tf32 for plan in client._plans.values()})
+
+
+def test_allow_tf32_reaches_the_problem(client, rng):
+    """allow_tf32 travels for fp32 only; None follows PyTorch: exact for numpy and CPU tensors
+    whatever torch.backends.cudnn.allow_tf32 says (the CPU daemon computes exact fp32 anyway)."""
+    x = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    want = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), groups=2)
+    client._plans.clear()
+    assert rel_l2(client.conv2d(x, w, groups=2, allow_tf32=True), want) <= TOL["fp32"]
+    assert _tf32_flags(client) == [True]
+    client._plans.clear()
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        client.conv2d(x, w, groups=2)
+        client.conv2d(torch.from_numpy(x), torch.from_numpy(w), groups=2)
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+    assert _tf32_flags(client) == [False]
+    client._plans.clear()
+    h = client.conv2d(x.astype(np.float16), w.astype(np.float16), groups=2, allow_tf32=True)
+    assert h.dtype == np.float16 and _tf32_flags(client) == [False]
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_random_problems(client, rng, dtype, channels_last):

@@ -105,6 +105,30 @@ def test_cuda_random_problems(gclient, rng, dtype, channels_last, poisoned):
         assert rel_l2(f.result().double().cpu().numpy(), want.numpy()) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_tf32_follows_torch(gclient, channels_last, poisoned):
+    """fp32 CUDA tensors take TF32 exactly when torch.backends.cudnn.allow_tf32 says (or
+    allow_tf32= overrides it): dense 3x3 with 64 outputs is routed to the TF32 tiles, whose
+    result meets a TF32 tolerance and misses exact fp32's; without the flag, fp32's tolerance."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 64, 20, 18, generator=g, dtype=torch.float64)
+    w = torch.randn(64, 64, 3, 3, generator=g, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x, w, padding=1).numpy()
+    xd, wd = x.float().cuda(), w.float().cuda()
+    if channels_last:
+        xd = xd.to(memory_format=torch.channels_last)
+    torch.backends.cudnn.allow_tf32 = True
+    tf32 = rel_l2(gclient.conv2d(xd, wd, padding=1).double().cpu().numpy(), want)
+    assert 2e-5 < tf32 <= 3e-3, f"with allow_tf32: {tf32:.3g}"
+    exact = rel_l2(gclient.conv2d(xd, wd, padding=1, allow_tf32=False).double().cpu().numpy(), want)
+    assert exact <= TOL["fp32"], f"allow_tf32=False: {exact:.3g}"
+    torch.backends.cudnn.allow_tf32 = False
+    exact = rel_l2(gclient.conv2d(xd, wd, padding=1).double().cpu().numpy(), want)
+    assert exact <= TOL["fp32"], f"cudnn.allow_tf32 False: {exact:.3g}"
+    forced = rel_l2(gclient.conv2d(xd, wd, padding=1, allow_tf32=True).double().cpu().numpy(), want)
+    assert 2e-5 < forced <= 3e-3, f"allow_tf32=True: {forced:.3g}"
+
+
 def test_host_tensors_on_a_gpu_daemon(gclient, rng):
     x = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
     w = rng.standard_normal((32, 4, 3, 3)).astype(np.float32)
