@@ -2,8 +2,9 @@
  * convd-bench-kernels: the GPU kernels against cuDNN, in one process, on the same buffers.
  *
  * For every row of a shapes CSV (name,n,h,w,c,k,r,s,stride,pad,dil,groups), dtype and layout:
- * our time and cuDNN's (legacy API through dlopen("libcudnn.so.9"), CUDNN_DEFAULT_MATH so no
- * TF32, the fastest algorithm cudnnFindConvolutionForwardAlgorithmEx finds, with its workspace),
+ * our time and cuDNN's (legacy API through dlopen("libcudnn.so.9"); fp32 in CUDNN_FMA_MATH, exact,
+ * or with --tf32 in CUDNN_DEFAULT_MATH, TF32 allowed on both sides as PyTorch allows it; the
+ * fastest algorithm cudnnFindConvolutionForwardAlgorithmEx finds, with its workspace),
  * each the median of --iters CUDA-event timings after warm-up, inputs and outputs rotated over
  * enough buffers to exceed the L2, random data. Our output is checked against cuDNN's (relative
  * L2 error) in the same run. The fraction of the roofline is computed as in
@@ -65,6 +66,7 @@ struct opts {
     int sweep_nchw;
     int sweep_fma;
     int sweep_direct;
+    int tf32; /* fp32 problems allow TF32, and cuDNN may use it too */
     enum convd_gpu_family family;
 };
 
@@ -160,9 +162,10 @@ typedef int (*blas_create_t)(void **);
 typedef int (*blas_gemmex_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
                              const void *, int, int, const void *, void *, int, int, int, int);
 
-/* TFLOP/s of an m = n = k GEMM in dtype (CUDA_R_16BF or CUDA_R_32F), fp32 compute, default math
- * (no TF32). Returns 0 on failure. */
-static double gemm_rate(void *lib, void *h, int dt, int m)
+/* TFLOP/s of an m = n = k GEMM in dtype (CUDA_R_16BF or CUDA_R_32F) with compute type `compute`
+ * (CUBLAS_COMPUTE_32F: exact fp32; CUBLAS_COMPUTE_32F_FAST_TF32: TF32 tensor cores). Returns 0 on
+ * failure. */
+static double gemm_rate(void *lib, void *h, int dt, int m, int compute)
 {
     blas_gemmex_t gemm = (blas_gemmex_t)dlsym(lib, "cublasGemmEx");
     if (gemm == NULL)
@@ -182,14 +185,14 @@ static double gemm_rate(void *lib, void *h, int dt, int m)
     CK(cudaEventCreate(&e1));
     for (int i = 0; i < 3; i++)
         if (gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, dt, m, b, dt, m, &beta, c, dt, m,
-                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != 0)
+                 compute, CUBLAS_GEMM_DEFAULT) != 0)
             goto out;
     for (int rep = 0; rep < 3; rep++) {
         const int reps = 10;
         CK(cudaEventRecord(e0, 0));
         for (int i = 0; i < reps; i++)
             gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, dt, m, b, dt, m, &beta, c, dt, m,
-                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                 compute, CUBLAS_GEMM_DEFAULT);
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float ms = 0;
@@ -208,8 +211,8 @@ out:
 }
 
 struct ceilings {
-    double bw;         /* bytes/s, read + written */
-    double bf16, fp32; /* FLOP/s */
+    double bw;               /* bytes/s, read + written */
+    double bf16, fp32, tf32; /* FLOP/s */
     int measured_bw, measured_mm;
 };
 
@@ -218,6 +221,7 @@ static void measure_ceilings(struct ceilings *c)
     c->bw = 4.20e12;
     c->bf16 = 748e12;
     c->fp32 = 50.8e12;
+    c->tf32 = c->bf16 / 2; /* the tensor cores' TF32 rate is half their 16-bit rate */
     c->measured_bw = c->measured_mm = 0;
     const size_t bytes = (size_t)1 << 30;
     void *a, *b;
@@ -264,11 +268,13 @@ static void measure_ceilings(struct ceilings *c)
         fprintf(stderr, "cublasCreate failed: using the baseline's matmul rates\n");
         return;
     }
-    double bf = gemm_rate(lib, h, CUDA_R_16BF, 8192);
-    double f32 = gemm_rate(lib, h, CUDA_R_32F, 4096);
-    if (bf > 0.0 && f32 > 0.0) {
+    double bf = gemm_rate(lib, h, CUDA_R_16BF, 8192, CUBLAS_COMPUTE_32F);
+    double f32 = gemm_rate(lib, h, CUDA_R_32F, 4096, CUBLAS_COMPUTE_32F);
+    double tf = gemm_rate(lib, h, CUDA_R_32F, 8192, CUBLAS_COMPUTE_32F_FAST_TF32);
+    if (bf > 0.0 && f32 > 0.0 && tf > 0.0) {
         c->bf16 = bf * 1e12;
         c->fp32 = f32 * 1e12;
+        c->tf32 = tf * 1e12;
         c->measured_mm = 1;
     }
 }
@@ -445,7 +451,8 @@ static int dnn_setup(struct dnn_ctx *c, struct dnn *d, const struct convd_proble
         d->set_conv(c->cd, p->pad_top, p->pad_left, p->stride_h, p->stride_w, p->dil_h, p->dil_w,
                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT) ||
         d->set_groups(c->cd, p->groups) ||
-        d->set_math(c->cd, p->dtype == CONVD_DTYPE_FP32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH))
+        d->set_math(c->cd, p->dtype == CONVD_DTYPE_FP32 && !p->allow_tf32 ? CUDNN_FMA_MATH
+                                                                          : CUDNN_DEFAULT_MATH))
         return -1;
     int maxn = 0;
     d->algo_max(d->h, &maxn);
@@ -543,6 +550,7 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     p.dil_h = p.dil_w = sh->dil;
     p.dtype = dt;
     p.layout = lay;
+    p.allow_tf32 = o->tf32 && dt == CONVD_DTYPE_FP32;
     struct convd_problem_sizes z;
     char why[160];
     if (convd_problem_sizes(&p, &z, why, sizeof(why)) != 0) {
@@ -617,10 +625,11 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         }
         dnn_teardown(&dc);
     }
-    const double tol = dt == CONVD_DTYPE_FP32 ? 1e-4 : 2e-2;
+    /* Two TF32 results (ours, cuDNN's) differ by about 5e-4 on random data. */
+    const double tol = dt == CONVD_DTYPE_FP32 ? (p.allow_tf32 ? 3e-3 : 1e-4) : 2e-2;
     out->ok = isnan(out->rel_err) || out->rel_err <= tol;
 
-    const double rate = dt == CONVD_DTYPE_FP32 ? ce->fp32 : ce->bf16;
+    const double rate = dt == CONVD_DTYPE_FP32 ? (p.allow_tf32 ? ce->tf32 : ce->fp32) : ce->bf16;
     const double t_flop = (double)z.flops / rate * 1e6;
     const double t_mem = (double)(z.input_bytes + z.weight_bytes + z.output_bytes) / ce->bw * 1e6;
     out->floor_us = t_flop > t_mem ? t_flop : t_mem;
@@ -874,7 +883,7 @@ static void usage(void)
 {
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
-           "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn]\n"
+           "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn] [--tf32]\n"
            "         [--sweep-mma] [--sweep-pdl] [--sweep-dw] [--sweep-nchw] [--sweep-fma] "
            "[--sweep-direct]\n"
            "(the depthwise and direct sweeps reach every variant only in a build with\n"
@@ -925,13 +934,15 @@ static double geomean(const double *v, int n)
     return n ? exp(s / n) : 0.0;
 }
 
-static void summary(const struct row *rows, int nrows, const struct ceilings *ce)
+static void summary(const struct row *rows, int nrows, const struct ceilings *ce, int tf32)
 {
     static const enum convd_dtype dts[] = {CONVD_DTYPE_FP16, CONVD_DTYPE_BF16, CONVD_DTYPE_FP32};
     static const enum convd_layout lays[] = {CONVD_LAYOUT_NHWC, CONVD_LAYOUT_NCHW};
-    printf("\nCeilings: copy %.2f TB/s (%s), bf16 matmul %.0f TFLOP/s, fp32 %.1f TFLOP/s (%s)\n\n",
+    printf("\nCeilings: copy %.2f TB/s (%s), bf16 matmul %.0f TFLOP/s, fp32 %.1f TFLOP/s, TF32 "
+           "%.0f TFLOP/s (%s)%s\n\n",
            ce->bw / 1e12, ce->measured_bw ? "measured" : "baseline", ce->bf16 / 1e12,
-           ce->fp32 / 1e12, ce->measured_mm ? "measured, cuBLAS" : "baseline");
+           ce->fp32 / 1e12, ce->tf32 / 1e12, ce->measured_mm ? "measured, cuBLAS" : "baseline",
+           tf32 ? "; fp32 rows allow TF32 on both sides (roofline at the TF32 rate)" : "");
     printf("| dtype | layout | geomean speedup | median frac | slower than cuDNN | wrong |\n");
     printf("|---|---|---:|---:|---|---:|\n");
     for (int di = 0; di < 3; di++)
@@ -1043,6 +1054,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--no-cudnn") == 0) {
             o.no_cudnn = 1;
+        } else if (strcmp(a, "--tf32") == 0) {
+            o.tf32 = 1;
         } else if (strcmp(a, "--sweep-mma") == 0) {
             o.sweep_mma = 1;
         } else if (strcmp(a, "--sweep-pdl") == 0) {
@@ -1130,7 +1143,7 @@ int main(int argc, char **argv)
             }
         }
     }
-    summary(rows, nrows, &ce);
+    summary(rows, nrows, &ce, o.tf32);
     printf("\nPlans:\n");
     for (int i = 0; i < nrows; i++)
         printf("- %s %s %s: %s\n", rows[i].shape, convd_dtype_name(rows[i].dtype),
