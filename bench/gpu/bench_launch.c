@@ -23,6 +23,7 @@
 
 #include "convd_kernels.h"
 #include "gpu_dev.h"
+#include "launch_args.h"
 #include "launch_floor.h"
 
 #define BL_MAX 32
@@ -48,30 +49,13 @@ static int bl_check(cudaError_t e, const char *what)
     return 1;
 }
 
-static const struct {
-    const char *name;
-    int (*set)(int);
-} bl_knobs[] = {
-    {"pdl", convd_gpu_tune_pdl},
-    {"mma_cfg", convd_gpu_tune_mma_cfg},
-    {"mma_tma", convd_gpu_tune_mma_tma},
-    {"mma_stages", convd_gpu_tune_mma_stages},
-    {"mma_prefetch", convd_gpu_tune_mma_prefetch},
-};
-
-/* "name=value": sets that knob; 0, or 1 with a message. */
+/* "name=value": sets that knob of the development policy; 0, or 1 with a message. */
 static int bl_tune(const char *arg)
 {
-    const char *eq = strchr(arg, '=');
-    for (size_t i = 0; eq != NULL && i < sizeof(bl_knobs) / sizeof(bl_knobs[0]); i++)
-        if (strlen(bl_knobs[i].name) == (size_t)(eq - arg) &&
-            strncmp(arg, bl_knobs[i].name, (size_t)(eq - arg)) == 0 &&
-            bl_knobs[i].set(atoi(eq + 1)) == 0)
-            return 0;
-    fprintf(stderr,
-            "convd-bench-launch: %s: expected KNOB=VALUE (pdl, mma_cfg, mma_tma, "
-            "mma_stages, mma_prefetch)\n",
-            arg);
+    char why[160];
+    if (convd_gpu_tune_arg(arg, why, sizeof(why)) == 0)
+        return 0;
+    fprintf(stderr, "convd-bench-launch: %s\n", why);
     return 1;
 }
 
@@ -86,41 +70,16 @@ int main(int argc, char **argv)
 {
     int floor = 0;
     struct convd_problem p;
-    convd_problem_init(&p, 1, 56, 56, 128, 128, 3, 3, 32);
-    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
-    p.dtype = CONVD_DTYPE_FP16;
-    p.layout = CONVD_LAYOUT_NHWC;
-    int iters = 2000;
+    launch_args_default(&p);
+    long iters = 2000;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(argv[i], "--shape") == 0 && v) {
-            int f[11];
-            if (sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &f[0], &f[1], &f[2], &f[3], &f[4],
-                       &f[5], &f[6], &f[7], &f[8], &f[9], &f[10]) != 11) {
-                fprintf(stderr, "--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,GROUPS\n");
-                return 2;
-            }
-            enum convd_dtype dt = p.dtype;
-            enum convd_layout lay = p.layout;
-            convd_problem_init(&p, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[10]);
-            p.stride_h = p.stride_w = f[7];
-            p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = f[8];
-            p.dil_h = p.dil_w = f[9];
-            p.dtype = dt;
-            p.layout = lay;
-            i++;
-        } else if (strcmp(argv[i], "--dtype") == 0 && v) {
-            if (convd_dtype_parse(v, &p.dtype) != 0)
-                return 2;
-            i++;
-        } else if (strcmp(argv[i], "--layout") == 0 && v) {
-            if (convd_layout_parse(v, &p.layout) != 0)
-                return 2;
-            i++;
-        } else if (strcmp(argv[i], "--iters") == 0 && v) {
-            iters = atoi(v);
-            i++;
-        } else if (strcmp(argv[i], "--floor") == 0) {
+        const int took = launch_args_take(argc, argv, &i, &p, &iters);
+        if (took < 0)
+            return 2;
+        if (took > 0)
+            continue;
+        if (strcmp(argv[i], "--floor") == 0) {
             floor = 1;
         } else if (strcmp(argv[i], "--tune") == 0 && v) {
             if (bl_tune(v) != 0)
@@ -168,14 +127,14 @@ int main(int argc, char **argv)
     double *trip = malloc(sizeof(double) * (size_t)iters);
     if (trip == NULL)
         return 1;
-    if (floor && convd_bench_launch_floor(iters) != 0) {
+    if (floor && convd_bench_launch_floor((int)iters) != 0) {
         fprintf(stderr, "convd-bench-launch: the floor table failed\n");
         return 1;
     }
     char desc[160], plan[512];
     if (convd_gpu_describe(&p, CONVD_GPU_FAMILY_AUTO, plan, sizeof(plan)) != 0)
         snprintf(plan, sizeof(plan), "(no plan)");
-    printf("convd-bench-launch: %s, rule %s, %d iterations\n%s\n\n",
+    printf("convd-bench-launch: %s, rule %s, %ld iterations\n%s\n\n",
            convd_problem_str(&p, desc, sizeof(desc)), convd_gpu_dev_rule(&p), iters, plan);
     printf("| batch | host us/call | +record us | trip p50 us | trip p99 us | host us/problem |\n");
     printf("|---:|---:|---:|---:|---:|---:|\n");

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "convd_kernels.h"
+#include "launch_args.h"
 
 #define LH_MAX 32
 
@@ -28,41 +29,13 @@ static double lh_now_us(void)
 int main(int argc, char **argv)
 {
     struct convd_problem p;
-    convd_problem_init(&p, 1, 56, 56, 128, 128, 3, 3, 32);
-    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
-    p.dtype = CONVD_DTYPE_FP16;
-    p.layout = CONVD_LAYOUT_NHWC;
+    launch_args_default(&p);
     long iters = 200000;
     for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(argv[i], "--shape") == 0 && v) {
-            int f[11];
-            if (sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &f[0], &f[1], &f[2], &f[3], &f[4],
-                       &f[5], &f[6], &f[7], &f[8], &f[9], &f[10]) != 11) {
-                fprintf(stderr, "--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,GROUPS\n");
-                return 2;
-            }
-            enum convd_dtype dt = p.dtype;
-            enum convd_layout lay = p.layout;
-            convd_problem_init(&p, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[10]);
-            p.stride_h = p.stride_w = f[7];
-            p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = f[8];
-            p.dil_h = p.dil_w = f[9];
-            p.dtype = dt;
-            p.layout = lay;
-            i++;
-        } else if (strcmp(argv[i], "--dtype") == 0 && v) {
-            if (convd_dtype_parse(v, &p.dtype) != 0)
-                return 2;
-            i++;
-        } else if (strcmp(argv[i], "--layout") == 0 && v) {
-            if (convd_layout_parse(v, &p.layout) != 0)
-                return 2;
-            i++;
-        } else if (strcmp(argv[i], "--iters") == 0 && v) {
-            iters = atol(v);
-            i++;
-        } else {
+        const int took = launch_args_take(argc, argv, &i, &p, &iters);
+        if (took < 0)
+            return 2;
+        if (took == 0) {
             fprintf(stderr, "usage: convd-launch-host [--shape N,H,W,C,K,R,S,STRIDE,PAD,DIL,"
                             "GROUPS] [--dtype D] [--layout L] [--iters N]\n");
             return 2;

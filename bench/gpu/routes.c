@@ -143,39 +143,13 @@ static int dump_csv(const char *path)
     return 0;
 }
 
-static const struct {
-    const char *name;
-    int (*set)(int);
-} knobs[] = {
-    {"pdl", convd_gpu_tune_pdl},
-    {"mma_cfg", convd_gpu_tune_mma_cfg},
-    {"mma_tma", convd_gpu_tune_mma_tma},
-    {"mma_stages", convd_gpu_tune_mma_stages},
-    {"mma_prefetch", convd_gpu_tune_mma_prefetch},
-    {"mma_pad", convd_gpu_tune_mma_pad},
-    {"dw_direct", convd_gpu_tune_dw_direct},
-    {"fma_gemm", convd_gpu_tune_fma_gemm},
-    {"fma_outputs3", convd_gpu_tune_fma_outputs3},
-    {"direct", convd_gpu_tune_direct},
-    {"direct_nhwc", convd_gpu_tune_direct_nhwc},
-    {"direct_prefetch", convd_gpu_tune_direct_prefetch},
-    {"direct_outputs8", convd_gpu_tune_direct_outputs8},
-    {"tf32", convd_gpu_tune_tf32},
-};
-
 /* "name=value": sets that knob; 0, or 1 with a message. */
 static int tune(const char *arg)
 {
-    const char *eq = strchr(arg, '=');
-    for (size_t i = 0; eq != NULL && i < sizeof(knobs) / sizeof(knobs[0]); i++)
-        if (strlen(knobs[i].name) == (size_t)(eq - arg) &&
-            strncmp(arg, knobs[i].name, (size_t)(eq - arg)) == 0) {
-            if (knobs[i].set(atoi(eq + 1)) == 0)
-                return 0;
-            fprintf(stderr, "convd-routes: %s: value refused\n", arg);
-            return 1;
-        }
-    fprintf(stderr, "convd-routes: %s: expected KNOB=VALUE with a knob of gpu_dev.h\n", arg);
+    char why[160];
+    if (convd_gpu_tune_arg(arg, why, sizeof(why)) == 0)
+        return 0;
+    fprintf(stderr, "convd-routes: %s\n", why);
     return 1;
 }
 

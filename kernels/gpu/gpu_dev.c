@@ -2,6 +2,10 @@
  * The development library (gpu_dev.h): a process-global policy, its setters, and the
  * family-level entry points under it. Linked by tests and benchmarks, never by the daemon.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpu_dev.h"
 
 struct convd_gpu_policy convd_gpu_dev_policy = CONVD_GPU_POLICY_DEFAULT;
@@ -37,6 +41,46 @@ DEV_SETTER(direct_nhwc, direct_nhwc)
 DEV_SETTER(direct_prefetch, direct_prefetch)
 DEV_SETTER(direct_outputs8, direct_outputs8)
 DEV_SETTER(tf32, tf32)
+
+int convd_gpu_tune_arg(const char *arg, char *why, size_t why_len)
+{
+    static const struct {
+        const char *name;
+        int (*set)(int);
+    } knobs[] = {
+        {"pdl", convd_gpu_tune_pdl},
+        {"mma_cfg", convd_gpu_tune_mma_cfg},
+        {"mma_tma", convd_gpu_tune_mma_tma},
+        {"mma_stages", convd_gpu_tune_mma_stages},
+        {"mma_prefetch", convd_gpu_tune_mma_prefetch},
+        {"mma_pad", convd_gpu_tune_mma_pad},
+        {"dw_direct", convd_gpu_tune_dw_direct},
+        {"fma_gemm", convd_gpu_tune_fma_gemm},
+        {"fma_outputs3", convd_gpu_tune_fma_outputs3},
+        {"direct", convd_gpu_tune_direct},
+        {"direct_nhwc", convd_gpu_tune_direct_nhwc},
+        {"direct_prefetch", convd_gpu_tune_direct_prefetch},
+        {"direct_outputs8", convd_gpu_tune_direct_outputs8},
+        {"tf32", convd_gpu_tune_tf32},
+    };
+    const char *eq = arg != NULL ? strchr(arg, '=') : NULL;
+    for (size_t i = 0; eq != NULL && i < sizeof(knobs) / sizeof(knobs[0]); i++)
+        if (strlen(knobs[i].name) == (size_t)(eq - arg) &&
+            strncmp(arg, knobs[i].name, (size_t)(eq - arg)) == 0) {
+            char *end;
+            const long v = strtol(eq + 1, &end, 10);
+            if (end != eq + 1 && *end == '\0' && v >= -1000 && v <= 1000 &&
+                knobs[i].set((int)v) == 0)
+                return 0;
+            if (why != NULL && why_len > 0)
+                snprintf(why, why_len, "%s: not a value of knob %s", arg, knobs[i].name);
+            return CONVD_EINVAL;
+        }
+    if (why != NULL && why_len > 0)
+        snprintf(why, why_len, "%s: expected KNOB=VALUE with a knob of struct convd_gpu_policy",
+                 arg != NULL ? arg : "(null)");
+    return CONVD_EINVAL;
+}
 
 enum convd_gpu_family convd_gpu_route(const struct convd_problem *p)
 {
