@@ -396,6 +396,42 @@ finish:
     return rc;
 }
 
+int cli_shapes_load(const char *path, struct cli_shape **ret_rows, size_t *ret_count, char *why,
+                    size_t why_len)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return why_fail(why, why_len, CONVD_EINVAL, "cannot open %s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0, got;
+    do {
+        if (cap - len < 4096) {
+            char *grown = realloc(text, cap + 65536);
+            if (grown == NULL) {
+                free(text);
+                fclose(f);
+                return why_fail(why, why_len, CONVD_ENOMEM, "out of memory reading %s", path);
+            }
+            text = grown;
+            cap += 65536;
+        }
+        got = fread(text + len, 1, cap - len, f);
+        len += got;
+    } while (got > 0);
+    const int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(text);
+        return why_fail(why, why_len, CONVD_EINVAL, "cannot read %s", path);
+    }
+    char inner[200];
+    const int rc = cli_shapes_parse(text, len, ret_rows, ret_count, inner, sizeof(inner));
+    free(text);
+    if (rc != 0)
+        return why_fail(why, why_len, rc, "%s: %s", path, inner);
+    return 0;
+}
+
 const struct cli_shape *cli_shapes_find(const struct cli_shape *rows, size_t count,
                                         const char *name)
 {

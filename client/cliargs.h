@@ -79,6 +79,10 @@ struct cli_shape {
 int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, size_t *ret_count,
                      char *why, size_t why_len);
 
+/* cli_shapes_parse() on the whole of the file at path; why names the file on failure. */
+int cli_shapes_load(const char *path, struct cli_shape **ret_rows, size_t *ret_count, char *why,
+                    size_t why_len);
+
 /* The row called name, or NULL. */
 const struct cli_shape *cli_shapes_find(const struct cli_shape *rows, size_t count,
                                         const char *name);

@@ -30,6 +30,7 @@
 #include <cudnn.h>
 #include <cublas_api.h>
 
+#include "cliargs.h"
 #include "convd_kernels.h"
 #include "gpu_dev.h"
 
@@ -843,24 +844,31 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
 
 static int load_shapes(const char *path, struct shape *out, int max)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        die("cannot open %s", path);
-    char line[512];
-    int n = 0;
-    for (int lineno = 1; fgets(line, sizeof(line), f) != NULL; lineno++) {
-        if (strncmp(line, "name,", 5) == 0 || line[0] == '#' || line[0] == '\n')
-            continue;
-        if (n == max)
-            die("%s: more than %d shapes", path, max);
-        struct shape *s = &out[n];
-        if (sscanf(line, "%63[^,],%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", s->name, &s->n, &s->h, &s->w,
-                   &s->c, &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->dil, &s->groups) != 12)
-            die("%s:%d: expected name,n,h,w,c,k,r,s,stride,pad,dil,groups", path, lineno);
-        n++;
+    struct cli_shape *rows = NULL;
+    size_t count = 0;
+    char why[320];
+    if (cli_shapes_load(path, &rows, &count, why, sizeof(why)) != 0)
+        die("%s", why);
+    if (count > (size_t)max)
+        die("%s: more than %d shapes", path, max);
+    for (size_t i = 0; i < count; i++) {
+        const struct cli_shape *r = &rows[i];
+        struct shape *s = &out[i];
+        snprintf(s->name, sizeof(s->name), "%s", r->name);
+        s->n = r->n;
+        s->h = r->h;
+        s->w = r->w;
+        s->c = r->c;
+        s->k = r->k;
+        s->r = r->r;
+        s->s = r->s;
+        s->stride = r->stride;
+        s->pad = r->pad;
+        s->dil = r->dil;
+        s->groups = r->groups;
     }
-    fclose(f);
-    return n;
+    free(rows);
+    return (int)count;
 }
 
 /* Whether `name` is one of the comma-separated names of `list`. */

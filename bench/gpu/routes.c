@@ -92,36 +92,11 @@ static void set_epilogue(struct convd_problem *p, size_t e)
 
 static int dump_csv(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        fprintf(stderr, "convd-routes: cannot open %s\n", path);
-        return 1;
-    }
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    size_t got;
-    do {
-        if (cap - len < 4096) {
-            cap = len + 65536;
-            char *grown = realloc(text, cap);
-            if (grown == NULL) {
-                free(text);
-                fclose(f);
-                return 1;
-            }
-            text = grown;
-        }
-        got = fread(text + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
     struct cli_shape *rows = NULL;
     size_t count = 0;
-    char why[256];
-    const int rc = cli_shapes_parse(text, len, &rows, &count, why, sizeof(why));
-    free(text);
-    if (rc != 0) {
-        fprintf(stderr, "convd-routes: %s: %s\n", path, why);
+    char why[320];
+    if (cli_shapes_load(path, &rows, &count, why, sizeof(why)) != 0) {
+        fprintf(stderr, "convd-routes: %s\n", why);
         return 1;
     }
     static const enum convd_dtype dts[] = {CONVD_DTYPE_FP16, CONVD_DTYPE_BF16, CONVD_DTYPE_FP32};

@@ -187,15 +187,9 @@ fail:
 
 int ctl_load_shapes(const char *path, struct cli_shape **ret_rows, size_t *ret_count)
 {
-    uint8_t *text;
-    size_t len;
-    if (ctl_read_file(path, &text, &len) != 0)
-        return -1;
-    char why[256];
-    int rc = cli_shapes_parse((const char *)text, len, ret_rows, ret_count, why, sizeof(why));
-    free(text);
-    if (rc != 0) {
-        ctl_err("%s: %s", path, why);
+    char why[320];
+    if (cli_shapes_load(path, ret_rows, ret_count, why, sizeof(why)) != 0) {
+        ctl_err("%s", why);
         return -1;
     }
     return 0;
