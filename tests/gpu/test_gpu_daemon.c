@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "wire.h"
 
 #ifndef CONVD_DAEMON_PATH
 #error "CONVD_DAEMON_PATH must name the convd binary under test"
@@ -324,7 +325,7 @@ static void test_handshake_says_gpu(void **state)
     if (info.device[0] == '\0' || strstr(info.device, "GiB") == NULL)
         fail_msg("HelloReply.device '%s' does not describe a GPU ('name (arch, SMs, GiB)')",
                  info.device);
-    assert_int_equal(info.protocol_version, 1);
+    assert_int_equal(info.protocol_version, CONVD_PROTOCOL_VERSION);
     struct convd_status st;
     int rc = convd_status_get(g_d.mon, &st);
     if (rc != 0)
@@ -334,10 +335,50 @@ static void test_handshake_says_gpu(void **state)
                  st.device, info.device);
 }
 
+/* fp32 requests that allow TF32 through the whole serving path, in host regions, both layouts, with
+ * and without bias and activation: the daemon routes dense problems of kpg 64 to the TF32 tiles,
+ * and each result must meet the TF32 tolerance (tu_tolerance_of); test_gpu_kernels checks that
+ * the tensor cores, not exact fp32, computed it. */
+static void test_tf32_requests(void **state)
+{
+    (void)state;
+    convd_client *c = it_connect(&g_d, "gpud-tf32");
+    for (int v = 0; v < 4; v++) {
+        struct convd_problem p;
+        convd_problem_init(&p, 2, 12, 11, 64, 64, 3, 3, v == 3 ? 2 : 1);
+        p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = 1;
+        p.dtype = CONVD_DTYPE_FP32;
+        p.layout = v % 2 ? CONVD_LAYOUT_NCHW : CONVD_LAYOUT_NHWC;
+        p.has_bias = v >= 2;
+        if (v >= 2)
+            tu_random_activation(it_rng(), &p);
+        p.allow_tf32 = true;
+        char what[64];
+        snprintf(what, sizeof what, "tf32 case %d", v);
+        struct it_case t;
+        convd_region *r = gd_host_case(c, &t, &p, it_rng(), what);
+        struct convd_conv_args a;
+        it_case_args(&t, &a);
+        uint64_t id = 0;
+        int rc = convd_conv_submit(c, &a, &id);
+        if (rc != 0)
+            fail_msg("%s: convd_conv_submit: %s (%s)", what, convd_status_name(rc),
+                     convd_errstr(c));
+        struct convd_completion cpl;
+        gd_wait(c, id, what, &cpl);
+        char why[600];
+        if (!gd_case_result(&t, &cpl, what, why, sizeof why))
+            fail_msg("%s", why);
+        it_case_fini(&t);
+        assert_int_equal(convd_region_free(r), 0);
+    }
+    convd_close(c);
+}
+
 #define HOST_CASES (FAM_COUNT * 3 * 2 * 4)
 
-/* Every family x dtype x layout x {none, bias, activation, bias+activation}, all in flight at once on one
- * client, each in its own memfd region at a small non-zero offset. */
+/* Every family x dtype x layout x {none, bias, activation, bias+activation}, all in flight at once
+ * on one client, each in its own memfd region at a small non-zero offset. */
 static void test_host_regions(void **state)
 {
     (void)state;
@@ -1411,6 +1452,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handshake_says_gpu),
         cmocka_unit_test(test_host_regions),
+        cmocka_unit_test(test_tf32_requests),
         cmocka_unit_test(test_batching),
         cmocka_unit_test(test_device_regions),
         cmocka_unit_test(test_device_mixed_with_host),

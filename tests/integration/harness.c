@@ -456,14 +456,13 @@ bool it_case_ok(const struct it_case *t, char *why, size_t why_len)
     const uint8_t *base = convd_region_data(t->region);
     size_t bad = 0;
     double err = tu_rel_error(t->p.dtype, base + t->off_out, t->ref, t->sz.output_elems, &bad);
-    if (err <= tu_tolerance(t->p.dtype))
+    if (err <= tu_tolerance_of(&t->p))
         return true;
     char desc[128];
     convd_problem_str(&t->p, desc, sizeof(desc));
-    snprintf(why, why_len,
-             "%s: relative error %g > %g (element %zu: got %g, want %g)", desc, err,
-             tu_tolerance(t->p.dtype), bad,
-             (double)tu_load(t->p.dtype, base + t->off_out, bad), (double)t->ref[bad]);
+    snprintf(why, why_len, "%s: relative error %g > %g (element %zu: got %g, want %g)", desc, err,
+             tu_tolerance_of(&t->p), bad, (double)tu_load(t->p.dtype, base + t->off_out, bad),
+             (double)t->ref[bad]);
     return false;
 }
 
