@@ -73,7 +73,7 @@ if [ -n "$lib" ] && command -v cuobjdump >/dev/null; then
         sort -u | (echo "kernel HMMA LDSM LDGSTS LDG.E.128 STG.E.128 local"; cat) \
         >"$OUT/sass-summary.txt"
     gzip -f "$OUT/sass.txt"
-    grep -E "mma_kernel|dw_nhwc|fma_kernel" "$OUT/sass-summary.txt" | head -12
+    grep -E "mma_(tma_)?kernel|dw_|fma_kernel|pw_kernel" "$OUT/sass-summary.txt" | head -12
 else
     echo "no cuobjdump or no libconvd_gpu.a"
 fi
@@ -92,7 +92,7 @@ if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
     # PROFILE_SPECS: "shape dtype layout kernel-regex;..." to profile others; PROFILE_ARGS are
     # added to the benchmark's arguments (e.g. --sweep-dw to reach non-default kernels) and
     # NCU_ARGS to Nsight Compute's (e.g. --launch-skip 2, --print-details all).
-    specs=${PROFILE_SPECS:-"resnext50_l2 fp16 nhwc mma_kernel;effnet_dw5 fp16 nhwc dw_nhwc;resnext50_l4 fp32 nhwc fma_kernel;mbv2_dw_s2 fp16 nchw dw_nchw"}
+    specs=${PROFILE_SPECS:-"resnext50_l2 fp16 nhwc mma_(tma_)?kernel;effnet_dw5 fp16 nhwc dw_direct|dw_nhwc;resnext50_l4 fp32 nhwc pw_kernel|fma_kernel;mbv2_dw_s2 fp16 nchw dw_nchw"}
     IFS=';' read -r -a spec_list <<<"$specs"
     for spec in "${spec_list[@]}"; do
         set -- $spec

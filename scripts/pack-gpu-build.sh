@@ -16,5 +16,7 @@ for f in "$BUILD"/bin/*; do
     esac
 done
 # The shared client library: fault_gpu and the Python package (CONVD_CLIENT_LIB) load it.
-(cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt lib/libconvd-client.so*)
+# python/CTestTestfile.cmake: ctest -L gpu there runs python_gpu (python/tests/test_gpu.py).
+(cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt lib/libconvd-client.so* \
+    python/CTestTestfile.cmake)
 ls -l "$BUILD/pack.tgz"

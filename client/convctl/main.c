@@ -8,6 +8,7 @@
 
 #include "suggest.h"
 #include "util.h"
+#include "wire.h"
 
 static const struct {
     const char *name;
@@ -90,8 +91,8 @@ int main(int argc, char **argv)
             ctl_usage(stdout);
             return 0;
         case 'V':
-            printf("convctl %s (library %s, protocol 1)\n", CONVD_VERSION_STRING,
-                   convd_version_string());
+            printf("convctl %s (library %s, protocol %u)\n", CONVD_VERSION_STRING,
+                   convd_version_string(), CONVD_PROTOCOL_VERSION);
             return 0;
         default:
             return ctl_bad_option(argv, opts, NULL);

@@ -137,14 +137,18 @@ static int direct_routes_nhwc(const struct gpu_route_in *in)
     return no_mma(in);
 }
 
-/* fp32 problems that allow TF32, on the implicit GEMM's tensor-core tiles: where kpg fills a 32-
- * output warp tile (policy tf32 -1), everywhere the GEMM applies (1) or never (0). */
+/* TF32 is allowed: by the problem (fp32, allow_tf32) and by the policy (tf32 not 0). A fits
+ * predicate, so that a family asked for by name keeps to it too. */
+static int tf32_allowed(const struct gpu_route_in *in)
+{
+    return in->p->dtype == CONVD_DTYPE_FP32 && in->p->allow_tf32 && in->pol->tf32 != 0;
+}
+
+/* Where the implicit GEMM's tensor-core tiles pay: kpg fills a 32-output warp tile (policy tf32
+ * -1), or wherever the GEMM applies (1). */
 static int tf32_routes(const struct gpu_route_in *in)
 {
-    const struct convd_problem *p = in->p;
-    if (p->dtype != CONVD_DTYPE_FP32 || !p->allow_tf32 || in->pol->tf32 == 0)
-        return 0;
-    return in->pol->tf32 == 1 || kpg_of(p) >= 32;
+    return in->pol->tf32 == 1 || kpg_of(in->p) >= 32;
 }
 
 static int nhwc_with_output_copies(const struct gpu_route_in *in)
@@ -179,6 +183,16 @@ static int fma_in_place(const struct gpu_route_in *in)
     return !fma_copies(in);
 }
 
+static int tf32_in_place(const struct gpu_route_in *in)
+{
+    return tf32_allowed(in) && fma_in_place(in);
+}
+
+static int tf32_copies(const struct gpu_route_in *in)
+{
+    return tf32_allowed(in) && fma_copies(in);
+}
+
 /* ---- the table ---- */
 
 #define N       GPU_VIEW_NATIVE
@@ -189,10 +203,10 @@ static const struct gpu_rule gpu_rules[] = {
      "tensors not 16-byte aligned: one thread per output"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
-    {"fma-tf32", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_TF32, fma_in_place, tf32_routes,
+    {"fma-tf32", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_TF32, tf32_in_place, tf32_routes,
      "fp32 allowing TF32 with kpg >= 32, in the implicit GEMM's shapes: its tiles on the tensor "
      "cores (mma m16n8k8 TF32, fp32 accumulation)"},
-    {"fma-tf32-nchw", CONVD_GPU_FAMILY_FMA, TO_NHWC, GPU_FMA_TF32, fma_copies, tf32_routes,
+    {"fma-tf32-nchw", CONVD_GPU_FAMILY_FMA, TO_NHWC, GPU_FMA_TF32, tf32_copies, tf32_routes,
      "NCHW of the same (not 1x1) on NHWC copies, NCHW out from the epilogue"},
     {"direct", CONVD_GPU_FAMILY_DIRECT, N, 0, nchw, direct_routes,
      "NCHW 3x3, pad_left 1, stride 1 or 2, W and Wo multiples of 4: fp32 cpg <= 64; 16-bit cpg "

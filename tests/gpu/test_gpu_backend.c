@@ -973,8 +973,9 @@ static void djob_prepare(struct djob *d, const struct convd_problem *p, struct c
         if (!views[i]->mem)
             continue;
         const void *data = view_host(views[i]);
-        /* Device tensors must be element-aligned (the backend refuses others, see
-         * test_device_misaligned); 16 keeps every dtype and the vector paths aligned. */
+        /* Device tensors must be element-aligned (the daemon refuses others before a backend
+         * sees them: daemon/request.c, test_daemon_request); 16 keeps every dtype and the vector
+         * paths aligned. */
         at = (at + random_gap(&g_rng) + 15) & ~(uint64_t)15;
         views[i]->mem = m;
         views[i]->offset = at;

@@ -340,7 +340,9 @@ static int dw_is_direct(const struct convd_problem *p)
 /* Every shape of work of the direct kernels, on problems whose edges cut their bands and column
  * groups (Ho, Wo not multiples of the rows and columns per thread), with padding on all sides;
  * the NCHW ones on widths that are multiples of 4 (its chunks), with "same" padding on the left
- * and any on the right. */
+ * and any on the right. A forced shape that the production kernel set leaves out runs tiled
+ * (dw_row_built), so only a -DCONVD_GPU_SWEEP_KERNELS=ON build covers them all: there each
+ * forced shape must run direct in some dtype; here the count of those that did is printed. */
 static void test_depthwise_direct_shapes(void **state)
 {
     (void)state;
@@ -350,21 +352,33 @@ static void test_depthwise_direct_shapes(void **state)
     q.pad_top = 0;
     q.pad_bottom = 2;
     q.pad_right = 5; /* Wo = 20: the last column group reads only padding */
-    int shapes = 0, nchw_shapes = 0;
+    const struct convd_problem nhwc[] = {
+        mk(2, 13, 11, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0),
+        mk(1, 30, 27, 16, 16, 3, 3, 16, 1, 0, 1, 0, 0),
+        mk(2, 15, 17, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0),
+        mk(1, 19, 23, 8, 8, 5, 5, 8, 1, 2, 1, 0, 0),
+        mk(2, 17, 14, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0),
+        mk(2, 13, 12, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0),
+        mk(2, 15, 16, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0),
+        mk(1, 30, 28, 16, 16, 5, 5, 16, 1, 2, 1, 0, 0),
+        mk(2, 17, 16, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0),
+        mk(1, 11, 20, 8, 8, 7, 7, 8, 1, 3, 1, 0, 0),
+        mk(1, 13, 24, 8, 8, 7, 7, 8, 2, 3, 1, 0, 0),
+        mk(2, 13, 11, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), /* multiplier 2 */
+        mk(1, 30, 27, 16, 32, 3, 3, 16, 1, 0, 1, 0, 0),
+    };
+    int shapes = 0, nchw_shapes = 0, direct_modes = 0;
     for (int mode = 1; convd_gpu_tune_dw_direct(mode) == 0; mode++, shapes++) {
-        sweep(mk(2, 13, 11, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
-        sweep(mk(1, 30, 27, 16, 16, 3, 3, 16, 1, 0, 1, 0, 0), F, 1, 0);
-        sweep(mk(2, 15, 17, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0), F, 1, 0);
-        sweep(mk(1, 19, 23, 8, 8, 5, 5, 8, 1, 2, 1, 0, 0), F, 1, 0);
-        sweep(mk(2, 17, 14, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
-        sweep(mk(2, 13, 12, 24, 24, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0);
-        sweep(mk(2, 15, 16, 40, 40, 3, 3, 40, 2, 1, 1, 0, 0), F, 1, 0);
-        sweep(mk(1, 30, 28, 16, 16, 5, 5, 16, 1, 2, 1, 0, 0), F, 1, 0);
-        sweep(mk(2, 17, 16, 16, 16, 5, 5, 16, 2, 2, 1, 0, 0), F, 1, 0);
-        sweep(mk(1, 11, 20, 8, 8, 7, 7, 8, 1, 3, 1, 0, 0), F, 1, 0);
-        sweep(mk(1, 13, 24, 8, 8, 7, 7, 8, 2, 3, 1, 0, 0), F, 1, 0);
-        sweep(mk(2, 13, 11, 24, 48, 3, 3, 24, 1, 1, 1, 0, 0), F, 1, 0); /* multiplier 2 */
-        sweep(mk(1, 30, 27, 16, 32, 3, 3, 16, 1, 0, 1, 0, 0), F, 1, 0);
+        int direct = 0;
+        for (size_t i = 0; i < sizeof(nhwc) / sizeof(nhwc[0]); i++) {
+            sweep(nhwc[i], F, 1, 0);
+            for (int d = 0; d < 3; d++) {
+                struct convd_problem r = nhwc[i];
+                r.dtype = dtypes[d];
+                r.layout = CONVD_LAYOUT_NHWC;
+                direct += dw_is_direct(&r);
+            }
+        }
         sweep(q, F, 1, 0);
         for (int ks = 3; ks <= 7; ks += 2)
             for (int st = 1; st <= 2; st++) {
@@ -372,7 +386,14 @@ static void test_depthwise_direct_shapes(void **state)
                                             CONVD_DTYPE_FP16, CONVD_LAYOUT_NCHW);
                 nchw_shapes += dw_is_direct(&r);
             }
+        direct_modes += direct > 0;
+        if (convd_gpu_sweep_kernels() && direct == 0)
+            fail_msg("forced depthwise direct shape %d ran no case on a direct kernel", mode);
     }
+    fprintf(stderr, "depthwise direct shapes: %d forced, %d ran direct in some dtype (%s)\n",
+            shapes, direct_modes,
+            convd_gpu_sweep_kernels() ? "sweep build: all" : "production kernel set");
+    assert_true(direct_modes >= 1);
     assert_true(shapes >= 2);
     assert_true(nchw_shapes >= 6); /* every NCHW filter and stride has a shape */
     assert_int_equal(convd_gpu_tune_dw_direct(-1), 0);
@@ -570,7 +591,8 @@ static void test_fma_gemm(void **state)
  * dilation and asymmetric padding, bias and activations. Each result must meet the TF32
  * tolerance and must also differ from the exact fp32 reference by more than fp32 arithmetic
  * would (2e-5): proof that the tensor cores computed it. Without allow_tf32 the same problems
- * stay off TF32; the policy's tf32 knob switches it off (0) or forces it below kpg 32 (1). */
+ * stay off TF32; the policy's tf32 knob switches it off (0), also for the fma family asked for by
+ * name, or forces it below kpg 32 (1). */
 static void test_tf32(void **state)
 {
     (void)state;
@@ -630,8 +652,8 @@ static void test_tf32(void **state)
             if (strncmp(convd_gpu_kernel_name(&p), "fma-tf32", 8) == 0)
                 fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_kernel_name(&p));
         }
-    /* The policy: off, and forced onto kpg 8 (below the default's 32). */
-    struct convd_problem p = mk(2, 9, 9, 64, 64, 3, 3, 8, 1, 1, 1, F32, H);
+    /* The policy: off, and forced onto kpg 24 (the GEMM's least, below the default's 32). */
+    struct convd_problem p = mk(2, 9, 9, 64, 96, 3, 3, 4, 1, 1, 1, F32, H);
     p.allow_tf32 = true;
     assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
     assert_int_equal(convd_gpu_tune_tf32(1), 0);
@@ -644,6 +666,7 @@ static void test_tf32(void **state)
     assert_int_equal(convd_gpu_tune_tf32(0), 0);
     assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
     check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
+    assert_false(described_as(&p, CONVD_GPU_FAMILY_FMA, "tf32"));
     assert_int_equal(convd_gpu_tune_tf32(2), CONVD_EINVAL);
 }
 
@@ -1521,7 +1544,8 @@ static void test_api(void **state)
     assert_string_equal(convd_gpu_kernel_name(&p), "fma");
     p.dtype = CONVD_DTYPE_FP16;
     const char *mma_name = convd_gpu_kernel_name(&p);
-    assert_true(strcmp(mma_name, "mma") == 0 || strcmp(mma_name, "fma") == 0);
+    /* AMD has no mma family: cpg 8 then goes to the direct kernel on NCHW copies. */
+    assert_true(strcmp(mma_name, "mma") == 0 || strcmp(mma_name, "direct-nhwc") == 0);
 
     /* Unaligned tensors: the router falls back to the generic kernel, a forced family refuses. */
     struct convd_problem u =
