@@ -74,12 +74,6 @@ struct mma_tmaps {
     CUtensorMap x[MMA_TMA_PROBS];
     CUtensorMap y[MMA_TMA_PROBS];
 };
-/* Its weights and biases (the tensor maps carry inputs and outputs): only what it reads, since
- * a launch's cost grows with its parameter bytes. */
-struct mma_tma_ptrs {
-    const void *w[MMA_TMA_PROBS];
-    const void *b[MMA_TMA_PROBS];
-};
 #endif
 
 #if defined(CONVD_GPU_NVIDIA)
@@ -316,12 +310,12 @@ GPU_D void mma_load_b_merged(const struct mma_args &a, const struct mma_item &it
 /* Copies the weights of one item's outputs and chunk into B: [n][tap * kc + c], zero padded,
  * block-diagonal when groups are merged. */
 template <class DT, int NHWC>
-GPU_D void mma_load_b(const struct mma_args &a, const void *weights, const struct mma_item &it,
-                      int c0, uint8_t *bbuf, int tid, int nthr)
+GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
+                      const struct mma_item &it, int c0, uint8_t *bbuf, int tid, int nthr)
 {
     typedef typename DT::T T;
     const struct gpu_geom &g = a.g;
-    const T *w = (const T *)weights;
+    const T *w = (const T *)b.w[it.prob];
     const int rs = g.r * g.s;
     const int kt = a.nk16 * 16;
     const int kflat = rs * a.kc;
@@ -631,7 +625,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
     {
         const struct mma_item it = mma_decode(a, it_begin);
         mma_load_a<DT, NHWC>(a, b, it, 0, MMA_ABUF(0), tid, nthr);
-        mma_load_b<DT, NHWC>(a, b.w[it.prob], it, 0, MMA_BBUF(0), tid, nthr);
+        mma_load_b<DT, NHWC>(a, b, it, 0, MMA_BBUF(0), tid, nthr);
         gpu_cp_commit();
     }
 
@@ -648,8 +642,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
             const struct mma_item nit = mma_decode(a, nitem);
             mma_load_a<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_ABUF(ab ^ 1), tid, nthr);
             if (!resident)
-                mma_load_b<DT, NHWC>(a, b.w[nit.prob], nit, nchunk * a.kc, MMA_BBUF(bb ^ 1), tid,
-                                     nthr);
+                mma_load_b<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_BBUF(bb ^ 1), tid, nthr);
             gpu_cp_commit();
             gpu_cp_wait<1>();
         } else {
@@ -742,7 +735,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
         if (has_next && !prefetch) {
             const struct mma_item nit = mma_decode(a, nitem);
             mma_load_a<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_ABUF(ab ^ 1), tid, nthr);
-            mma_load_b<DT, NHWC>(a, b.w[nit.prob], nit, nchunk * a.kc, MMA_BBUF(0), tid, nthr);
+            mma_load_b<DT, NHWC>(a, b, nit, nchunk * a.kc, MMA_BBUF(0), tid, nthr);
             gpu_cp_commit();
         }
         ab ^= 1;
@@ -771,7 +764,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
 template <class DT, int MT, int NT, int WM, int WN>
 __global__ void __launch_bounds__(WM *WN * 32,
                                   CONVD_MIN_BLOCKS(WM *WN * 32, (WM * WN * 32 >= 256) ? 2 : 3))
-    mma_tma_kernel(const struct mma_args a, const struct mma_tma_ptrs tp,
+    mma_tma_kernel(const struct mma_args a, const struct gpu_batch b,
                    const __grid_constant__ struct mma_tmaps tm)
 {
 #if defined(CONVD_DEVICE_SM90)
@@ -815,7 +808,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
         gpu_tma_prefetch4(&tm.x[first.prob], first.ch0, first.ow0 * g.sw - g.pl,
                           first.oh0 * g.sh - g.pt, first.n0);
         const size_t row = (size_t)g.r * g.s * g.cpg * sizeof(typename DT::T);
-        gpu_prefetch_l2((const uint8_t *)tp.w[first.prob] + (size_t)first.k0 * row,
+        gpu_prefetch_l2((const uint8_t *)b.w[first.prob] + (size_t)first.k0 * row,
                         (size_t)(first.kend - first.k0) * row);
     }
     __syncthreads();
@@ -836,7 +829,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
      * arrived only when nearly all had. */
     if (tid == 0)
         MMA_TMA_HALO(it_begin, 0);
-    mma_load_b<DT, 1>(a, tp.w[first.prob], first, 0, smem + a.off_b0, tid, nthr);
+    mma_load_b<DT, 1>(a, b, first, 0, smem + a.off_b0, tid, nthr);
     gpu_cp_commit();
     bool bfresh = true;
     uint32_t phase = 0;
@@ -870,7 +863,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
         MMA_TR(4 + 3 * (item - it_begin));
         const struct mma_item it = mma_decode(a, item);
         if (g.bias || g.act)
-            mma_bias_act<DT, MT, NT>(acc, (const typename DT::T *)tp.b[it.prob], it, g, wn, lane);
+            mma_bias_act<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
         uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
         mma_stage_pre<DT, MT, NT>(acc, stage, soffs, wm, wn, lane, a.bn * 2, a.smask_s);
         gpu_fence_async_smem();
@@ -887,7 +880,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
         if (item + 1 < it_end && convd_math_fdiv_div((uint32_t)(item + 1), a.fd_tiles) !=
                                      convd_math_fdiv_div((uint32_t)item, a.fd_tiles)) {
             const struct mma_item nit = mma_decode(a, item + 1);
-            mma_load_b<DT, 1>(a, tp.w[nit.prob], nit, 0, smem + a.off_b0, tid, nthr);
+            mma_load_b<DT, 1>(a, b, nit, 0, smem + a.off_b0, tid, nthr);
             gpu_cp_commit();
             bfresh = true;
         }
@@ -1097,23 +1090,25 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
                                 (cuuint32_t)pl->imgs};
     for (int p0 = 0; p0 < count; p0 += MMA_TMA_PROBS) {
         const int cnt = count - p0 < MMA_TMA_PROBS ? count - p0 : MMA_TMA_PROBS;
-        struct mma_tma_ptrs tp;
-        memset(&tp, 0, sizeof(tp));
+        struct gpu_batch sub;
+        memset(&sub, 0, sizeof(sub));
         struct mma_tmaps tm;
         memset(&tm, 0, sizeof(tm));
         for (int i = 0; i < cnt; i++) {
-            tp.w[i] = b->w[p0 + i];
-            tp.b[i] = b->b[p0 + i];
-            rc = mma_map(&tm.x[i], pl->dtype, (void *)b->x[p0 + i], g->c, g->w, g->h, g->n, xbox);
+            sub.x[i] = b->x[p0 + i];
+            sub.w[i] = b->w[p0 + i];
+            sub.b[i] = b->b[p0 + i];
+            sub.y[i] = b->y[p0 + i];
+            rc = mma_map(&tm.x[i], pl->dtype, (void *)sub.x[i], g->c, g->w, g->h, g->n, xbox);
             if (rc == 0)
-                rc = mma_map(&tm.y[i], pl->dtype, b->y[p0 + i], g->k, g->wo, g->ho, g->n, ybox);
+                rc = mma_map(&tm.y[i], pl->dtype, sub.y[i], g->k, g->wo, g->ho, g->n, ybox);
             if (rc != 0)
                 return rc;
         }
         a->items = cnt * pl->nblk * pl->tiles;
         const int64_t grid = cap < a->items ? cap : a->items;
         GPU_LAUNCH((mma_tma_kernel<DT, MT, NT, WM, WN>), dim3((unsigned)grid),
-                   dim3((unsigned)pl->threads), pl->smem, ln, *a, tp, tm);
+                   dim3((unsigned)pl->threads), pl->smem, ln, *a, sub, tm);
         CONVD_GPU_CHECK(hipGetLastError());
     }
     return 0;
