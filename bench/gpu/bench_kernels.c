@@ -593,8 +593,10 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     convd_gpu_fill_random(b.w, dt, z.weight_elems, 7);
     CK(cudaDeviceSynchronize());
 
-    struct ours_ctx oc = {&p, &b, fam};
-    convd_gpu_describe(&p, fam, out->plan, sizeof(out->plan));
+    /* AUTO runs what the router chooses: a family asked for by name takes its first rule that
+     * fits, whatever the rule's `when` says (fma-tf32 ahead of fma-gemm below kpg 32). */
+    struct ours_ctx oc = {&p, &b, o->family};
+    convd_gpu_describe(&p, o->family, out->plan, sizeof(out->plan));
     out->ours_call_us = time_fn(ours_run, &oc, b.nbuf, o->iters, o->warmup);
     out->ours_us = time_graph(ours_run, &oc, b.nbuf, o->iters > 15 ? 15 : o->iters);
     if (out->ours_us <= 0)
