@@ -64,7 +64,7 @@ struct convd_gpu_policy {
     int direct_nhwc;  /* NHWC on the direct family through NCHW copies: -1 measured, 0, 1 */
     int direct_prefetch; /* direct family's next-plane prefetch: -1 planner, 0, 1 */
     int direct_outputs8; /* direct family's 8 outputs a thread: -1 fp32 only, 0 never, 1 always */
-    /* fp32 problems that allow TF32 on the tensor-core implicit GEMM: -1 where kpg >= 32, 0 never,
+    /* fp32 problems that allow TF32 on the tensor-core implicit GEMM: -1 where kpg >= 24, 0 never,
      * 1 wherever the GEMM applies. */
     int tf32;
 };

@@ -585,14 +585,14 @@ static void test_fma_gemm(void **state)
 }
 
 /* TF32 (fp32 problems with allow_tf32): routed to the implicit GEMM's tensor-core tiles where kpg
- * >= 32, in both layouts (NCHW on NHWC copies, or in place for 1x1), every loader (4-channel
+ * >= 24, in both layouts (NCHW on NHWC copies, or in place for 1x1), every loader (4-channel
  * gathers, pointwise channel by channel, NCHW pixel runs), with tails in pixels, outputs (kpg 40:
  * a half-empty second warp tile) and K (36 = 9 taps x cpg 4: a short last step), stride,
  * dilation and asymmetric padding, bias and activations. Each result must meet the TF32
  * tolerance and must also differ from the exact fp32 reference by more than fp32 arithmetic
  * would (2e-5): proof that the tensor cores computed it. Without allow_tf32 the same problems
  * stay off TF32; the policy's tf32 knob switches it off (0), also for the fma family asked for by
- * name, or forces it below kpg 32 (1). */
+ * name, or forces it below kpg 24 (1). */
 static void test_tf32(void **state)
 {
     (void)state;
@@ -652,8 +652,8 @@ static void test_tf32(void **state)
             if (strncmp(convd_gpu_kernel_name(&p), "fma-tf32", 8) == 0)
                 fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_kernel_name(&p));
         }
-    /* The policy: off, and forced onto kpg 24 (the GEMM's least, below the default's 32). */
-    struct convd_problem p = mk(2, 9, 9, 64, 96, 3, 3, 4, 1, 1, 1, F32, H);
+    /* The policy: off, and forced onto a 1x1 of kpg 8 (below the default's 24). */
+    struct convd_problem p = mk(2, 9, 9, 64, 64, 1, 1, 8, 1, 0, 1, F32, H);
     p.allow_tf32 = true;
     assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
     assert_int_equal(convd_gpu_tune_tf32(1), 0);
@@ -663,6 +663,9 @@ static void test_tf32(void **state)
     }
     p = ps[0];
     p.allow_tf32 = true;
+    assert_int_equal(convd_gpu_tune_tf32(-1), 0);
+    if (tensor_cores)
+        assert_string_equal(convd_gpu_dev_rule(&p), "fma-tf32");
     assert_int_equal(convd_gpu_tune_tf32(0), 0);
     assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
     check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
