@@ -353,11 +353,31 @@ void check_serving(const char *sock, uint64_t seed, const char *label)
                  o.wrong, o.completed);
 }
 
+/* Prints every open descriptor and what it refers to, so that a leak says what leaked. */
+static void list_fds(void)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir == NULL)
+        return;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], target[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        target[n > 0 ? n : 0] = '\0';
+        fprintf(stderr, "  fd %s -> %s\n", e->d_name, target);
+    }
+    closedir(dir);
+}
+
 void check_no_leaks(int fds, int maps, const char *label)
 {
     int now_fds = count_fds(), now_maps = count_memfd_maps();
-    if (now_fds != fds)
+    if (now_fds != fds) {
+        list_fds();
         fail_msg("%s: %d descriptors open, %d before the daemon started", label, now_fds, fds);
+    }
     if (now_maps != maps)
         fail_msg("%s: %d memfd mappings, %d before the daemon started", label, now_maps, maps);
 #ifdef FAULT_LSAN
