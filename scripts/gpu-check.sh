@@ -5,7 +5,9 @@
 #
 # It takes a build folder made on a build machine (default build-gpu, configured with default
 # options so that nvcc is used; BUILD=... to choose another) and the runtime .debs of libuv1,
-# libprotobuf-c1 and libcmocka0 in .deps/ (apt-get download on a build machine), both carried to
+# libprotobuf-c1 and libcmocka0 in .deps/ (apt-get download on a build machine; add python3-pytest
+# and its dependencies, python3-pluggy, -py, -iniconfig, -packaging, -attr, -more-itertools and
+# -exceptiongroup, for the Python GPU tests where the GPU machine has no pytest), both carried to
 # the GPU machine. Writes full logs to OUTDIR and prints a short table last:
 #   nvidia-smi.txt     the device as found
 #   gpu-tests.log      ctest -L gpu
@@ -26,26 +28,11 @@ exec > >(tee "$OUT/check.log") 2>&1
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
-# A build folder may also arrive packed (BUILD/pack.tgz of bin, tests and the ctest files: the
-# fat binaries compress about 2.5x, which keeps the carry small).
-if [ -f "$BUILD/pack.tgz" ]; then
-    tar xzf "$BUILD/pack.tgz" -C "$BUILD" && echo "unpacked $BUILD/pack.tgz"
-fi
-
+# The packed build folder, the runtime .debs (and pytest where python3 lacks it), and the build
+# machine's source path that the ctest files name: bench/serving/gpu-env.sh prepares them all.
 step "runtime libraries"
-if compgen -G ".deps/*.deb" >/dev/null; then
-    mkdir -p /tmp/deps
-    for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
-    export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-else
-    echo "no .deps/*.deb: relying on installed libuv, protobuf-c, cmocka"
-fi
-
-# ctest files hold the absolute paths of the build machine; make them resolve here too.
-src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
-    mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" && echo "linked $src -> $PWD"
-fi
+# shellcheck source=bench/serving/gpu-env.sh
+. bench/serving/gpu-env.sh
 
 step "device"
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1

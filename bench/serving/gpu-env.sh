@@ -5,6 +5,8 @@
 #  - the runtime libraries the GPU machine lacks (libuv, protobuf-c: .deps/*.deb, fetched with
 #    apt-get download on the build machine) are unpacked into /tmp/deps and put on
 #    LD_LIBRARY_PATH;
+#  - pytest, where the GPU machine's python3 lacks it, from the python3-pytest .debs among them
+#    (and each of its dependencies python3 lacks), through PYTHONPATH, for the Python GPU tests;
 #  - the build machine's source path, which the build folder's files name, is made to resolve
 #    here (a symbolic link to this checkout) when it does not exist;
 #  - CONVD_CUDART is set, when the loader cannot find libcudart by itself, to a libcudart of the
@@ -23,6 +25,19 @@ if compgen -G ".deps/*.deb" >/dev/null; then
     echo "runtime libraries from .deps unpacked into /tmp/deps"
 else
     echo "no .deps/*.deb: relying on installed libuv and protobuf-c"
+fi
+
+if command -v python3 >/dev/null && ! python3 -c 'import pytest' 2>/dev/null &&
+    [ -d /tmp/deps/usr/lib/python3/dist-packages/pytest ]; then
+    # Only the modules python3 lacks: the .debs' packaging or attrs must not shadow newer ones.
+    mkdir -p /tmp/deps-py
+    for m in pytest _pytest py pluggy iniconfig exceptiongroup attr attrs more_itertools packaging; do
+        [ -e "/tmp/deps/usr/lib/python3/dist-packages/$m" ] || continue
+        python3 -c "import $m" 2>/dev/null ||
+            ln -sfn "/tmp/deps/usr/lib/python3/dist-packages/$m" "/tmp/deps-py/$m"
+    done
+    export PYTHONPATH=/tmp/deps-py${PYTHONPATH:+:$PYTHONPATH}
+    echo "pytest from .deps: $(python3 -c 'import pytest; print(pytest.__version__)' 2>&1 | tail -1)"
 fi
 
 gpu_env_src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
