@@ -286,13 +286,11 @@ static bool gd_case_result(const struct it_case *t, const struct convd_completio
     return true;
 }
 
-/* One host-region convolution on c that must succeed: proves that the daemon still serves. */
-static void gd_host_conv(convd_client *c, const char *what)
+/* One host-region convolution of p on c that must succeed and be right. */
+static void gd_host_conv_of(convd_client *c, const struct convd_problem *p, const char *what)
 {
-    struct convd_problem p;
-    gd_problem(it_rng(), FAM_CPG4, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC, true, true, &p);
     struct it_case t;
-    convd_region *r = gd_host_case(c, &t, &p, it_rng(), what);
+    convd_region *r = gd_host_case(c, &t, p, it_rng(), what);
     struct convd_conv_args a;
     it_case_args(&t, &a);
     uint64_t id = 0;
@@ -308,6 +306,14 @@ static void gd_host_conv(convd_client *c, const char *what)
     rc = convd_region_free(r);
     if (rc != 0)
         fail_msg("%s: convd_region_free: %s (%s)", what, convd_status_name(rc), convd_errstr(c));
+}
+
+/* One host-region convolution on c that must succeed: proves that the daemon still serves. */
+static void gd_host_conv(convd_client *c, const char *what)
+{
+    struct convd_problem p;
+    gd_problem(it_rng(), FAM_CPG4, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC, true, true, &p);
+    gd_host_conv_of(c, &p, what);
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -355,22 +361,7 @@ static void test_tf32_requests(void **state)
         p.allow_tf32 = true;
         char what[64];
         snprintf(what, sizeof what, "tf32 case %d", v);
-        struct it_case t;
-        convd_region *r = gd_host_case(c, &t, &p, it_rng(), what);
-        struct convd_conv_args a;
-        it_case_args(&t, &a);
-        uint64_t id = 0;
-        int rc = convd_conv_submit(c, &a, &id);
-        if (rc != 0)
-            fail_msg("%s: convd_conv_submit: %s (%s)", what, convd_status_name(rc),
-                     convd_errstr(c));
-        struct convd_completion cpl;
-        gd_wait(c, id, what, &cpl);
-        char why[600];
-        if (!gd_case_result(&t, &cpl, what, why, sizeof why))
-            fail_msg("%s", why);
-        it_case_fini(&t);
-        assert_int_equal(convd_region_free(r), 0);
+        gd_host_conv_of(c, &p, what);
     }
     convd_close(c);
 }
