@@ -112,7 +112,7 @@ void fx_check_valid(const Convd__ConvRequest *pb, const struct req_context *ctx,
     FX_CHECK(pb->priority <= CONVD_MAX_PRIORITY);
     FX_CHECK(wire_problem_from_pb(pb->problem, &p, why, sizeof(why)) == 0);
     FX_CHECK(convd_problem_sizes(&p, &sz, why, sizeof(why)) == 0);
-    FX_CHECK(!p.allow_tf32);
+    FX_CHECK(!p.allow_tf32 || p.dtype == CONVD_DTYPE_FP32); /* TF32: an fp32 permission only */
     FX_CHECK(convd_problem_same(&r->job.problem, &p));
     FX_CHECK(r->id == pb->id);
     FX_CHECK(r->timeout_us == pb->timeout_us);
