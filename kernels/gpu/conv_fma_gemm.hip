@@ -424,13 +424,15 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
                      const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
                      size_t why_len)
 {
+    struct gpu_device_info dev;
+    const int have_dev = gpu_device_info_get(&dev) == 0;
+    if (!have_dev)
+        dev.sm_count = 132;
     if (tf32) {
-        struct gpu_device_info dev;
 #if defined(CONVD_GPU_NVIDIA)
-        const int cc = gpu_device_info_get(&dev) == 0 ? dev.code_cc : 0;
+        const int cc = have_dev ? dev.code_cc : 0;
 #else
-        const int cc = 0;
-        (void)dev;
+        const int cc = 0; /* no TF32 tensor-core kernel on AMD */
 #endif
         if (p->dtype != CONVD_DTYPE_FP32 || !p->allow_tf32) {
             snprintf(why, why_len, "tf32 gemm: needs an fp32 problem that allows TF32");
@@ -458,9 +460,6 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
     const int nhwc = p->layout == CONVD_LAYOUT_NHWC;
     const int pointwise = pw_is_pointwise(p);
     const int64_t npix = nhwc ? (int64_t)g->n * g->ho * g->wo : (int64_t)g->ho * g->wo;
-    struct gpu_device_info dev;
-    if (gpu_device_info_get(&dev) != 0)
-        dev.sm_count = 132;
     static const int tpxs[] = {128, 112, 96, 64, 32};
     const int tch_step = tf32 ? PW_TF32_WARP : PW_TC;
     /* NCHW vector loads step through a tile's pixel rows by shifts: power-of-two tiles only. */
