@@ -1052,6 +1052,30 @@ int mma_swizzle_mask(int row)
     return row == 128 ? 0x70 : row == 64 ? 0x30 : row == 32 ? 0x10 : 0;
 }
 
+/* A 4-D NHWC tensor map (dims innermost first: channels, columns, rows, images) with a box of
+ * `box` elements per dimension, swizzled by the box's row bytes where that is 32, 64 or 128. */
+static int mma_map_encode(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
+                          const cuuint32_t box[4])
+{
+    const mma_encode_fn enc = mma_encoder();
+    if (enc == NULL)
+        return CONVD_EDEVICE;
+    const cuuint64_t dims[4] = {(cuuint64_t)c, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
+    const cuuint64_t strides[3] = {(cuuint64_t)c * 2, (cuuint64_t)c * w * 2,
+                                   (cuuint64_t)c * w * h * 2};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    const CUtensorMapSwizzle swz = box[0] * 2 == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                   : box[0] * 2 == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                   : box[0] * 2 == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                      : CU_TENSOR_MAP_SWIZZLE_NONE;
+    const CUresult r = enc(m,
+                           dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                           4, base, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : CONVD_EDEVICE;
+}
+
 /*
  * Encoded tensor maps, kept: cuTensorMapEncodeTiled cost about 0.9 us of host time per map on the
  * H200 (a one-problem call 5.7 us against 3.7 us for the kernel without maps), and a serving
@@ -1074,12 +1098,7 @@ struct mma_map_slot {
 static struct mma_map_slot mma_maps[MMA_MAP_SLOTS];
 static pthread_mutex_t mma_maps_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int mma_map_encode(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
-                          const cuuint32_t box[4]);
-
-/* A 4-D NHWC tensor map (dims innermost first: channels, columns, rows, images) with a box of
- * `box` elements per dimension, swizzled by the box's row bytes where that is 32, 64 or 128:
- * from the cache above, or encoded and kept. */
+/* mma_map_encode's map, from the cache above, or encoded and kept. */
 static int mma_map(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
                    const cuuint32_t box[4])
 {
@@ -1114,28 +1133,6 @@ static int mma_map(CUtensorMap *m, int dtype, void *base, int c, int w, int h, i
     s->used = 1;
     pthread_mutex_unlock(&mma_maps_lock);
     return 0;
-}
-
-static int mma_map_encode(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
-                          const cuuint32_t box[4])
-{
-    const mma_encode_fn enc = mma_encoder();
-    if (enc == NULL)
-        return CONVD_EDEVICE;
-    const cuuint64_t dims[4] = {(cuuint64_t)c, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
-    const cuuint64_t strides[3] = {(cuuint64_t)c * 2, (cuuint64_t)c * w * 2,
-                                   (cuuint64_t)c * w * h * 2};
-    const cuuint32_t one[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle swz = box[0] * 2 == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-                                   : box[0] * 2 == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                   : box[0] * 2 == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
-                                                      : CU_TENSOR_MAP_SWIZZLE_NONE;
-    const CUresult r = enc(m,
-                           dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                           4, base, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? 0 : CONVD_EDEVICE;
 }
 
 template <class DT, int MT, int NT, int WM, int WN>
