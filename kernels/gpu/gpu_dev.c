@@ -22,25 +22,30 @@ static int dev_set(int *knob, int value)
     return 0;
 }
 
-#define DEV_SETTER(name, field)                                                                    \
+/* Every knob of struct convd_gpu_policy, once: the setters and convd_gpu_tune_arg's table. */
+#define DEV_KNOBS(X)                                                                               \
+    X(pdl)                                                                                         \
+    X(mma_cfg)                                                                                     \
+    X(mma_tma)                                                                                     \
+    X(mma_stages)                                                                                  \
+    X(mma_prefetch)                                                                                \
+    X(mma_pad)                                                                                     \
+    X(dw_direct)                                                                                   \
+    X(fma_gemm)                                                                                    \
+    X(fma_outputs3)                                                                                \
+    X(direct)                                                                                      \
+    X(direct_nhwc)                                                                                 \
+    X(direct_prefetch)                                                                             \
+    X(direct_outputs8)                                                                             \
+    X(tf32)
+
+#define DEV_SETTER(name)                                                                           \
     int convd_gpu_tune_##name(int value)                                                           \
     {                                                                                              \
-        return dev_set(&convd_gpu_dev_policy.field, value);                                        \
+        return dev_set(&convd_gpu_dev_policy.name, value);                                         \
     }
-DEV_SETTER(pdl, pdl)
-DEV_SETTER(mma_cfg, mma_cfg)
-DEV_SETTER(mma_tma, mma_tma)
-DEV_SETTER(mma_stages, mma_stages)
-DEV_SETTER(mma_prefetch, mma_prefetch)
-DEV_SETTER(mma_pad, mma_pad)
-DEV_SETTER(dw_direct, dw_direct)
-DEV_SETTER(fma_gemm, fma_gemm)
-DEV_SETTER(fma_outputs3, fma_outputs3)
-DEV_SETTER(direct, direct)
-DEV_SETTER(direct_nhwc, direct_nhwc)
-DEV_SETTER(direct_prefetch, direct_prefetch)
-DEV_SETTER(direct_outputs8, direct_outputs8)
-DEV_SETTER(tf32, tf32)
+DEV_KNOBS(DEV_SETTER)
+#undef DEV_SETTER
 
 int convd_gpu_tune_arg(const char *arg, char *why, size_t why_len)
 {
@@ -48,20 +53,9 @@ int convd_gpu_tune_arg(const char *arg, char *why, size_t why_len)
         const char *name;
         int (*set)(int);
     } knobs[] = {
-        {"pdl", convd_gpu_tune_pdl},
-        {"mma_cfg", convd_gpu_tune_mma_cfg},
-        {"mma_tma", convd_gpu_tune_mma_tma},
-        {"mma_stages", convd_gpu_tune_mma_stages},
-        {"mma_prefetch", convd_gpu_tune_mma_prefetch},
-        {"mma_pad", convd_gpu_tune_mma_pad},
-        {"dw_direct", convd_gpu_tune_dw_direct},
-        {"fma_gemm", convd_gpu_tune_fma_gemm},
-        {"fma_outputs3", convd_gpu_tune_fma_outputs3},
-        {"direct", convd_gpu_tune_direct},
-        {"direct_nhwc", convd_gpu_tune_direct_nhwc},
-        {"direct_prefetch", convd_gpu_tune_direct_prefetch},
-        {"direct_outputs8", convd_gpu_tune_direct_outputs8},
-        {"tf32", convd_gpu_tune_tf32},
+#define DEV_ENTRY(name) {#name, convd_gpu_tune_##name},
+        DEV_KNOBS(DEV_ENTRY)
+#undef DEV_ENTRY
     };
     const char *eq = arg != NULL ? strchr(arg, '=') : NULL;
     for (size_t i = 0; eq != NULL && i < sizeof(knobs) / sizeof(knobs[0]); i++)
