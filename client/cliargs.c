@@ -396,36 +396,54 @@ finish:
     return rc;
 }
 
+int cli_read_file(const char *path, uint8_t **ret_data, size_t *ret_len, char *why, size_t why_len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return why_fail(why, why_len, CONVD_EINVAL, "cannot open %s: %s", path, strerror(errno));
+    uint8_t *data = NULL;
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (len == cap) {
+            size_t ncap = cap > 0 ? cap * 2 : 1 << 16;
+            uint8_t *nd = realloc(data, ncap);
+            if (nd == NULL) {
+                rc = why_fail(why, why_len, CONVD_ENOMEM, "out of memory reading %s", path);
+                break;
+            }
+            data = nd;
+            cap = ncap;
+        }
+        size_t n = fread(data + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) {
+            if (ferror(f))
+                rc = why_fail(why, why_len, CONVD_EINVAL, "cannot read %s: %s", path,
+                              strerror(errno));
+            break;
+        }
+    }
+    fclose(f);
+    if (rc != 0) {
+        free(data);
+        return rc;
+    }
+    *ret_data = data;
+    *ret_len = len;
+    return 0;
+}
+
 int cli_shapes_load(const char *path, struct cli_shape **ret_rows, size_t *ret_count, char *why,
                     size_t why_len)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return why_fail(why, why_len, CONVD_EINVAL, "cannot open %s: %s", path, strerror(errno));
-    char *text = NULL;
-    size_t len = 0, cap = 0, got;
-    do {
-        if (cap - len < 4096) {
-            char *grown = realloc(text, cap + 65536);
-            if (grown == NULL) {
-                free(text);
-                fclose(f);
-                return why_fail(why, why_len, CONVD_ENOMEM, "out of memory reading %s", path);
-            }
-            text = grown;
-            cap += 65536;
-        }
-        got = fread(text + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0);
-    const int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(text);
-        return why_fail(why, why_len, CONVD_EINVAL, "cannot read %s", path);
-    }
+    uint8_t *text;
+    size_t len;
+    int rc = cli_read_file(path, &text, &len, why, why_len);
+    if (rc != 0)
+        return rc;
     char inner[200];
-    const int rc = cli_shapes_parse(text, len, ret_rows, ret_count, inner, sizeof(inner));
+    rc = cli_shapes_parse((const char *)text, len, ret_rows, ret_count, inner, sizeof(inner));
     free(text);
     if (rc != 0)
         return why_fail(why, why_len, rc, "%s: %s", path, inner);

@@ -79,6 +79,10 @@ struct cli_shape {
 int cli_shapes_parse(const char *text, size_t len, struct cli_shape **ret_rows, size_t *ret_count,
                      char *why, size_t why_len);
 
+/* The whole of the file at path, malloc'ed (free it), in *ret_data and *ret_len; 0, or a code
+ * with why naming the file and the failure. */
+int cli_read_file(const char *path, uint8_t **ret_data, size_t *ret_len, char *why, size_t why_len);
+
 /* cli_shapes_parse() on the whole of the file at path; why names the file on failure. */
 int cli_shapes_load(const char *path, struct cli_shape **ret_rows, size_t *ret_count, char *why,
                     size_t why_len);

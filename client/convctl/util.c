@@ -147,42 +147,12 @@ void ctl_default_problem(struct convd_problem *p)
 
 int ctl_read_file(const char *path, uint8_t **ret_data, size_t *ret_len)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        ctl_err("cannot open %s: %s", path, strerror(errno));
+    char why[320];
+    if (cli_read_file(path, ret_data, ret_len, why, sizeof(why)) != 0) {
+        ctl_err("%s", why);
         return -1;
     }
-    uint8_t *data = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t ncap = cap > 0 ? cap * 2 : 1 << 16;
-            uint8_t *nd = realloc(data, ncap);
-            if (nd == NULL) {
-                ctl_err("out of memory reading %s", path);
-                goto fail;
-            }
-            data = nd;
-            cap = ncap;
-        }
-        size_t n = fread(data + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) {
-            if (ferror(f)) {
-                ctl_err("cannot read %s: %s", path, strerror(errno));
-                goto fail;
-            }
-            break;
-        }
-    }
-    fclose(f);
-    *ret_data = data;
-    *ret_len = len;
     return 0;
-fail:
-    free(data);
-    fclose(f);
-    return -1;
 }
 
 int ctl_load_shapes(const char *path, struct cli_shape **ret_rows, size_t *ret_count)
