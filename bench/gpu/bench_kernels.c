@@ -36,11 +36,6 @@
 
 #define MAX_ROWS 512
 
-struct shape {
-    char name[64];
-    int n, h, w, c, k, r, s, stride, pad, dil, groups;
-};
-
 struct row {
     char shape[64];
     enum convd_dtype dtype;
@@ -541,14 +536,12 @@ static double rel_err_dev(enum convd_dtype dt, const void *da, const void *db, s
 }
 
 static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings *ce,
-                     const struct shape *sh, enum convd_dtype dt, enum convd_layout lay,
+                     const struct cli_shape *sh, enum convd_dtype dt, enum convd_layout lay,
                      struct row *out)
 {
     struct convd_problem p;
-    convd_problem_init(&p, sh->n, sh->h, sh->w, sh->c, sh->k, sh->r, sh->s, sh->groups);
-    p.stride_h = p.stride_w = sh->stride;
-    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = sh->pad;
-    p.dil_h = p.dil_w = sh->dil;
+    convd_problem_init(&p, 1, 1, 1, 1, 1, 1, 1, 1);
+    cli_shape_apply(sh, &p);
     p.dtype = dt;
     p.layout = lay;
     p.allow_tf32 = o->tf32 && dt == CONVD_DTYPE_FP32;
@@ -844,7 +837,8 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
 
 /* ---- shapes, options, report ---- */
 
-static int load_shapes(const char *path, struct shape *out, int max)
+/* The rows of a shapes CSV (malloc'ed), at most max of them; dies on an error. */
+static struct cli_shape *load_shapes(const char *path, int max, int *ret_count)
 {
     struct cli_shape *rows = NULL;
     size_t count = 0;
@@ -853,24 +847,8 @@ static int load_shapes(const char *path, struct shape *out, int max)
         die("%s", why);
     if (count > (size_t)max)
         die("%s: more than %d shapes", path, max);
-    for (size_t i = 0; i < count; i++) {
-        const struct cli_shape *r = &rows[i];
-        struct shape *s = &out[i];
-        snprintf(s->name, sizeof(s->name), "%s", r->name);
-        s->n = r->n;
-        s->h = r->h;
-        s->w = r->w;
-        s->c = r->c;
-        s->k = r->k;
-        s->r = r->r;
-        s->s = r->s;
-        s->stride = r->stride;
-        s->pad = r->pad;
-        s->dil = r->dil;
-        s->groups = r->groups;
-    }
-    free(rows);
-    return (int)count;
+    *ret_count = (int)count;
+    return rows;
 }
 
 /* Whether `name` is one of the comma-separated names of `list`. */
@@ -1099,8 +1077,8 @@ int main(int argc, char **argv)
         die("no GPU");
     char dev[160];
     convd_gpu_device_name(dev, sizeof(dev));
-    static struct shape shapes[MAX_ROWS];
-    const int nshapes = load_shapes(o.shapes, shapes, MAX_ROWS);
+    int nshapes = 0;
+    struct cli_shape *shapes = load_shapes(o.shapes, MAX_ROWS, &nshapes);
 
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     struct ceilings ce;
@@ -1153,6 +1131,7 @@ int main(int argc, char **argv)
             }
         }
     }
+    free(shapes);
     summary(rows, nrows, &ce, o.tf32);
     printf("\nPlans:\n");
     for (int i = 0; i < nrows; i++)
