@@ -41,7 +41,9 @@ struct job {
     uint64_t in_off, w_off, b_off, out_off, bytes;
 };
 
-int count_fds_of(pid_t pid)
+/* Counts the open descriptors of pid (0: this process), printing each with its target when
+ * `print` (what a leak reports). */
+static int walk_fds(pid_t pid, bool print)
 {
     char path[64];
     if (pid == 0)
@@ -51,11 +53,24 @@ int count_fds_of(pid_t pid)
     DIR *dir = opendir(path);
     assert_non_null(dir);
     int n = 0;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        if (e->d_name[0] != '.')
-            n++;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        n++;
+        if (print) {
+            char target[256];
+            ssize_t len = readlinkat(dirfd(dir), e->d_name, target, sizeof(target) - 1);
+            target[len > 0 ? len : 0] = '\0';
+            fprintf(stderr, "  fd %s -> %s\n", e->d_name, target);
+        }
+    }
     closedir(dir);
     return pid == 0 ? n - 1 : n; /* our own count includes the directory's descriptor */
+}
+
+int count_fds_of(pid_t pid)
+{
+    return walk_fds(pid, false);
 }
 
 int count_fds(void)
@@ -353,29 +368,11 @@ void check_serving(const char *sock, uint64_t seed, const char *label)
                  o.wrong, o.completed);
 }
 
-/* Prints every open descriptor and what it refers to, so that a leak says what leaked. */
-static void list_fds(void)
-{
-    DIR *dir = opendir("/proc/self/fd");
-    if (dir == NULL)
-        return;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[300], target[256];
-        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, target, sizeof(target) - 1);
-        target[n > 0 ? n : 0] = '\0';
-        fprintf(stderr, "  fd %s -> %s\n", e->d_name, target);
-    }
-    closedir(dir);
-}
-
 void check_no_leaks(int fds, int maps, const char *label)
 {
     int now_fds = count_fds(), now_maps = count_memfd_maps();
     if (now_fds != fds) {
-        list_fds();
+        walk_fds(0, true);
         fail_msg("%s: %d descriptors open, %d before the daemon started", label, now_fds, fds);
     }
     if (now_maps != maps)
