@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "convd_kernels.h"
 #include "gpu_dev.h"
@@ -27,19 +26,6 @@
 #include "launch_floor.h"
 
 #define BL_MAX 32
-
-static double bl_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int bl_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static int bl_check(cudaError_t e, const char *what)
 {
@@ -149,11 +135,11 @@ int main(int argc, char **argv)
         /* Host time of the call alone, 16 calls between synchronisations. */
         double host = 0, rec = 0;
         for (int i = 0; i < iters; i++) {
-            double t0 = bl_now_us();
+            double t0 = launch_now_us();
             bl_conv(&p, t, (size_t)count, ws, ws_bytes, s);
-            double t1 = bl_now_us();
+            double t1 = launch_now_us();
             cudaEventRecord(ev, s);
-            double t2 = bl_now_us();
+            double t2 = launch_now_us();
             host += t1 - t0;
             rec += t2 - t0;
             if (i % 16 == 15)
@@ -162,14 +148,14 @@ int main(int argc, char **argv)
         cudaStreamSynchronize(s);
         /* One at a time: launch, record, spin on the event. */
         for (int i = 0; i < iters; i++) {
-            double t0 = bl_now_us();
+            double t0 = launch_now_us();
             bl_conv(&p, t, (size_t)count, ws, ws_bytes, s);
             cudaEventRecord(ev, s);
             while (cudaEventQuery(ev) == cudaErrorNotReady)
                 ;
-            trip[i] = bl_now_us() - t0;
+            trip[i] = launch_now_us() - t0;
         }
-        qsort(trip, (size_t)iters, sizeof(double), bl_cmp);
+        qsort(trip, (size_t)iters, sizeof(double), launch_cmp_double);
         printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", count, host / iters, rec / iters,
                trip[iters / 2], trip[(size_t)iters * 99 / 100], host / iters / count);
         fflush(stdout);

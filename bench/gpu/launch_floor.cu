@@ -9,8 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "launch_args.h"
 #include "launch_floor.h"
 
 template <int N> struct lf_blob {
@@ -22,19 +22,6 @@ template <int N> __global__ void lf_kernel(const __grid_constant__ lf_blob<N> bl
 {
     if (sink != NULL && blob.b[threadIdx.x % N] == 0xa5)
         *sink = 1;
-}
-
-static double lf_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int lf_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 template <int N> static cudaError_t lf_launch(cudaStream_t s, int pdl, int blocks)
@@ -61,22 +48,22 @@ template <int N> static int lf_row(cudaStream_t s, cudaEvent_t ev, int pdl, int 
         return 1;
     double host = 0;
     for (int i = 0; i < iters; i++) {
-        double t0 = lf_now_us();
+        double t0 = launch_now_us();
         lf_launch<N>(s, pdl, 132);
-        host += lf_now_us() - t0;
+        host += launch_now_us() - t0;
         if (i % 16 == 15)
             cudaStreamSynchronize(s);
     }
     cudaStreamSynchronize(s);
     for (int i = 0; i < iters; i++) {
-        double t0 = lf_now_us();
+        double t0 = launch_now_us();
         lf_launch<N>(s, pdl, 132);
         cudaEventRecord(ev, s);
         while (cudaEventQuery(ev) == cudaErrorNotReady)
             ;
-        trip[i] = lf_now_us() - t0;
+        trip[i] = launch_now_us() - t0;
     }
-    qsort(trip, (size_t)iters, sizeof(double), lf_cmp);
+    qsort(trip, (size_t)iters, sizeof(double), launch_cmp_double);
     printf("| %d | %s | %.2f | %.2f | %.2f |\n", N, pdl ? "yes" : "no", host / iters,
            trip[iters / 2], trip[(size_t)iters * 99 / 100]);
     return cudaGetLastError() != cudaSuccess;
@@ -95,11 +82,11 @@ extern "C" int convd_bench_launch_floor(int iters)
     /* The event alone: record and query on an idle stream. */
     double rec = 0;
     for (int i = 0; i < iters; i++) {
-        double t0 = lf_now_us();
+        double t0 = launch_now_us();
         cudaEventRecord(ev, s);
         while (cudaEventQuery(ev) == cudaErrorNotReady)
             ;
-        rec += lf_now_us() - t0;
+        rec += launch_now_us() - t0;
     }
     printf("An empty kernel of 132 blocks x 128 threads; record and spin on an idle stream: "
            "%.2f us.\n\n",

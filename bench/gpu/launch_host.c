@@ -12,19 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "convd_kernels.h"
 #include "launch_args.h"
 
 #define LH_MAX 32
-
-static double lh_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
 
 int main(int argc, char **argv)
 {
@@ -73,10 +65,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "convd-launch-host: convd_gpu_conv failed\n");
             return 1;
         }
-        double t0 = lh_now_us();
+        double t0 = launch_now_us();
         for (long i = 0; i < iters; i++)
             convd_gpu_conv(&p, t, (size_t)count, ws, ws_bytes, NULL);
-        double us = (lh_now_us() - t0) / (double)iters;
+        double us = (launch_now_us() - t0) / (double)iters;
         printf("| %d | %.3f | %.3f |\n", count, us, us / count);
     }
     return 0;
