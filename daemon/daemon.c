@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -511,7 +512,13 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .workers_busy = d->pool.busy,
         .doorbells = doorbell_count(&d->doorbells),
         .draining = d->draining,
+        .loop_cpu_s = -1,
     };
+    /* Metrics are rendered on the loop thread: its own rusage is the loop's. */
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0)
+        g.loop_cpu_s = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
     be_stats(&d->backend, &g.device);
     return metrics_render(&d->metrics, &g, d->backend.info.name, d->backend.info.device, labels,
                           convd_now_ns(), buf, cap);
@@ -704,7 +711,6 @@ static bool dmn_poll(struct convd_daemon *d)
     return work > 0;
 }
 
-
 #define DMN_INFLIGHT_POLL_MS 5
 #define DMN_UV_EVERY_NS      (5 * 1000)
 
@@ -731,6 +737,7 @@ int daemon_run(struct convd_daemon *d)
     uint64_t last_work = convd_now_ns(), last_uv = 0;
     for (;;) {
         uint64_t seen = d->activity;
+        const uint64_t pass_start = convd_now_ns();
         bool work = dmn_poll(d);
         uint64_t now = convd_now_ns();
         /* libuv's poll is a system call: while rings or batches in flight keep the loop busy,
@@ -743,6 +750,7 @@ int daemon_run(struct convd_daemon *d)
             now = convd_now_ns();
         }
         if (work || d->activity != seen) {
+            d->metrics.loop_busy_ns += now - pass_start;
             last_work = now;
             continue;
         }

@@ -280,6 +280,16 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
         met_sample_f(&o, "process_cpu_seconds_total", NULL, 6, user + sys);
     }
 
+    met_head(&o, "convd_loop_busy_seconds_total", "counter",
+             "Time the loop thread spent in passes that found work (rings, completions, "
+             "launches, sockets); the rest it spun or slept.");
+    met_sample_f(&o, "convd_loop_busy_seconds_total", NULL, 6, (double)m->loop_busy_ns / 1e9);
+    if (g->loop_cpu_s >= 0) {
+        met_head(&o, "convd_loop_cpu_seconds_total", "counter",
+                 "User and system CPU time of the loop thread alone.");
+        met_sample_f(&o, "convd_loop_cpu_seconds_total", NULL, 6, g->loop_cpu_s);
+    }
+
     met_by_status(&o, "convd_requests_total", "Requests completed, by status.", m->requests);
     met_by_status(&o, "convd_requests_rejected_total",
                   "Requests refused before they were queued (invalid, limits, queue full, "

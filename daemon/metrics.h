@@ -37,6 +37,9 @@ struct metrics {
     struct met_hist exec_seconds;   /* wall time of the batch */
     struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
     struct met_hist batch_size;     /* requests per backend call */
+    /* The loop thread's passes that found work (rings, completions, sockets), end to end: with
+     * the wall clock it says how close the one thread that launches is to saturation. */
+    uint64_t loop_busy_ns;
     uint64_t start_ns;
     /* Configuration reloads (SIGHUP): applied, refused (a key that takes a restart changed),
      * failed (the file did not parse); whether the last one was applied, and when (wall clock,
@@ -60,6 +63,7 @@ struct met_gauges {
     uint64_t workers;
     uint64_t workers_busy;
     uint64_t doorbells; /* Doorbells sent to sleeping ring clients (a counter) */
+    double loop_cpu_s;  /* CPU time of the loop thread itself (-1: unknown) */
     int draining;
     struct convd_backend_stats device; /* the backend's device gauges, where it has them */
 };

@@ -87,10 +87,10 @@ def main(argv):
         md.append("Pinned copy bandwidth: not measured (no copy-bw.json: no torch?).")
     md.append("")
     md.append("| memory | P | D | images/s | p50 | p99 | mean batch | exec (mean) | queue (mean) "
-              "| daemon CPU/request | host GB/s | of pinned copy | error |")
-    md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+              "| daemon CPU/request | loop busy (launching) | host GB/s | of pinned copy | error |")
+    md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     if not conv:
-        md.append("| (no convd.jsonl rows) |||||||||||||")
+        md.append("| (no convd.jsonl rows) ||||||||||||||")
     for r in conv:
         gbps = frac = None
         if r.get("memory") == "host":
@@ -98,19 +98,23 @@ def main(argv):
             gbps = moved * (r.get("req_per_s") or 0) / 1e9
             if copy and copy.get("request_gbps"):
                 frac = gbps / copy["request_gbps"]
-        md.append("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        loop = None
+        if r.get("loop_busy") is not None:
+            loop = "%.0f%% (%.0f%%)" % (100 * r["loop_busy"], 100 * (r.get("loop_launch") or 0))
+        md.append("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r.get("memory"), r.get("clients", 0), r.get("depth", 0),
             fnum(r.get("images_per_s")), fus(r.get("p50_us")), fus(r.get("p99_us")),
             fnum(r.get("mean_batch"), "%.2f"), fus(r.get("exec_us")), fus(r.get("queue_us")),
-            fus(r.get("daemon_cpu_us_per_req")), fnum(gbps, "%.1f"), fnum(frac, "%.2f"),
-            r.get("error") or ""))
+            fus(r.get("daemon_cpu_us_per_req")), loop or "n/a", fnum(gbps, "%.1f"),
+            fnum(frac, "%.2f"), r.get("error") or ""))
         csv_rows.append({
             "section": "convd", "memory": r.get("memory"), "procs": r.get("clients"),
             "depth": r.get("depth"), "batch": r.get("n"), "images_per_s": r.get("images_per_s"),
             "p50_us": r.get("p50_us"), "p99_us": r.get("p99_us"),
             "mean_batch": r.get("mean_batch"), "exec_us": r.get("exec_us"),
             "queue_us": r.get("queue_us"), "daemon_cpu_us_per_req":
-            r.get("daemon_cpu_us_per_req"), "host_gbps": gbps, "frac_pinned": frac,
+            r.get("daemon_cpu_us_per_req"), "loop_busy": r.get("loop_busy"),
+            "loop_launch": r.get("loop_launch"), "host_gbps": gbps, "frac_pinned": frac,
             "error": r.get("error")})
     md.append("")
 
@@ -191,8 +195,8 @@ def main(argv):
     md.append("")
 
     fields = ["section", "memory", "procs", "depth", "batch", "images_per_s", "p50_us", "p99_us",
-              "mean_batch", "exec_us", "queue_us", "daemon_cpu_us_per_req", "host_gbps",
-              "frac_pinned", "error"]
+              "mean_batch", "exec_us", "queue_us", "daemon_cpu_us_per_req", "loop_busy",
+              "loop_launch", "host_gbps", "frac_pinned", "error"]
     with open(os.path.join(out, "serving.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()

@@ -332,6 +332,10 @@ struct bench_snap {
     bool have_cpu; /* and process_cpu_seconds_total */
     double cpu_s;
     uint64_t served, failed, batches;
+    /* The loop thread (0 where the daemon does not export them): its busy passes, its own CPU,
+     * the host time of launches (asynchronous backends), against the daemon's uptime. */
+    bool have_loop;
+    double uptime_s, loop_busy_s, loop_cpu_s, launch_s;
 };
 
 /* Totals over the children, and the daemon's counters around the measured window. */
@@ -384,9 +388,15 @@ static void bench_snap_take(convd_client *c, struct bench_snap *s, bool metrics_
         if ((step == 0) == metrics_first) {
             char *text = NULL;
             int rc = convd_metrics_get(c, &text);
-            if (rc == 0)
+            if (rc == 0) {
                 s->have_cpu = bench_metric(text, "process_cpu_seconds_total", &s->cpu_s);
-            else
+                s->have_loop = bench_metric(text, "convd_uptime_seconds", &s->uptime_s) &&
+                               bench_metric(text, "convd_loop_busy_seconds_total", &s->loop_busy_s);
+                if (s->have_loop) {
+                    (void)bench_metric(text, "convd_loop_cpu_seconds_total", &s->loop_cpu_s);
+                    (void)bench_metric(text, "convd_launch_seconds_sum", &s->launch_s);
+                }
+            } else
                 ctl_err("metrics: %s (%s)", convd_errstr(c), convd_status_name(rc));
             free(text);
         } else {
@@ -416,6 +426,20 @@ static bool bench_cpu_per_req(const struct bench_sum *s, double *ret_us, uint64_
     if (!a->have_cpu || !b->have_cpu || *ret_requests == 0 || b->cpu_s < a->cpu_s)
         return false;
     *ret_us = (b->cpu_s - a->cpu_s) * 1e6 / (double)*ret_requests;
+    return true;
+}
+
+/* The loop thread between the snapshots, as fractions of the daemon's wall time: passes that
+ * found work, its own CPU (spinning included), and launching; false when unknown. */
+static bool bench_loop(const struct bench_sum *s, double *busy, double *cpu, double *launch)
+{
+    const struct bench_snap *a = &s->before, *b = &s->after;
+    if (!a->have_loop || !b->have_loop || b->uptime_s <= a->uptime_s)
+        return false;
+    const double wall = b->uptime_s - a->uptime_s;
+    *busy = (b->loop_busy_s - a->loop_busy_s) / wall;
+    *cpu = (b->loop_cpu_s - a->loop_cpu_s) / wall;
+    *launch = (b->launch_s - a->launch_s) / wall;
     return true;
 }
 
@@ -695,6 +719,10 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     if (batches > 0)
         printf("  counters   %llu batches run by the daemon meanwhile\n",
                (unsigned long long)batches);
+    double busy, lcpu, launch;
+    if (bench_loop(s, &busy, &lcpu, &launch))
+        printf("  loop       busy %.0f%% of the time (launching %.0f%%), its CPU %.0f%%\n",
+               busy * 100, launch * 100, lcpu * 100);
     if (s->fair_max > 0)
         printf("  fairness   per-client requests/s from %+.1f%% to %+.1f%% of the mean\n",
                (s->fair_min - 1) * 100, (s->fair_max - 1) * 100);
@@ -740,6 +768,11 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
                  s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
     ctl_json_u64(&j, "batches", bench_batch_count(s));
     ctl_json_num(&j, "daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
+    double busy, lcpu, launch;
+    const bool have_loop = bench_loop(s, &busy, &lcpu, &launch);
+    ctl_json_num(&j, "loop_busy", have_loop ? busy : NAN);
+    ctl_json_num(&j, "loop_cpu", have_loop ? lcpu : NAN);
+    ctl_json_num(&j, "loop_launch", have_loop ? launch : NAN);
     ctl_json_num(&j, "fair_min", s->fair_max > 0 ? s->fair_min : NAN);
     ctl_json_num(&j, "fair_max", s->fair_max > 0 ? s->fair_max : NAN);
     ctl_json_u64(&j, "daemon_requests", cpu_reqs);

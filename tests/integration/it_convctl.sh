@@ -301,11 +301,13 @@ assert len(lines) == 1, "%d lines on stdout, want 1" % len(lines)
 d = json.loads(lines[0])
 for key in ("name", "n", "c", "k", "groups", "dtype", "layout", "clients", "depth", "memory",
             "completed", "failed", "seconds", "req_per_s", "images_per_s", "p50_us", "p99_us",
-            "p999_us", "mean_batch", "queue_us", "exec_us", "daemon_cpu_us_per_req"):
+            "p999_us", "mean_batch", "queue_us", "exec_us", "daemon_cpu_us_per_req", "loop_busy",
+            "loop_cpu", "loop_launch"):
     assert key in d, "no field " + key
 assert d["completed"] == 100 and d["failed"] == 0, "completed %s failed %s" % (d["completed"], d["failed"])
 assert d["memory"] == "host" and d["clients"] == 2 and d["depth"] == 2, "options not echoed"
 assert d["daemon_cpu_us_per_req"] is not None and d["daemon_cpu_us_per_req"] > 0, "no CPU time"
+assert d["loop_busy"] is not None and 0 < d["loop_busy"] <= 1.05, "loop busy %r" % d["loop_busy"]
 print("%d requests, %.0f req/s, daemon cpu %.1f us per request" % (d["completed"], d["req_per_s"],
       d["daemon_cpu_us_per_req"]))
 ' "$out" 2>&1); then
