@@ -665,7 +665,9 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     if (be_async(&d->backend))
         log_notice("backend %s: %s (requested %s), %u slot(s) for batches in flight",
                    d->backend.info.name, d->backend.info.device, config_backend_name(cfg->backend),
-                   d->backend.info.max_slots);
+                   cfg->slots > 0 && cfg->slots < d->backend.info.max_slots
+                       ? cfg->slots
+                       : d->backend.info.max_slots);
     else
         log_notice("backend %s: %s (requested %s), %u worker(s)", d->backend.info.name,
                    d->backend.info.device, config_backend_name(cfg->backend),
@@ -677,8 +679,9 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     rc = dmn_init_handles(d, why, why_len);
     if (rc != 0)
         goto fail;
-    rc = pool_start(&d->pool, &d->loop, &d->backend, d->backend.info.max_workers, dmn_on_batch_done,
-                    d);
+    rc = pool_start(&d->pool, &d->loop, &d->backend,
+                    be_async(&d->backend) ? cfg->slots : d->backend.info.max_workers,
+                    dmn_on_batch_done, d);
     if (rc != 0) {
         why_fail(why, why_len, rc, "cannot start %u worker thread(s)", d->backend.info.max_workers);
         goto fail;

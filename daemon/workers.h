@@ -65,9 +65,9 @@ struct worker_pool {
 struct batch *batch_new(size_t n);
 
 /* Starts n worker threads (signals blocked in them) that call be_run_batch with their index,
- * or, for an asynchronous backend, prepares its max_slots slots (n is then ignored). on_done runs
- * on the loop thread for every finished batch, after the worker is marked idle. Returns 0 or
- * CONVD_ENOMEM / CONVD_EINTERNAL; nothing is left running on failure. */
+ * or, for an asynchronous backend, prepares n of its slots (0 or more than its max_slots: all).
+ * on_done runs on the loop thread for every finished batch, after the worker is marked idle.
+ * Returns 0 or CONVD_ENOMEM / CONVD_EINTERNAL; nothing is left running on failure. */
 int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
                pool_done_cb on_done, void *data);
 

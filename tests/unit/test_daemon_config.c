@@ -64,6 +64,7 @@ static void test_good_file(void **state)
                        "max_mapped_bytes_per_user = 5G\n"
                        "max_pinned_bytes = 300M\n"
                        "max_batch = 16\n"
+                       "slots = 2\n"
                        "max_queue_delay_us = 250\n"
                        "queue_limit = 100\n"
                        "drain_timeout_ms = 0\n"
@@ -90,6 +91,7 @@ static void test_good_file(void **state)
     assert_true(c.max_mapped_bytes_per_user == (uint64_t)5 << 30);
     assert_true(c.max_pinned_bytes == (uint64_t)300 << 20);
     assert_int_equal(c.max_batch, 8);
+    assert_int_equal(c.slots, 2);
     assert_int_equal(c.max_queue_delay_us, 250);
     assert_int_equal(c.queue_limit, 100);
     assert_int_equal(c.drain_timeout_ms, 0);
