@@ -3,7 +3,8 @@
 # serving-h200.sh: the launch floor (convd-bench-launch), then a few convd rows with GPU memory
 # for each client spin budget in SPINS (CONVD_SPIN_US of the clients), and the daemon's
 # launch-time and doorbell counters.
-#   bench/serving/probe.sh OUTDIR    (BUILD, DURATION, ROWS="P:D ...", SPINS="50 200", LAUNCH=0)
+#   bench/serving/probe.sh OUTDIR    (BUILD, DURATION, ROWS="P:D ...", SPINS="50 200", LAUNCH=0,
+#                                     DAEMON_ARGS="--slots 2 ..." for the daemon)
 set -uo pipefail
 OUT=${1:?usage: bench/serving/probe.sh OUTDIR}
 BUILD=${BUILD:-build-gpu}
@@ -16,7 +17,8 @@ mkdir -p "$OUT"
 tmp=$(mktemp -d)
 for spin in $SPINS; do
     sock=$tmp/convd-$spin.sock
-    "$BUILD/bin/convd" --socket "$sock" --backend gpu >"$OUT/daemon-spin$spin.log" 2>&1 &
+    # shellcheck disable=SC2086
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu ${DAEMON_ARGS:-} >"$OUT/daemon-spin$spin.log" 2>&1 &
     dpid=$!
     for _ in $(seq 1 200); do "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break; sleep 0.1; done
     for row in $ROWS; do
