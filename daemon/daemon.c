@@ -513,6 +513,7 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .doorbells = doorbell_count(&d->doorbells),
         .draining = d->draining,
         .loop_cpu_s = -1,
+        .query_ns = d->pool.query_ns,
     };
     /* Metrics are rendered on the loop thread: its own rusage is the loop's. */
     struct rusage ru;
@@ -707,10 +708,18 @@ fail:
 static bool dmn_poll(struct convd_daemon *d)
 {
     unsigned work = 0;
-    if (conn_have_rings(d) && !d->finishing)
+    uint64_t t0 = convd_now_ns(), t1 = t0;
+    if (conn_have_rings(d) && !d->finishing) {
         work += conn_poll_rings(d);
-    if (d->pool_started)
-        work += pool_poll(&d->pool);
+        t1 = convd_now_ns();
+        d->metrics.loop_rings_ns += t1 - t0;
+    }
+    if (d->pool_started) {
+        unsigned done = pool_poll(&d->pool);
+        work += done;
+        if (done > 0)
+            d->metrics.loop_done_ns += convd_now_ns() - t1;
+    }
     return work > 0;
 }
 
@@ -751,6 +760,7 @@ int daemon_run(struct convd_daemon *d)
                 break;
             last_uv = now;
             now = convd_now_ns();
+            d->metrics.loop_uv_ns += now - last_uv;
         }
         if (work || d->activity != seen) {
             d->metrics.loop_busy_ns += now - pass_start;

@@ -284,6 +284,17 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
              "Time the loop thread spent in passes that found work (rings, completions, "
              "launches, sockets); the rest it spun or slept.");
     met_sample_f(&o, "convd_loop_busy_seconds_total", NULL, 6, (double)m->loop_busy_ns / 1e9);
+    met_head(&o, "convd_loop_seconds_total", "counter",
+             "Time the loop thread spent in each step: taking ring submissions (rings), "
+             "handling finished batches (completions), asking the device whether batches are "
+             "done (query), running libuv (uv); launches made inside rings and completions are "
+             "counted there and in convd_launch_seconds.");
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"rings\"", 6,
+                 (double)m->loop_rings_ns / 1e9);
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"completions\"", 6,
+                 (double)m->loop_done_ns / 1e9);
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"query\"", 6, (double)g->query_ns / 1e9);
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"uv\"", 6, (double)m->loop_uv_ns / 1e9);
     if (g->loop_cpu_s >= 0) {
         met_head(&o, "convd_loop_cpu_seconds_total", "counter",
                  "User and system CPU time of the loop thread alone.");

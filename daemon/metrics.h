@@ -40,6 +40,10 @@ struct metrics {
     /* The loop thread's passes that found work (rings, completions, sockets), end to end: with
      * the wall clock it says how close the one thread that launches is to saturation. */
     uint64_t loop_busy_ns;
+    /* Where the loop's time goes, end to end of each step (launches nested in rings and
+     * completions are also in launch_seconds): taking ring submissions, handling finished
+     * batches, running libuv. The pool counts its device queries itself. */
+    uint64_t loop_rings_ns, loop_done_ns, loop_uv_ns;
     uint64_t start_ns;
     /* Configuration reloads (SIGHUP): applied, refused (a key that takes a restart changed),
      * failed (the file did not parse); whether the last one was applied, and when (wall clock,
@@ -64,6 +68,7 @@ struct met_gauges {
     uint64_t workers_busy;
     uint64_t doorbells; /* Doorbells sent to sleeping ring clients (a counter) */
     double loop_cpu_s;  /* CPU time of the loop thread itself (-1: unknown) */
+    uint64_t query_ns;  /* asynchronous backends: time the loop spent in be_query */
     int draining;
     struct convd_backend_stats device; /* the backend's device gauges, where it has them */
 };

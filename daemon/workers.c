@@ -55,7 +55,9 @@ unsigned pool_poll(struct worker_pool *p)
         struct worker *w = &p->workers[i];
         if (!w->busy)
             continue;
+        const uint64_t t0 = convd_now_ns();
         int q = be_query(p->backend, i);
+        p->query_ns += convd_now_ns() - t0;
         if (q == 0)
             continue;
         struct batch *b = w->running;

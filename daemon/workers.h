@@ -59,6 +59,7 @@ struct worker_pool {
     pool_done_cb on_done;
     void *data;
     uint64_t next_seq;
+    uint64_t query_ns; /* asynchronous slots: host time spent asking whether batches are done */
 };
 
 /* Allocates a batch for n jobs (jobs[] uninitialised). NULL when out of memory. */

@@ -39,6 +39,11 @@ if command -v python3 >/dev/null && ! python3 -c 'import pytest' 2>/dev/null &&
     export PYTHONPATH=/tmp/deps-py${PYTHONPATH:+:$PYTHONPATH}
     echo "pytest from .deps: $(python3 -c 'import pytest; print(pytest.__version__)' 2>&1 | tail -1)"
 fi
+command -v python3 >/dev/null && echo "python3: $(command -v python3), $(python3 -c '
+try:
+    import torch; print("torch", torch.__version__)
+except Exception as e:
+    print("no torch:", e)' 2>&1 | tail -1), $(python3 -c 'import pytest; print("pytest", pytest.__version__)' 2>&1 | tail -1)"
 
 gpu_env_src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
 if [ -n "$gpu_env_src" ] && [ "$gpu_env_src" != "$PWD" ] && [ ! -e "$gpu_env_src" ]; then

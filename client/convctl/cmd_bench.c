@@ -336,7 +336,11 @@ struct bench_snap {
      * the host time of launches (asynchronous backends), against the daemon's uptime. */
     bool have_loop;
     double uptime_s, loop_busy_s, loop_cpu_s, launch_s;
+    double step_s[4]; /* convd_loop_seconds_total by step, in bench_steps' order */
 };
+
+/* The steps of convd_loop_seconds_total, as the daemon labels them. */
+static const char *const bench_steps[4] = {"rings", "completions", "query", "uv"};
 
 /* Totals over the children, and the daemon's counters around the measured window. */
 struct bench_sum {
@@ -395,6 +399,12 @@ static void bench_snap_take(convd_client *c, struct bench_snap *s, bool metrics_
                 if (s->have_loop) {
                     (void)bench_metric(text, "convd_loop_cpu_seconds_total", &s->loop_cpu_s);
                     (void)bench_metric(text, "convd_launch_seconds_sum", &s->launch_s);
+                    for (size_t i = 0; i < 4; i++) {
+                        char series[80];
+                        snprintf(series, sizeof(series), "convd_loop_seconds_total{step=\"%s\"}",
+                                 bench_steps[i]);
+                        (void)bench_metric(text, series, &s->step_s[i]);
+                    }
                 }
             } else
                 ctl_err("metrics: %s (%s)", convd_errstr(c), convd_status_name(rc));
@@ -431,15 +441,24 @@ static bool bench_cpu_per_req(const struct bench_sum *s, double *ret_us, uint64_
 
 /* The loop thread between the snapshots, as fractions of the daemon's wall time: passes that
  * found work, its own CPU (spinning included), and launching; false when unknown. */
-static bool bench_loop(const struct bench_sum *s, double *busy, double *cpu, double *launch)
+struct bench_loop_use {
+    double busy, cpu, launch, step[4];
+};
+
+/* The loop thread between the snapshots, as fractions of the daemon's wall time: passes that
+ * found work, its own CPU (spinning included), launching, and each step of
+ * convd_loop_seconds_total; false when unknown. */
+static bool bench_loop(const struct bench_sum *s, struct bench_loop_use *u)
 {
     const struct bench_snap *a = &s->before, *b = &s->after;
     if (!a->have_loop || !b->have_loop || b->uptime_s <= a->uptime_s)
         return false;
     const double wall = b->uptime_s - a->uptime_s;
-    *busy = (b->loop_busy_s - a->loop_busy_s) / wall;
-    *cpu = (b->loop_cpu_s - a->loop_cpu_s) / wall;
-    *launch = (b->launch_s - a->launch_s) / wall;
+    u->busy = (b->loop_busy_s - a->loop_busy_s) / wall;
+    u->cpu = (b->loop_cpu_s - a->loop_cpu_s) / wall;
+    u->launch = (b->launch_s - a->launch_s) / wall;
+    for (size_t i = 0; i < 4; i++)
+        u->step[i] = (b->step_s[i] - a->step_s[i]) / wall;
     return true;
 }
 
@@ -719,10 +738,12 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     if (batches > 0)
         printf("  counters   %llu batches run by the daemon meanwhile\n",
                (unsigned long long)batches);
-    double busy, lcpu, launch;
-    if (bench_loop(s, &busy, &lcpu, &launch))
-        printf("  loop       busy %.0f%% of the time (launching %.0f%%), its CPU %.0f%%\n",
-               busy * 100, launch * 100, lcpu * 100);
+    struct bench_loop_use u;
+    if (bench_loop(s, &u))
+        printf("  loop       busy %.0f%% of the time, its CPU %.0f%%; launching %.0f%%, rings "
+               "%.0f%%, completions %.0f%%, device queries %.0f%%, libuv %.0f%%\n",
+               u.busy * 100, u.cpu * 100, u.launch * 100, u.step[0] * 100, u.step[1] * 100,
+               u.step[2] * 100, u.step[3] * 100);
     if (s->fair_max > 0)
         printf("  fairness   per-client requests/s from %+.1f%% to %+.1f%% of the mean\n",
                (s->fair_min - 1) * 100, (s->fair_max - 1) * 100);
@@ -768,11 +789,16 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
                  s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
     ctl_json_u64(&j, "batches", bench_batch_count(s));
     ctl_json_num(&j, "daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
-    double busy, lcpu, launch;
-    const bool have_loop = bench_loop(s, &busy, &lcpu, &launch);
-    ctl_json_num(&j, "loop_busy", have_loop ? busy : NAN);
-    ctl_json_num(&j, "loop_cpu", have_loop ? lcpu : NAN);
-    ctl_json_num(&j, "loop_launch", have_loop ? launch : NAN);
+    struct bench_loop_use u;
+    const bool have_loop = bench_loop(s, &u);
+    ctl_json_num(&j, "loop_busy", have_loop ? u.busy : NAN);
+    ctl_json_num(&j, "loop_cpu", have_loop ? u.cpu : NAN);
+    ctl_json_num(&j, "loop_launch", have_loop ? u.launch : NAN);
+    for (size_t i = 0; i < 4; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "loop_%s", bench_steps[i]);
+        ctl_json_num(&j, key, have_loop ? u.step[i] : NAN);
+    }
     ctl_json_num(&j, "fair_min", s->fair_max > 0 ? s->fair_min : NAN);
     ctl_json_num(&j, "fair_max", s->fair_max > 0 ? s->fair_max : NAN);
     ctl_json_u64(&j, "daemon_requests", cpu_reqs);

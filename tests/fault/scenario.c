@@ -41,10 +41,19 @@ struct job {
     uint64_t in_off, w_off, b_off, out_off, bytes;
 };
 
-/* Counts the open descriptors of pid (0: this process), printing each with its target when
- * `print` (what a leak reports). */
-static int walk_fds(pid_t pid, bool print)
+/* This process's descriptors and their targets at the last count_fds(): a leak report names
+ * what changed since, not only what is open. */
+#define FD_SNAP 1024
+static char fd_snap[FD_SNAP][96];
+
+/* Counts the open descriptors of pid (0: this process). With `print`, reports each that is not
+ * in the last snapshot (or changed target) and each of it that is gone; with `snap`, records them
+ * as the new snapshot. */
+static int walk_fds_diff(pid_t pid, bool print, bool snap)
 {
+    static char now[FD_SNAP][96];
+    if (snap || print)
+        memset(now, 0, sizeof(now));
     char path[64];
     if (pid == 0)
         snprintf(path, sizeof(path), "/proc/self/fd");
@@ -57,25 +66,37 @@ static int walk_fds(pid_t pid, bool print)
         if (e->d_name[0] == '.')
             continue;
         n++;
-        if (print) {
-            char target[256];
-            ssize_t len = readlinkat(dirfd(dir), e->d_name, target, sizeof(target) - 1);
-            target[len > 0 ? len : 0] = '\0';
-            fprintf(stderr, "  fd %s -> %s\n", e->d_name, target);
+        long fd = strtol(e->d_name, NULL, 10);
+        if ((snap || print) && fd >= 0 && fd < FD_SNAP && fd != dirfd(dir)) {
+            ssize_t len = readlinkat(dirfd(dir), e->d_name, now[fd], sizeof(now[fd]) - 1);
+            now[fd][len > 0 ? len : 0] = '\0';
+            if (now[fd][0] == '\0')
+                snprintf(now[fd], sizeof(now[fd]), "?");
         }
     }
     closedir(dir);
+    if (print) {
+        for (int fd = 0; fd < FD_SNAP; fd++) {
+            if (now[fd][0] != '\0' && strcmp(now[fd], fd_snap[fd]) != 0)
+                fprintf(stderr, "  new fd %d -> %s%s%s\n", fd, now[fd],
+                        fd_snap[fd][0] ? ", was " : "", fd_snap[fd]);
+            else if (now[fd][0] == '\0' && fd_snap[fd][0] != '\0')
+                fprintf(stderr, "  closed fd %d, was %s\n", fd, fd_snap[fd]);
+        }
+    }
+    if (snap)
+        memcpy(fd_snap, now, sizeof(fd_snap));
     return pid == 0 ? n - 1 : n; /* our own count includes the directory's descriptor */
 }
 
 int count_fds_of(pid_t pid)
 {
-    return walk_fds(pid, false);
+    return walk_fds_diff(pid, false, false);
 }
 
 int count_fds(void)
 {
-    return count_fds_of(0);
+    return walk_fds_diff(0, false, true);
 }
 
 long scenario_count_calls(const char *sock, uint64_t seed, int id)
@@ -370,9 +391,9 @@ void check_serving(const char *sock, uint64_t seed, const char *label)
 
 void check_no_leaks(int fds, int maps, const char *label)
 {
-    int now_fds = count_fds(), now_maps = count_memfd_maps();
+    int now_fds = walk_fds_diff(0, false, false), now_maps = count_memfd_maps();
     if (now_fds != fds) {
-        walk_fds(0, true);
+        walk_fds_diff(0, true, false);
         fail_msg("%s: %d descriptors open, %d before the daemon started", label, now_fds, fds);
     }
     if (now_maps != maps)

@@ -38,7 +38,9 @@ void check_serving(const char *sock, uint64_t seed, const char *label);
  * the test unless everything in it succeeded. */
 long scenario_count_calls(const char *sock, uint64_t seed, int id);
 
-/* Open descriptors of process pid (0: this process), and this process's memfd mappings. */
+/* Open descriptors of process pid (0: this process), and this process's memfd mappings.
+ * count_fds() also remembers what each descriptor points to, so that check_no_leaks() can name
+ * the descriptors that are new since. */
 int count_fds_of(pid_t pid);
 int count_fds(void);
 int count_memfd_maps(void);
