@@ -14,8 +14,11 @@
  *     when launch is not NULL: a batch costs the loop a launch and a few polls, and no thread
  *     hand-off.
  *
- * Threading: init, destroy, mem_import, mem_release, launch, query and notify are called from
- * the daemon's loop thread; run_batch from worker threads; supports from any thread. Memory that
+ * Threading: init, destroy, mem_import, mem_release, query and notify are called from the
+ * daemon's loop thread; launch from the loop thread or from one launch thread beside it (the
+ * daemon's launch_threads), never for a slot whose last launch has not returned, and query and
+ * notify for a slot only after its launch returned (the thread publishes that with a release
+ * store); run_batch from worker threads; supports from any thread. Memory that
  * a job references stays imported until its run_batch call returns, or until query has reported
  * its batch done.
  */

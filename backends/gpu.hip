@@ -21,8 +21,8 @@
  * Compiled as CUDA by nvcc (through vendor.h, which maps the HIP names used here to CUDA) and as
  * HIP by hipcc. The daemon never sees this file's types: it talks to it through backend.h.
  *
- * Threading (backend.h): init, destroy, mem_import, mem_release, launch, query, notify and trim
- * run on the daemon's loop thread; run_batch runs on up to GPU_WORKERS worker threads at once,
+ * Threading (backend.h): init, destroy, mem_import, mem_release, query, notify and trim run on
+ * the daemon's loop thread, launch there or on its launch thread; run_batch runs on up to GPU_WORKERS worker threads at once,
  * worker w on slot w, so everything a batch touches (stream, event, pool, scratch) is per slot
  * and needs no lock. A daemon uses either run_batch or launch/query, never both on one slot at a
  * time. The IPC cache has a lock anyway, because it is cheap and makes the tests' use from
@@ -228,7 +228,7 @@ static void gpu_set_broken(struct gpu_ctx *ctx, const char *sentence)
 /* After a failure on a slot's stream: waits for whatever was queued (no copy may land in host
  * memory after its batch is reported done or failed), clears a non-sticky error, and probes the
  * stream once more. A sticky error (the context is lost) fails the probe too; then the backend is
- * broken. This is the one place outside run_batch where the loop thread waits for the GPU, and
+ * broken. This is the one place outside run_batch where the launching thread waits for the GPU, and
  * only after an error. */
 static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_slot *s, const char *sentence)
 {
@@ -255,7 +255,7 @@ static void gpu_pool_free(struct gpu_slot *s)
         (void)hipGetLastError();
     }
     s->pool = NULL;
-    s->pool_cap = 0;
+    __atomic_store_n(&s->pool_cap, (size_t)0, __ATOMIC_RELAXED);
 }
 
 /* Makes the slot's pool hold at least `need` bytes (need <= ctx->pool_limit). Nothing of ours is
@@ -289,7 +289,7 @@ static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_slot *s, size_t need
         return gpu_fail(e, why, why_len, what);
     }
     s->pool = (char *)p;
-    s->pool_cap = want;
+    __atomic_store_n(&s->pool_cap, want, __ATOMIC_RELAXED); /* stats read it on the loop */
     return 0;
 }
 
@@ -1206,7 +1206,7 @@ static int gpu_stats(void *vctx, struct convd_backend_stats *ret)
     (void)hipGetLastError();
     ret->has_staging = true;
     for (int i = 0; i < GPU_SLOTS; i++)
-        ret->staging_bytes += ctx->slots[i].pool_cap;
+        ret->staging_bytes += __atomic_load_n(&ctx->slots[i].pool_cap, __ATOMIC_RELAXED);
 #ifdef CONVD_GPU_NVIDIA
     struct gpu_nvml_util u;
     if (ctx->nvml.lib && ctx->nvml.utilization(ctx->nvml.dev, &u) == 0) {

@@ -89,6 +89,9 @@ static const struct cfg_option cfg_options[] = {
     {"max_batch", CFG_U32, OFF(max_batch), 1, 1024, "N", "requests per backend call"},
     {"slots", CFG_U32, OFF(slots), 0, 64, "N",
      "batches in flight at once on the GPU (and null) backend, at most its own number (0: all)"},
+    {"launch_threads", CFG_U32, OFF(launch_threads), 0, 1, "N",
+     "threads that make the GPU (and null) backend's launch calls, beside the loop (0: the loop "
+     "launches itself)"},
     {"max_queue_delay_us", CFG_U64, OFF(max_queue_delay_us), 0, 10000000, "US",
      "time an idle worker may wait for a batch to fill (0: dispatch at once)", LIVE},
     {"queue_limit", CFG_U32, OFF(queue_limit), 1, 1048576, "N",
@@ -157,6 +160,7 @@ void config_defaults(struct convd_config *c)
     c->max_pinned_bytes = 0;
     c->max_batch = 32;
     c->slots = 0;
+    c->launch_threads = 0;
     c->max_queue_delay_us = 0;
     c->queue_limit = 4096;
     c->drain_timeout_ms = 10000;

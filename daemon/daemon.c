@@ -688,6 +688,12 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         goto fail;
     }
     d->pool_started = true;
+    if (cfg->launch_threads > 0 && be_async(&d->backend)) {
+        if (pool_start_launcher(&d->pool, cfg->spin_us * 1000u) == 0)
+            log_notice("batches are launched on a thread of their own");
+        else
+            log_warn("cannot start the launch thread; the loop launches batches itself");
+    }
     if (doorbell_start(&d->doorbells, d->cfg.doorbell_threads) != 0)
         log_warn("started %u of %u doorbell thread(s); the loop sends the rest itself",
                  d->doorbells.nthreads, d->cfg.doorbell_threads);

@@ -6,6 +6,7 @@
 #include "clock.h"
 #include "convd/status.h"
 #include "log.h"
+#include "ring_layout.h"
 #include "workers.h"
 
 struct batch *batch_new(size_t n)
@@ -55,6 +56,8 @@ unsigned pool_poll(struct worker_pool *p)
         struct worker *w = &p->workers[i];
         if (!w->busy)
             continue;
+        if (p->launcher && !__atomic_load_n(&w->launched, __ATOMIC_ACQUIRE))
+            continue; /* still with the launch thread */
         const uint64_t t0 = convd_now_ns();
         int q = be_query(p->backend, i);
         p->query_ns += convd_now_ns() - t0;
@@ -87,6 +90,12 @@ bool pool_arm(struct worker_pool *p)
         if (p->workers[i].busy &&
             (oldest == NULL || p->workers[i].running->seq < oldest->running->seq))
             oldest = &p->workers[i];
+    if (p->launcher && !__atomic_load_n(&oldest->launched, __ATOMIC_ACQUIRE)) {
+        /* The launch thread launches in order: nothing is on the device to be told about
+         * yet. Do not sleep; the launch takes microseconds. */
+        uv_async_send(&p->async);
+        return true;
+    }
     if (be_notify(p->backend, oldest->index, pool_wake, &p->async) != 0) {
         /* No way to be told: do not sleep past the batch. */
         uv_async_send(&p->async);
@@ -172,6 +181,64 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     return rc;
 }
 
+/* The launch thread: takes the loop's batches in order, launches each in its slot, and marks
+ * the slot launched (release: the loop then sees what launch wrote into the batch and jobs).
+ * Spins launcher_spin_ns after its last launch, then sleeps until the loop signals. */
+static void *pool_launcher(void *arg)
+{
+    struct worker_pool *p = arg;
+    uint64_t last = convd_now_ns();
+    for (;;) {
+        unsigned head = p->lq_head;
+        if (head == __atomic_load_n(&p->lq_tail, __ATOMIC_ACQUIRE)) {
+            if (convd_now_ns() - last < p->launcher_spin_ns) {
+                convd_cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&p->mu);
+            __atomic_store_n(&p->launcher_sleeping, 1, __ATOMIC_SEQ_CST);
+            while (!p->launcher_stop && head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST))
+                pthread_cond_wait(&p->launch_wake, &p->mu);
+            __atomic_store_n(&p->launcher_sleeping, 0, __ATOMIC_RELAXED);
+            bool stop = p->launcher_stop && head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&p->mu);
+            if (stop)
+                return NULL;
+            last = convd_now_ns();
+            continue;
+        }
+        struct batch *b = p->lq[head % POOL_MAX_SLOTS];
+        __atomic_store_n(&p->lq_head, head + 1, __ATOMIC_RELEASE);
+        const uint64_t t0 = convd_now_ns();
+        b->rc = be_launch(p->backend, b->worker, b->jobs, b->n);
+        last = convd_now_ns();
+        b->launch_ns = last - t0;
+        __atomic_store_n(&p->workers[b->worker].launched, 1, __ATOMIC_RELEASE);
+        if (b->rc != 0)
+            uv_async_send(&p->async); /* nothing in flight to notify about: wake the loop */
+    }
+}
+
+int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns)
+{
+    if (!p->slots || p->launcher || p->n > POOL_MAX_SLOTS)
+        return CONVD_EINVAL;
+    p->launcher_spin_ns = spin_ns;
+    p->launcher_stop = false;
+    pthread_cond_init(&p->launch_wake, NULL);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&p->launch_thread, NULL, pool_launcher, p);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        pthread_cond_destroy(&p->launch_wake);
+        return CONVD_EINTERNAL;
+    }
+    p->launcher = true;
+    return 0;
+}
+
 int pool_idle_worker(const struct worker_pool *p)
 {
     if (p->busy >= p->n)
@@ -188,6 +255,20 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
     b->seq = p->next_seq++;
     p->workers[w].busy = true;
     p->busy++;
+    if (p->slots && p->launcher) {
+        b->start_ns = convd_now_ns();
+        p->workers[w].running = b;
+        __atomic_store_n(&p->workers[w].launched, 0, __ATOMIC_RELAXED);
+        /* At most n batches are queued (one per busy slot), so the ring never overflows. */
+        p->lq[p->lq_tail % POOL_MAX_SLOTS] = b;
+        __atomic_store_n(&p->lq_tail, p->lq_tail + 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&p->launcher_sleeping, __ATOMIC_SEQ_CST)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->launch_wake);
+            pthread_mutex_unlock(&p->mu);
+        }
+        return;
+    }
     if (p->slots) {
         b->start_ns = convd_now_ns();
         b->rc = be_launch(p->backend, w, b->jobs, b->n);
@@ -213,6 +294,15 @@ void pool_stop(struct worker_pool *p)
     while (p->slots && p->busy > 0) {
         if (pool_poll(p) == 0)
             usleep(20);
+    }
+    if (p->launcher) {
+        pthread_mutex_lock(&p->mu);
+        p->launcher_stop = true;
+        pthread_cond_signal(&p->launch_wake);
+        pthread_mutex_unlock(&p->mu);
+        pthread_join(p->launch_thread, NULL);
+        pthread_cond_destroy(&p->launch_wake);
+        p->launcher = false;
     }
     pthread_mutex_lock(&p->mu);
     p->stop = true;

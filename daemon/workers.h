@@ -41,9 +41,13 @@ struct worker {
     bool busy;          /* loop thread only */
     bool started;
     struct batch *running; /* asynchronous slots: the batch in flight */
+    int launched;          /* with a launch thread: its launch has returned (atomic) */
 };
 
 typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
+
+/* The most slots a pool with a launch thread queues for it (the config caps slots at 64). */
+#define POOL_MAX_SLOTS 64
 
 struct worker_pool {
     struct convd_backend *backend;
@@ -60,6 +64,16 @@ struct worker_pool {
     void *data;
     uint64_t next_seq;
     uint64_t query_ns; /* asynchronous slots: host time spent asking whether batches are done */
+    /* Asynchronous slots with a launch thread (pool_start_launcher): the loop queues batches
+     * in lq, the thread launches them in order and marks each worker launched. */
+    bool launcher;
+    pthread_t launch_thread;
+    pthread_cond_t launch_wake; /* under mu */
+    struct batch *lq[POOL_MAX_SLOTS];
+    unsigned lq_head, lq_tail; /* atomic: the thread advances head, the loop tail */
+    int launcher_sleeping;     /* atomic; set under mu */
+    bool launcher_stop;        /* under mu */
+    uint64_t launcher_spin_ns;
 };
 
 /* Allocates a batch for n jobs (jobs[] uninitialised). NULL when out of memory. */
@@ -71,6 +85,11 @@ struct batch *batch_new(size_t n);
  * Returns 0 or CONVD_ENOMEM / CONVD_EINTERNAL; nothing is left running on failure. */
 int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
                pool_done_cb on_done, void *data);
+
+/* Asynchronous backends: starts a thread that makes the backend's launch calls, so that the
+ * loop thread goes on taking submissions and posting completions meanwhile. It spins spin_ns
+ * after its last launch before it sleeps. Returns 0 or CONVD_EINTERNAL (the loop launches). */
+int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns);
 
 /* Index of an idle worker, or -1 when all are busy. */
 int pool_idle_worker(const struct worker_pool *p);

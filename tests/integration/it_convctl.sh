@@ -339,5 +339,42 @@ wait "$pid" || rc=$?
 pid=""
 if [[ $rc -eq 0 ]]; then ok "convd exits 0 on SIGTERM"; else bad "convd exited $rc on SIGTERM"; fi
 
+# The null backend, with and without the launch thread (launch_threads = 1: the backend's launch
+# calls on a thread beside the loop) and with fewer slots: every request of a bench completes,
+# none fails, the loop's accounting is reported, and the daemon exits 0 on SIGTERM (the thread
+# stops).
+for args in "--slots 2" "--launch-threads 1" "--launch-threads 1 --slots 1"; do
+    nsock=$tmp/null.sock
+    # shellcheck disable=SC2086
+    "$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 $args \
+        2> "$tmp/null.log" &
+    pid=$!
+    for _ in $(seq 1 600); do
+        "$convctl" --socket "$nsock" ping > /dev/null 2>&1 && break
+        sleep 0.1
+    done
+    rc=0
+    out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 \
+        --requests 6000 2>&1) || rc=$?
+    if [[ $rc -eq 0 ]] && grep -q "6000 completed, 0 failed" <<< "$out" &&
+        grep -q "loop  *busy" <<< "$out"; then
+        ok "null backend ($args): 6000 requests completed"
+    else
+        bad "null backend ($args): bench exit $rc"
+        printf '%s\n' "$out" | sed 's/^/       /'
+    fi
+    if [[ $args == *launch-threads* ]] && ! grep -q "launched on a thread of their own" "$tmp/null.log"; then
+        bad "null backend ($args): the daemon did not say it started the launch thread"
+        sed 's/^/       /' "$tmp/null.log"
+    fi
+    kill -TERM "$pid"
+    rc=0
+    wait "$pid" || rc=$?
+    pid=""
+    if [[ $rc -eq 0 ]]; then ok "null backend ($args): exits 0 on SIGTERM"; else
+        bad "null backend ($args): exited $rc on SIGTERM"; fi
+    rm -f "$nsock"
+done
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -65,6 +65,7 @@ static void test_good_file(void **state)
                        "max_pinned_bytes = 300M\n"
                        "max_batch = 16\n"
                        "slots = 2\n"
+                       "launch_threads = 1\n"
                        "max_queue_delay_us = 250\n"
                        "queue_limit = 100\n"
                        "drain_timeout_ms = 0\n"
@@ -92,6 +93,7 @@ static void test_good_file(void **state)
     assert_true(c.max_pinned_bytes == (uint64_t)300 << 20);
     assert_int_equal(c.max_batch, 8);
     assert_int_equal(c.slots, 2);
+    assert_int_equal(c.launch_threads, 1);
     assert_int_equal(c.max_queue_delay_us, 250);
     assert_int_equal(c.queue_limit, 100);
     assert_int_equal(c.drain_timeout_ms, 0);
