@@ -285,6 +285,7 @@ int main(void)
         return 77;
     }
     srv_backend = CONFIG_BACKEND_GPU;
+    fds_skip_gpu_nodes = true;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_create_faults, (void *)(uintptr_t)0),
         cmocka_unit_test_prestate(test_serving_faults, (void *)(uintptr_t)0),

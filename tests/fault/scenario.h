@@ -43,6 +43,9 @@ long scenario_count_calls(const char *sock, uint64_t seed, int id);
  * the descriptors that are new since. */
 int count_fds_of(pid_t pid);
 int count_fds(void);
+/* fault_gpu: descriptors on /dev/nvidia* nodes are the CUDA driver's, kept for the process's
+ * context after a daemon is gone; they are listed in a leak report but not counted. */
+extern bool fds_skip_gpu_nodes;
 int count_memfd_maps(void);
 
 /* Fails the test unless descriptors and memfd mappings are back at fds and maps, and (ASan
