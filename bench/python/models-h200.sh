@@ -106,7 +106,10 @@ limit_for() { echo $((60 + 3 * $1 + n_models * (WARMUP + ROW_SECONDS + 30))); }
 
 step "convd on the GPU (not under MPS)"
 env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY \
-    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info >"$OUT/daemon.log" 2>&1 &
+    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
+    # shellcheck disable=SC2086
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
+        >"$OUT/daemon.log" 2>&1 &
 dpid=$!
 for _ in $(seq 1 240); do
     "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break

@@ -67,7 +67,10 @@ shape=(--shape latency_b1_resnext --csv bench/shapes.csv --dtype fp16 --layout n
 step "convd on the GPU (not under MPS)"
 # MPS is not running yet; the variables are dropped anyway so the daemon never becomes a client.
 env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY \
-    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info >"$OUT/daemon.log" 2>&1 &
+    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
+    # shellcheck disable=SC2086
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
+        >"$OUT/daemon.log" 2>&1 &
 dpid=$!
 for _ in $(seq 1 240); do
     ctl ping >/dev/null 2>&1 && break
