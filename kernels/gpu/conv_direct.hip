@@ -16,6 +16,15 @@
  */
 #include "gpu_internal.h"
 
+/* The prefetching instances that load the next plane's window row by row (ROLL below): those
+ * where the whole window at once spills at the 128 registers of two blocks per SM (ptxas, sm_90;
+ * bench/gpu/NOTES.md, round 15). */
+GPU_HD constexpr bool gd_rolling_prefetch(int dtype, int sh, int kt, int th)
+{
+    return dtype == CONVD_DTYPE_FP32 ? sh == 1 && kt == 2 && th == 4
+                                     : sh == 2 && kt == 4 && th == 2;
+}
+
 template <class DT, int SH, int KT, int TH, bool PF>
 __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     gd_nchw_kernel(const struct gpu_geom g, const struct gpu_batch b, int cgs, int bands,
@@ -95,33 +104,39 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
         }
     };
     if constexpr (PF) {
-        /* The next plane's window is loaded (raw) while this one is multiplied. */
+        /* The next plane's window is loaded (raw) while this one is multiplied: all of it at the
+         * top of the plane, or with ROLL row by row into the registers of the row just converted,
+         * which holds one window instead of two at the same distance between load and use. */
         typedef gpu_chunk4<sizeof(T)> C;
         typedef typename C::V V;
+        constexpr bool ROLL = gd_rolling_prefetch(DT::id, SH, KT, TH);
         V cur[IR][NCH];
-        auto fetch = [&](int c, V(&dst)[IR][NCH]) {
+        auto fetch_row = [&](int c, int i, V(&dst)[NCH]) {
             const T *xp = xg + (size_t)c * hw;
+            const int ih = ih0 + i;
+            const bool rok = convd_math_inside(ih, g.h);
+            const T *xr = xp + (rok ? ih : 0) * g.w;
 #pragma unroll
-            for (int i = 0; i < IR; i++) {
-                const int ih = ih0 + i;
-                const bool rok = convd_math_inside(ih, g.h);
-                const T *xr = xp + (rok ? ih : 0) * g.w;
-#pragma unroll
-                for (int ch = 0; ch < NCH; ch++) {
-                    const int col = a0 + 4 * ch;
-                    const bool ok = rok && convd_math_inside(col, g.w);
-                    /* The select outside the load: with it inside (C::load(xr + (ok ? col : 0),
-                     * ok)) ptxas spilled 116-212 bytes in five instances, 140 in the 16-bit
-                     * stride-2 one that resnext50_l2_down runs. */
-                    dst[i][ch] = ok ? *(const V *)(xr + col) : C::load(xr, false);
-                }
+            for (int ch = 0; ch < NCH; ch++) {
+                const int col = a0 + 4 * ch;
+                const bool ok = rok && convd_math_inside(col, g.w);
+                /* The select outside the load: with it inside (C::load(xr + (ok ? col : 0),
+                 * ok)) ptxas spilled 116-212 bytes in five instances, 140 in the 16-bit
+                 * stride-2 one that resnext50_l2_down runs. */
+                dst[ch] = ok ? *(const V *)(xr + col) : C::load(xr, false);
             }
         };
-        fetch(0, cur);
+#pragma unroll
+        for (int i = 0; i < IR; i++)
+            fetch_row(0, i, cur[i]);
         for (int c = 0; c < g.cpg; c++) {
-            V nxt[IR][NCH];
-            if (c + 1 < g.cpg)
-                fetch(c + 1, nxt);
+            V nxt[ROLL ? 1 : IR][NCH];
+            if constexpr (!ROLL) {
+                if (c + 1 < g.cpg)
+#pragma unroll
+                    for (int i = 0; i < IR; i++)
+                        fetch_row(c + 1, i, nxt[i]);
+            }
             const float *wc = gd_w + c * (KS * KS * KT);
 #pragma unroll
             for (int i = 0; i < IR; i++) {
@@ -129,14 +144,20 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
 #pragma unroll
                 for (int ch = 0; ch < NCH; ch++)
                     C::template to_f32<DT>(cur[i][ch], win + 4 * ch);
+                if constexpr (ROLL) {
+                    if (c + 1 < g.cpg)
+                        fetch_row(c + 1, i, cur[i]);
+                }
                 row_fma(wc, i, win);
             }
-            if (c + 1 < g.cpg)
+            if constexpr (!ROLL) {
+                if (c + 1 < g.cpg)
 #pragma unroll
-                for (int i = 0; i < IR; i++)
+                    for (int i = 0; i < IR; i++)
 #pragma unroll
-                    for (int ch = 0; ch < NCH; ch++)
-                        cur[i][ch] = nxt[i][ch];
+                        for (int ch = 0; ch < NCH; ch++)
+                            cur[i][ch] = nxt[i][ch];
+            }
         }
     } else {
         for (int c = 0; c < g.cpg; c++) {
