@@ -59,6 +59,16 @@ int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy 
     return pol->fma_gemm != 0 && pw_shape_ok(p);
 }
 
+/* v unchanged, but opaque to the compiler: what a loop derives from it is computed in the loop
+ * instead of hoisted out and kept live through it, one register per use. */
+static __device__ __forceinline__ int pw_opaque(int v)
+{
+#if defined(CONVD_GPU_NVIDIA)
+    asm volatile("" : "+r"(v));
+#endif
+    return v;
+}
+
 /*
  * Grid: x over pixel tiles (NCHW: images x tiles of a plane), y over groups x output tiles,
  * z over problems. Threads: (tch / 4) x (tpx / 8), pixel-group fastest. NCHW output rows and
@@ -109,7 +119,8 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
      * offset and window origin) is decoded once per tile: NCHW pixel p0 + tid, rows u; NHWC and
      * weights: k quad (or k) tid % 4 (16), rows tid / 4 (16) + u * nthr / 4 (16). Vector loads
      * keep the integer pipe from bounding the pointwise shapes. */
-    const int lk = tid & (PW_KC - 1), lr = tid >> 4, lstep = nthr >> 4;
+    const int lk = tid & (PW_KC - 1), lr = tid >> 4;
+    int lstep = nthr >> 4;
     const int vk = tid & 3, vr = tid >> 2, vstep = nthr >> 2;
     const int qsh = VEC && !NHWC ? __ffs(tpx / 4) - 1 : 0; /* log2(quads per pixel row) */
     constexpr int NS = VEC && NHWC ? PW_UV : 1;
@@ -128,6 +139,15 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                 piw[u] = (rem - oh * g.wo) * g.sw - g.pl;
             }
         }
+    /* The scalar loaders' slot u stages weight row lr + u * lstep and, in NHWC, pixel row
+     * lr + u * lstep. Hoisted out of the K loop, the 16 slots' conditions and offsets outlived
+     * the registers (ptxas spilled 8 to 28 bytes): the NCHW FMA loader tests a slot's weight row
+     * against a count (nwl: slots whose row is inside the tile and kpg), the NHWC ones recompute
+     * what they derive from lstep every step (pw_opaque). */
+    constexpr bool WCOUNT = !NHWC && !VEC && !TF32;
+    int nwl = 0;
+    if constexpr (WCOUNT)
+        nwl = (min(tch, g.kpg - c0) - lr + lstep - 1) / lstep;
     float vx[VEC ? PW_UV : 1][4], vw[VEC ? PW_UV : 1][4];
     float sx[VEC ? 1 : PW_U], sw[VEC ? 1 : PW_U];
     auto load = [&](int k0) {
@@ -170,7 +190,11 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                     sx[u] = ok ? DT::load(xg[k * hw + pix]) : 0.0f;
                 }
                 const int i = lr + u * lstep;
-                const bool ok = i < tch && c0 + i < g.kpg && kw < kdim;
+                bool ok;
+                if constexpr (WCOUNT)
+                    ok = u < nwl && kw < kdim;
+                else
+                    ok = i < tch && c0 + i < g.kpg && kw < kdim;
                 sw[u] = ok ? DT::load(w[(c0 + i) * kdim + kw]) : 0.0f;
             }
         }
@@ -240,6 +264,8 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
 
     load(0);
     for (int k0 = 0; k0 < kdim; k0 += PW_KC) {
+        if constexpr (NHWC && !VEC)
+            lstep = pw_opaque(lstep);
         store();
         __syncthreads();
         if (k0 + PW_KC < kdim)
