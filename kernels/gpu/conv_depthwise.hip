@@ -335,7 +335,8 @@ template <class DT, int CPT, int KS> struct dw_filt {
  * it, so a load's test is one logic operation (measured: the 64-bit address and two bounds tests
  * per load took as many instructions as the FMAs).
  */
-template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool CHECK, bool HINT>
+template <class DT, int CPT, int KPG, int KS, int SH, int TH, int P, bool CHECK, bool HINT,
+          bool LEAN>
 GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_geom &g, int ih0,
                           int iw0, const dw_filt<DT, CPT * KPG, KS> &wt,
                           float (&acc)[TH][P][CPT * KPG])
@@ -349,11 +350,18 @@ GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_g
             cmask |= (uint32_t)convd_math_inside(iw0 + q, g.w) << q;
     }
     const int cstep = g.c;
+    int lean_roff = ih0 * rowe + iw0 * cstep; /* LEAN: the row's offset, one add per row */
 #pragma unroll
     for (int i = 0; i < IR; i++) {
         const int ih = ih0 + i;
         const uint32_t rmask = !CHECK || convd_math_inside(ih, g.h) ? cmask : 0u;
-        const int roff = ih * rowe + iw0 * cstep;
+        int roff;
+        if constexpr (LEAN) {
+            roff = lean_roff;
+            lean_roff += rowe;
+        } else {
+            roff = ih * rowe + iw0 * cstep;
+        }
         float v[NC][CPT];
 #pragma unroll
         for (int q = 0; q < NC; q++)
@@ -364,16 +372,41 @@ GPU_D void dw_direct_body(const typename DT::T *xb, int rowe, const struct gpu_g
             const int r = i - o * SH;
             if (r < 0 || r >= KS)
                 continue;
-#pragma unroll
-            for (int sc = 0; sc < KS; sc++)
+            /* LEAN: an output's taps of the row back to back; every output gets its taps in the
+             * same order either way. */
+            if constexpr (LEAN) {
 #pragma unroll
                 for (int pp = 0; pp < P; pp++)
 #pragma unroll
                     for (int j = 0; j < CPT * KPG; j++)
-                        acc[o][pp][j] =
-                            fmaf(v[pp * SH + sc][j / KPG], wt.w[r * KS + sc][j], acc[o][pp][j]);
+#pragma unroll
+                        for (int sc = 0; sc < KS; sc++)
+                            acc[o][pp][j] =
+                                fmaf(v[pp * SH + sc][j / KPG], wt.w[r * KS + sc][j], acc[o][pp][j]);
+            } else {
+#pragma unroll
+                for (int sc = 0; sc < KS; sc++)
+#pragma unroll
+                    for (int pp = 0; pp < P; pp++)
+#pragma unroll
+                        for (int j = 0; j < CPT * KPG; j++)
+                            acc[o][pp][j] =
+                                fmaf(v[pp * SH + sc][j / KPG], wt.w[r * KS + sc][j], acc[o][pp][j]);
+            }
         }
     }
+}
+
+/* The NHWC instances built LEAN (dw_direct_body and the store): row offsets by addition, an
+ * output's taps of a row back to back, the store's bounds as counts. The same loads, FMAs and
+ * stores, in an order under which ptxas (sm_90) no longer spills them at their register caps:
+ * 5x5 stride 2 in 16-bit (4 bytes), 3x3 at 2 channels in fp32 with kpg 1 (8) and with kpg 2 and
+ * 4 rows (16); bench/gpu/NOTES.md, round 15. */
+GPU_HD constexpr bool dw_direct_lean(int dtype, int cpt, int kpg, int ks, int sh, int th)
+{
+    if (dtype == CONVD_DTYPE_FP32)
+        return cpt == 2 && ks == 3 && sh == 1 && th == 4 && (kpg == 1 || kpg == 2);
+    return dtype == CONVD_DTYPE_FP16 && cpt == 2 && kpg == 1 && ks == 5 && sh == 2 && th == 4;
 }
 
 /*
@@ -419,10 +452,13 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
     const int ih0 = oh0 * SH - g.pt, iw0 = ow0 * SH - g.pl;
     const int rowe = g.w * g.c;
     const T *xb = x + (size_t)n * g.h * rowe + c0;
+    constexpr bool LEAN = dw_direct_lean(DT::id, CPT, KPG, KS, SH, TH);
     if (SPLIT && ih0 >= 0 && ih0 + IR <= g.h && iw0 >= 0 && iw0 + NC <= g.w)
-        dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, false, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
+        dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, false, HINT, LEAN>(xb, rowe, g, ih0, iw0, wt,
+                                                                       acc);
     else
-        dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, true, HINT>(xb, rowe, g, ih0, iw0, wt, acc);
+        dw_direct_body<DT, CPT, KPG, KS, SH, TH, P, true, HINT, LEAN>(xb, rowe, g, ih0, iw0, wt,
+                                                                      acc);
 
     /* Bias and activation in place, only where asked for (a uniform branch): the plain epilogue is
      * the conversion and the store. */
@@ -440,17 +476,27 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
                     acc[o][pp][j] = gpu_epilogue(acc[o][pp][j], bv[j], g);
     }
     T *yb = y + ((size_t)(n * g.ho + oh0) * g.wo + ow0) * g.k + c0 * KPG;
+    const int nro = g.ho - oh0, nco = g.wo - ow0; /* LEAN: rows and columns left */
 #pragma unroll
     for (int o = 0; o < TH; o++) {
-        if (oh0 + o >= g.ho)
+        if (LEAN ? o >= nro : oh0 + o >= g.ho)
             break;
 #pragma unroll
         for (int pp = 0; pp < P; pp++) {
-            if (ow0 + pp >= g.wo)
+            if (LEAN ? pp >= nco : ow0 + pp >= g.wo)
                 break;
             dw_direct_store<DT, NO>(yb + ((size_t)o * g.wo + pp) * g.k, acc[o][pp]);
         }
     }
+}
+
+/* The NCHW instances that address a row's chunks as 32-bit offsets from the plane instead of
+ * from a 64-bit row pointer: the fp32 5x5 and 7x7 stride-2 ones, which spilled 4 to 8 bytes
+ * with the pointer at their register caps (ptxas, sm_90; bench/gpu/NOTES.md, round 15). The
+ * planner keeps an image's offsets below 2^31 (dw_direct_plan). */
+GPU_HD constexpr bool dw_nchw_row_offsets(int dtype, int ks, int sh)
+{
+    return dtype == CONVD_DTYPE_FP32 && ks >= 5 && sh == 2;
 }
 
 /*
@@ -499,13 +545,22 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, MINB))
     for (int i = 0; i < IR; i++) {
         const int ih = ih0 + i;
         const bool rok = convd_math_inside(ih, g.h);
-        const T *xr = xp + (size_t)(rok ? ih : 0) * g.w;
         float win[NCH * 4];
+        if constexpr (dw_nchw_row_offsets(DT::id, KS, SH)) {
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) {
-            const int col = a0 + 4 * ch;
-            const bool ok = rok && convd_math_inside(col, g.w);
-            gpu_load4<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
+            for (int ch = 0; ch < NCH; ch++) {
+                const int col = a0 + 4 * ch;
+                const bool ok = rok && convd_math_inside(col, g.w);
+                gpu_load4<DT>(xp + (ok ? ih * g.w + col : 0), ok, win + 4 * ch);
+            }
+        } else {
+            const T *xr = xp + (size_t)(rok ? ih : 0) * g.w;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const int col = a0 + 4 * ch;
+                const bool ok = rok && convd_math_inside(col, g.w);
+                gpu_load4<DT>(xr + (ok ? col : 0), ok, win + 4 * ch);
+            }
         }
 #pragma unroll
         for (int o = 0; o < TH; o++) {
@@ -803,6 +858,7 @@ static int dw_smax(const struct convd_problem *p)
  * (bench/gpu/NOTES.md, "depthwise"): NHWC 3x3 with kpg 1 on rows of blocks, since the flat
  * grid makes it spill; 5x5 on the flat grid; 7x7 as 6 rows at one channel per thread, which
  * frees the filter's registers for 2 blocks per SM; NCHW mostly at 4 rows (8 for 3x3 bf16).
+ * dw_direct_minb lowers one fp32 instance's min blocks.
  */
 #define DW_F32  (1 << CONVD_DTYPE_FP32)
 #define DW_F16  (1 << CONVD_DTYPE_FP16)
@@ -1139,6 +1195,17 @@ static int dw_launch_nhwc(const struct gpu_dw_plan *pl, const struct gpu_batch *
     return 0;
 }
 
+/* Min blocks per SM of an NHWC row's instance: the row's, but 2 for fp32 3x3 at 2 channels,
+ * kpg 2 and 2 rows (row 3, the small-image swap of row 1, which has 2): ptxas (sm_90) spills it 4
+ * to 8 bytes at the 80 registers of 3 blocks in every order of its work tried, its filter and
+ * accumulators alone being 68 (bench/gpu/NOTES.md, round 15). */
+static constexpr int dw_direct_minb(int dtype, int cpt, int kpg, int ks, int sh, int th, int minb)
+{
+    return dtype == CONVD_DTYPE_FP32 && cpt == 2 && kpg == 2 && ks == 3 && sh == 1 && th == 2
+               ? 2
+               : minb;
+}
+
 /* The kernel of a row of DW_DCFGS for DT: NHWC rows instantiate dw_direct_kernel, NCHW rows
  * dw_nchw_direct_kernel (CPT, P, SPLIT and HINT are NHWC's only); NULL where the row is not
  * built for DT (dw_row_built), which then instantiates nothing. */
@@ -1152,7 +1219,8 @@ static constexpr dw_direct_fn dw_direct_pick()
     else if constexpr (LAY == DW_NCHW)
         return dw_nchw_direct_kernel<DT, KS, SH, TH, MINB>;
     else
-        return dw_direct_kernel<DT, CPT, KPG, KS, SH, TH, P, SPLIT != 0, MINB, HINT != 0,
+        return dw_direct_kernel<DT, CPT, KPG, KS, SH, TH, P, SPLIT != 0,
+                                dw_direct_minb(DT::id, CPT, KPG, KS, SH, TH, MINB), HINT != 0,
                                 FLAT != 0>;
 }
 
