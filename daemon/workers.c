@@ -210,11 +210,13 @@ static void *pool_launcher(void *arg)
         struct batch *b = p->lq[head % POOL_MAX_SLOTS];
         __atomic_store_n(&p->lq_head, head + 1, __ATOMIC_RELEASE);
         const uint64_t t0 = convd_now_ns();
-        b->rc = be_launch(p->backend, b->worker, b->jobs, b->n);
+        const int rc = be_launch(p->backend, b->worker, b->jobs, b->n);
         last = convd_now_ns();
+        b->rc = rc;
         b->launch_ns = last - t0;
+        /* From this store on the batch is the loop's, which may free it: b is not read again. */
         __atomic_store_n(&p->workers[b->worker].launched, 1, __ATOMIC_RELEASE);
-        if (b->rc != 0)
+        if (rc != 0)
             uv_async_send(&p->async); /* nothing in flight to notify about: wake the loop */
     }
 }
