@@ -88,7 +88,8 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
 
 /* Asynchronous backends: starts a thread that makes the backend's launch calls, so that the
  * loop thread goes on taking submissions and posting completions meanwhile. It spins spin_ns
- * after its last launch before it sleeps. Returns 0 or CONVD_EINTERNAL (the loop launches). */
+ * after its last launch before it sleeps. Returns 0, CONVD_EINVAL (not slots, already started,
+ * more than POOL_MAX_SLOTS) or CONVD_EINTERNAL; on failure the loop goes on launching itself. */
 int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns);
 
 /* Index of an idle worker, or -1 when all are busy. */
