@@ -285,10 +285,11 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
              "launches, sockets); the rest it spun or slept.");
     met_sample_f(&o, "convd_loop_busy_seconds_total", NULL, 6, (double)m->loop_busy_ns / 1e9);
     met_head(&o, "convd_loop_seconds_total", "counter",
-             "Time the loop thread spent in each step: taking ring submissions (rings), "
-             "handling finished batches (completions), asking the device whether batches are "
-             "done (query), running libuv (uv); launches made inside rings and completions are "
-             "counted there and in convd_launch_seconds.");
+             "Time the loop thread spent in each step: polling the rings and taking their "
+             "submissions, idle polls included (rings), handling finished batches "
+             "(completions), asking the device whether batches are done (query), running libuv "
+             "(uv); launches made inside rings and completions are counted there and in "
+             "convd_launch_seconds.");
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"rings\"", 6,
                  (double)m->loop_rings_ns / 1e9);
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"completions\"", 6,
