@@ -20,3 +20,9 @@ done
 (cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt lib/libconvd-client.so* \
     python/CTestTestfile.cmake)
 ls -l "$BUILD/pack.tgz"
+# The device tool carries at most 64 MiB; every extra architecture (CONVD_CUDA_ARCH defaults to
+# 80-real;86-real;89-real;90) adds its SASS to each binary.
+if [ "$(stat -c %s "$BUILD/pack.tgz")" -gt $((64 << 20)) ]; then
+    echo "warning: $BUILD/pack.tgz is over 64 MiB, the device tool's carry limit; for the H200" \
+        "configure with -DCONVD_CUDA_ARCH=90" >&2
+fi
