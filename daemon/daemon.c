@@ -663,13 +663,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     rc = dmn_open_backend(d, why, why_len);
     if (rc != 0)
         goto fail;
-    if (be_async(&d->backend))
-        log_notice("backend %s: %s (requested %s), %u slot(s) for batches in flight",
-                   d->backend.info.name, d->backend.info.device, config_backend_name(cfg->backend),
-                   cfg->slots > 0 && cfg->slots < d->backend.info.max_slots
-                       ? cfg->slots
-                       : d->backend.info.max_slots);
-    else
+    if (!be_async(&d->backend))
         log_notice("backend %s: %s (requested %s), %u worker(s)", d->backend.info.name,
                    d->backend.info.device, config_backend_name(cfg->backend),
                    d->backend.info.max_workers);
@@ -688,6 +682,10 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         goto fail;
     }
     d->pool_started = true;
+    if (be_async(&d->backend)) /* after pool_start, which decides how many of the slots serve */
+        log_notice("backend %s: %s (requested %s), %u slot(s) for batches in flight",
+                   d->backend.info.name, d->backend.info.device, config_backend_name(cfg->backend),
+                   d->pool.n);
     if (cfg->launch_threads > 0 && be_async(&d->backend)) {
         if (pool_start_launcher(&d->pool, cfg->spin_us * 1000u) == 0)
             log_notice("batches are launched on a thread of their own");

@@ -326,6 +326,10 @@ finish:
     return res->fatal != 0 ? CTL_EXIT_FAIL : 0;
 }
 
+/* The steps of convd_loop_seconds_total, as the daemon labels them. */
+#define BENCH_STEPS 4
+static const char *const bench_steps[BENCH_STEPS] = {"rings", "completions", "query", "uv"};
+
 /* The daemon's counters and CPU time at one moment. */
 struct bench_snap {
     bool ok;       /* the status was read */
@@ -336,11 +340,8 @@ struct bench_snap {
      * the host time of launches (asynchronous backends), against the daemon's uptime. */
     bool have_loop;
     double uptime_s, loop_busy_s, loop_cpu_s, launch_s;
-    double step_s[4]; /* convd_loop_seconds_total by step, in bench_steps' order */
+    double step_s[BENCH_STEPS]; /* convd_loop_seconds_total by step, in bench_steps' order */
 };
-
-/* The steps of convd_loop_seconds_total, as the daemon labels them. */
-static const char *const bench_steps[4] = {"rings", "completions", "query", "uv"};
 
 /* Totals over the children, and the daemon's counters around the measured window. */
 struct bench_sum {
@@ -399,7 +400,7 @@ static void bench_snap_take(convd_client *c, struct bench_snap *s, bool metrics_
                 if (s->have_loop) {
                     (void)bench_metric(text, "convd_loop_cpu_seconds_total", &s->loop_cpu_s);
                     (void)bench_metric(text, "convd_launch_seconds_sum", &s->launch_s);
-                    for (size_t i = 0; i < 4; i++) {
+                    for (size_t i = 0; i < BENCH_STEPS; i++) {
                         char series[80];
                         snprintf(series, sizeof(series), "convd_loop_seconds_total{step=\"%s\"}",
                                  bench_steps[i]);
@@ -439,10 +440,8 @@ static bool bench_cpu_per_req(const struct bench_sum *s, double *ret_us, uint64_
     return true;
 }
 
-/* The loop thread between the snapshots, as fractions of the daemon's wall time: passes that
- * found work, its own CPU (spinning included), and launching; false when unknown. */
 struct bench_loop_use {
-    double busy, cpu, launch, step[4];
+    double busy, cpu, launch, step[BENCH_STEPS];
 };
 
 /* The loop thread between the snapshots, as fractions of the daemon's wall time: passes that
@@ -457,7 +456,7 @@ static bool bench_loop(const struct bench_sum *s, struct bench_loop_use *u)
     u->busy = (b->loop_busy_s - a->loop_busy_s) / wall;
     u->cpu = (b->loop_cpu_s - a->loop_cpu_s) / wall;
     u->launch = (b->launch_s - a->launch_s) / wall;
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < BENCH_STEPS; i++)
         u->step[i] = (b->step_s[i] - a->step_s[i]) / wall;
     return true;
 }
@@ -794,7 +793,7 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
     ctl_json_num(&j, "loop_busy", have_loop ? u.busy : NAN);
     ctl_json_num(&j, "loop_cpu", have_loop ? u.cpu : NAN);
     ctl_json_num(&j, "loop_launch", have_loop ? u.launch : NAN);
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < BENCH_STEPS; i++) {
         char key[32];
         snprintf(key, sizeof(key), "loop_%s", bench_steps[i]);
         ctl_json_num(&j, key, have_loop ? u.step[i] : NAN);
