@@ -56,9 +56,9 @@ static bool fd_is_gpu_node(const char *target)
     return strncmp(target, "/dev/nvidia", 11) == 0;
 }
 
-/* Counts the open descriptors of pid (0: this process). With `print`, reports each that is not
- * in the last snapshot (or changed target) and each of it that is gone; with `snap`, records them
- * as the new snapshot. */
+/* Counts the open descriptors of pid (0: this process). For this process it also reads their
+ * targets: with `print` it reports each descriptor that is not in the last snapshot (or points
+ * elsewhere) and each snapshot entry that is gone; with `snap` it records them as the snapshot. */
 static int walk_fds_diff(pid_t pid, bool print, bool snap)
 {
     static char now[FD_SNAP][96];
@@ -76,7 +76,7 @@ static int walk_fds_diff(pid_t pid, bool print, bool snap)
             continue;
         n++;
         long fd = strtol(e->d_name, NULL, 10);
-        if (fd >= 0 && fd < FD_SNAP && fd != dirfd(dir)) {
+        if (pid == 0 && fd >= 0 && fd < FD_SNAP && fd != dirfd(dir)) {
             ssize_t len = readlinkat(dirfd(dir), e->d_name, now[fd], sizeof(now[fd]) - 1);
             now[fd][len > 0 ? len : 0] = '\0';
             if (now[fd][0] == '\0')
