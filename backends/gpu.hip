@@ -149,8 +149,7 @@ struct gpu_nvml_util {
     unsigned int gpu, memory; /* nvmlUtilization_t: percent of the last sample period */
 };
 struct gpu_nvml {
-    void *lib; /* NULL: no NVML, no utilisation gauges */
-    gpu_nvml_ret (*shutdown)(void);
+    /* NULL: no NVML, no utilisation gauges */
     gpu_nvml_ret (*utilization)(gpu_nvml_dev, struct gpu_nvml_util *);
     gpu_nvml_dev dev;
 };
@@ -1143,47 +1142,55 @@ static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
 /* ---- gauges ---- */
 
 #ifdef CONVD_GPU_NVIDIA
-/* Opens NVML on our device (found by PCI address, which NVML and the runtime agree on, unlike
- * their ordinals under CUDA_VISIBLE_DEVICES). Any failure leaves it closed: the utilisation
+/* NVML is loaded and initialised once per process and never shut down: every nvmlInit and
+ * nvmlShutdown pair leaves an eventfd open (driver 580, measured with scripts/fdprobe.cu), so a process that
+ * opens the backend again and again (the tests, fault_gpu) would gain a descriptor each time. */
+static struct {
+    pthread_once_t once;
+    gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *);
+    gpu_nvml_ret (*utilization)(gpu_nvml_dev, struct gpu_nvml_util *);
+} gpu_nvml_proc = {PTHREAD_ONCE_INIT, NULL, NULL};
+
+static void gpu_nvml_load(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return;
+    gpu_nvml_ret (*init)(void) = (gpu_nvml_ret(*)(void))dlsym(lib, "nvmlInit_v2");
+    gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *) =
+        (gpu_nvml_ret(*)(const char *, gpu_nvml_dev *))dlsym(lib,
+                                                             "nvmlDeviceGetHandleByPciBusId_v2");
+    gpu_nvml_ret (*util)(gpu_nvml_dev, struct gpu_nvml_util *) =
+        (gpu_nvml_ret(*)(gpu_nvml_dev, struct gpu_nvml_util *))dlsym(
+            lib, "nvmlDeviceGetUtilizationRates");
+    if (!init || !by_bus || !util || init() != 0) {
+        dlclose(lib);
+        return;
+    }
+    gpu_nvml_proc.by_bus = by_bus;
+    gpu_nvml_proc.utilization = util;
+}
+
+/* Finds our device in NVML (by PCI address, which NVML and the runtime agree on, unlike their
+ * ordinals under CUDA_VISIBLE_DEVICES). Any failure leaves ctx without it: the utilisation
  * gauges are then absent, and nothing else depends on them. */
 static void gpu_nvml_open(struct gpu_ctx *ctx)
 {
     struct gpu_nvml *n = &ctx->nvml;
     char bus[32];
+    memset(n, 0, sizeof *n);
     if (hipDeviceGetPCIBusId(bus, (int)sizeof bus, ctx->device) != hipSuccess) {
         (void)hipGetLastError();
         return;
     }
-    n->lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!n->lib)
-        return;
-    gpu_nvml_ret (*init)(void) = (gpu_nvml_ret(*)(void))dlsym(n->lib, "nvmlInit_v2");
-    gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *) =
-        (gpu_nvml_ret(*)(const char *, gpu_nvml_dev *))dlsym(n->lib,
-                                                             "nvmlDeviceGetHandleByPciBusId_v2");
-    n->shutdown = (gpu_nvml_ret(*)(void))dlsym(n->lib, "nvmlShutdown");
-    n->utilization = (gpu_nvml_ret(*)(gpu_nvml_dev, struct gpu_nvml_util *))dlsym(
-        n->lib, "nvmlDeviceGetUtilizationRates");
-    if (!init || !by_bus || !n->shutdown || !n->utilization || init() != 0) {
-        dlclose(n->lib);
-        memset(n, 0, sizeof *n);
-        return;
-    }
-    if (by_bus(bus, &n->dev) != 0) {
-        n->shutdown();
-        dlclose(n->lib);
-        memset(n, 0, sizeof *n);
-    }
+    (void)pthread_once(&gpu_nvml_proc.once, gpu_nvml_load);
+    if (gpu_nvml_proc.by_bus && gpu_nvml_proc.by_bus(bus, &n->dev) == 0)
+        n->utilization = gpu_nvml_proc.utilization;
 }
 
 static void gpu_nvml_close(struct gpu_ctx *ctx)
 {
-    struct gpu_nvml *n = &ctx->nvml;
-    if (n->lib) {
-        n->shutdown();
-        dlclose(n->lib);
-    }
-    memset(n, 0, sizeof *n);
+    memset(&ctx->nvml, 0, sizeof ctx->nvml);
 }
 #endif
 
@@ -1209,7 +1216,7 @@ static int gpu_stats(void *vctx, struct convd_backend_stats *ret)
         ret->staging_bytes += __atomic_load_n(&ctx->slots[i].pool_cap, __ATOMIC_RELAXED);
 #ifdef CONVD_GPU_NVIDIA
     struct gpu_nvml_util u;
-    if (ctx->nvml.lib && ctx->nvml.utilization(ctx->nvml.dev, &u) == 0) {
+    if (ctx->nvml.utilization && ctx->nvml.utilization(ctx->nvml.dev, &u) == 0) {
         ret->has_utilization = true;
         ret->utilization = u.gpu / 100.0;
         ret->memory_utilization = u.memory / 100.0;
