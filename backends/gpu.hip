@@ -22,12 +22,12 @@
  * HIP by hipcc. The daemon never sees this file's types: it talks to it through backend.h.
  *
  * Threading (backend.h): init, destroy, mem_import, mem_release, query, notify and trim run on
- * the daemon's loop thread, launch there or on its launch thread; run_batch runs on up to GPU_WORKERS worker threads at once,
- * worker w on slot w, so everything a batch touches (stream, event, pool, scratch) is per slot
- * and needs no lock. A daemon uses either run_batch or launch/query, never both on one slot at a
- * time. The IPC cache has a lock anyway, because it is cheap and makes the tests' use from
- * several threads safe. A runtime's current device is per thread, so every entry point that
- * calls the runtime sets it first.
+ * the daemon's loop thread, launch there or on its launch thread; run_batch runs on up to
+ * GPU_WORKERS worker threads at once, worker w on slot w, so everything a batch touches (stream,
+ * event, pool, scratch) is per slot and needs no lock. A daemon uses either run_batch or
+ * launch/query, never both on one slot at a time. The IPC cache has a lock anyway, because it is
+ * cheap and makes the tests' use from several threads safe. A runtime's current device is per
+ * thread, so every entry point that calls the runtime sets it first.
  *
  * Errors never abort: a failed runtime call becomes CONVD_EDEVICE (CONVD_ENOMEM for allocations)
  * with the runtime's own sentence. A sticky error (the context is lost: an illegal address, a
@@ -1143,8 +1143,9 @@ static int gpu_warm(struct gpu_ctx *ctx, char *why, size_t why_len)
 
 #ifdef CONVD_GPU_NVIDIA
 /* NVML is loaded and initialised once per process and never shut down: every nvmlInit and
- * nvmlShutdown pair leaves an eventfd open (driver 580, measured with scripts/fdprobe.cu), so a process that
- * opens the backend again and again (the tests, fault_gpu) would gain a descriptor each time. */
+ * nvmlShutdown pair leaves an eventfd open (driver 580, measured with scripts/fdprobe.cu), so a
+ * process that opens the backend again and again (the tests, fault_gpu) would gain a descriptor
+ * each time. */
 static struct {
     pthread_once_t once;
     gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *);
@@ -1160,9 +1161,8 @@ static void gpu_nvml_load(void)
     gpu_nvml_ret (*by_bus)(const char *, gpu_nvml_dev *) =
         (gpu_nvml_ret(*)(const char *, gpu_nvml_dev *))dlsym(lib,
                                                              "nvmlDeviceGetHandleByPciBusId_v2");
-    gpu_nvml_ret (*util)(gpu_nvml_dev, struct gpu_nvml_util *) =
-        (gpu_nvml_ret(*)(gpu_nvml_dev, struct gpu_nvml_util *))dlsym(
-            lib, "nvmlDeviceGetUtilizationRates");
+    gpu_nvml_ret (*util)(gpu_nvml_dev, struct gpu_nvml_util *) = (gpu_nvml_ret(*)(
+        gpu_nvml_dev, struct gpu_nvml_util *))dlsym(lib, "nvmlDeviceGetUtilizationRates");
     if (!init || !by_bus || !util || init() != 0) {
         dlclose(lib);
         return;
