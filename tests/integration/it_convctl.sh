@@ -339,11 +339,11 @@ wait "$pid" || rc=$?
 pid=""
 if [[ $rc -eq 0 ]]; then ok "convd exits 0 on SIGTERM"; else bad "convd exited $rc on SIGTERM"; fi
 
-# The null backend, with and without the launch thread (launch_threads = 1: the backend's launch
-# calls on a thread beside the loop) and with fewer slots: every request of a bench completes,
+# The null backend, with and without the launch thread (launch_threads = 1, the default on 8 or
+# more CPUs: the backend's launch calls on a thread beside the loop) and with fewer slots: every request of a bench completes,
 # none fails, the loop's accounting is reported, and the daemon exits 0 on SIGTERM (the thread
 # stops).
-for args in "--slots 2" "--launch-threads 1" "--launch-threads 1 --slots 1"; do
+for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1"; do
     nsock=$tmp/null.sock
     # shellcheck disable=SC2086
     "$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 $args \
@@ -363,7 +363,7 @@ for args in "--slots 2" "--launch-threads 1" "--launch-threads 1 --slots 1"; do
         bad "null backend ($args): bench exit $rc"
         printf '%s\n' "$out" | sed 's/^/       /'
     fi
-    if [[ $args == *launch-threads* ]] && ! grep -q "launched on a thread of their own" "$tmp/null.log"; then
+    if [[ $args == *launch-threads\ 1* ]] && ! grep -q "launched on a thread of their own" "$tmp/null.log"; then
         bad "null backend ($args): the daemon did not say it started the launch thread"
         sed 's/^/       /' "$tmp/null.log"
     fi

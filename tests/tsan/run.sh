@@ -28,7 +28,7 @@ cmake --build "$build" --target convd convctl --parallel "$(nproc)" > "$tmp/buil
 export TSAN_OPTIONS="halt_on_error=0 exitcode=66"
 ctl() { "$build/bin/convctl" --socket "$tmp/s.sock" --timeout 120000 "$@"; }
 failed=0
-for args in "--backend null" "--backend null --launch-threads 1" \
+for args in "--backend null --launch-threads 0" "--backend null --launch-threads 1" \
     "--backend null --launch-threads 1 --slots 1" "--backend cpu --threads 2"; do
     rm -f "$tmp/s.sock"
     # shellcheck disable=SC2086
