@@ -4,8 +4,6 @@
 #
 #   bench/python/models-h200.sh OUTDIR
 #
-# Written on the CPU build machine; not yet run on the GPU machine.
-#
 # Takes a GPU build folder made on a build machine ($BUILD, default build-gpu, prepared as
 # bench/serving/gpu-env.sh does: BUILD/pack.tgz unpacked, .deps/*.deb for libuv and protobuf-c)
 # and python3 with torch and torchvision (torch 2.11 / torchvision 0.26 there). Then:
@@ -17,15 +15,18 @@
 #      with convd.torch.patch, GPU tensors, batch 1;
 #   b. the plain models, P = 1, 4, 16 processes alone (time-sliced);
 #   c. the plain models under MPS (a private control daemon started and stopped here), P = 1,
-#      4, 16.
+#      4, 16;
+#   d. convd again, started under that MPS with its clients: the clients' own GPU work (all but
+#      the convolutions) no longer takes turns with the daemon's in time slices.
 # Each row: images/s of all processes together, the latency of one forward p50/p99/p99.9.
 # Writes to OUTDIR: models.log (this script's trace), nvidia-smi.txt, daemon.log,
-# daemon-status.txt, daemon-metrics.txt, pytest-gpu.log, models.jsonl, mps-log/ and models.md
+# daemon-status.txt, daemon-metrics-{convd,convd-mps}.txt, pytest-gpu.log, models.jsonl, mps-log/ and models.md
 # (the table, printed last, with the convd / MPS ratio per model and P).
 #
 # Environment: BUILD; DTYPE (fp16, bf16 or fp32; default fp16); SECONDS_PER_ROW (measured
 # seconds per model and row, default 2); WARMUP (default 1); MODELS (comma-separated, default
-# the four); PROCS (default "1 4 16"); TESTS=0 skips step 0; MPS=0 skips c.
+# the four); PROCS (default "1 4 16"); TESTS=0 skips step 0; PHASES (default
+# "convd plain mps convd-mps") picks the rows: a, b, c and d.
 set -uo pipefail
 
 OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}
@@ -35,6 +36,7 @@ ROW_SECONDS=${SECONDS_PER_ROW:-2}
 WARMUP=${WARMUP:-1}
 MODELS=${MODELS:-resnext50_32x4d,regnet_y_400mf,mobilenet_v3_small,convnext_tiny}
 PROCS=${PROCS:-1 4 16}
+PHASES=${PHASES:-convd plain mps convd-mps}
 here=bench/python
 [ -f "$here/models.py" ] || { echo "run from the repository root"; exit 2; }
 mkdir -p "$OUT"
@@ -104,41 +106,68 @@ for line in open(sys.argv[1]):
 n_models=$(echo "$MODELS" | tr ',' '\n' | grep -c .)
 limit_for() { echo $((60 + 3 * $1 + n_models * (WARMUP + ROW_SECONDS + 30))); }
 
-step "convd on the GPU (not under MPS)"
-env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY \
+# Starts convd on the GPU on $sock with the environment as it is (under MPS once mps_start has
+# run). Returns non-zero, with the log's tail, when it does not answer.
+convd_start() {
     # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
     # shellcheck disable=SC2086
     "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
-        >"$OUT/daemon.log" 2>&1 &
-dpid=$!
-for _ in $(seq 1 240); do
-    "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break
-    kill -0 "$dpid" 2>/dev/null || break
-    sleep 0.25
-done
-if "$BUILD/bin/convctl" --socket "$sock" status >"$OUT/daemon-status.txt" 2>&1; then
-    cat "$OUT/daemon-status.txt"
-    for p in $PROCS; do row convd convd "$p" "$(limit_for "$p")" --socket "$sock"; done
-    "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/daemon-metrics.txt" 2>&1
-else
-    echo "convd did not start on the GPU: no convd rows. Its log:"
+        >>"$OUT/daemon.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 1 240); do
+        "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break
+        kill -0 "$dpid" 2>/dev/null || break
+        sleep 0.25
+    done
+    if "$BUILD/bin/convctl" --socket "$sock" status >>"$OUT/daemon-status.txt" 2>&1; then
+        tail -12 "$OUT/daemon-status.txt"
+        return 0
+    fi
+    echo "convd did not start on the GPU: no rows. Its log:"
     tail -20 "$OUT/daemon.log"
-fi
-if [ -n "$dpid" ]; then
+    return 1
+}
+# Stops it, keeping its metrics in $OUT/daemon-metrics-LABEL.txt.
+convd_stop() {
+    "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/daemon-metrics-$1.txt" 2>&1
     kill -TERM "$dpid" 2>/dev/null
-    drc=0
+    local drc=0
     wait "$dpid" || drc=$?
     dpid=""
     echo "daemon exit after SIGTERM: $drc (log: daemon.log)"
+}
+want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+
+if want convd; then
+    step "convd on the GPU (not under MPS)"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    if convd_start; then
+        for p in $PROCS; do row convd convd "$p" "$(limit_for "$p")" --socket "$sock"; done
+        convd_stop convd
+    fi
 fi
 
-step "plain PyTorch processes alone (time-sliced)"
-for p in $PROCS; do row plain plain "$p" "$(limit_for "$p")"; done
+if want plain; then
+    step "plain PyTorch processes alone (time-sliced)"
+    for p in $PROCS; do row plain plain "$p" "$(limit_for "$p")"; done
+fi
 
-if [ "${MPS:-1}" = 1 ]; then
-    step "plain PyTorch processes under MPS"
+if want mps || want convd-mps; then
     if mps_start; then
-        for p in $PROCS; do row plain mps "$p" "$(limit_for "$p")"; done
+        if want mps; then
+            step "plain PyTorch processes under MPS"
+            for p in $PROCS; do row plain mps "$p" "$(limit_for "$p")"; done
+        fi
+        # The daemon and its clients are all MPS clients: the clients' own kernels (batch
+        # norm, activations, additions) and the daemon's run side by side instead of taking
+        # turns in time slices.
+        if want convd-mps; then
+            step "convd on the GPU under MPS, its clients too"
+            if convd_start; then
+                for p in $PROCS; do row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"; done
+                convd_stop convd-mps
+            fi
+        fi
         mps_stop
     else
         echo "no MPS rows"
