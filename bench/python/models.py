@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Whole models end to end: P processes on one GPU, each running torchvision models at batch 1,
 plain PyTorch or patched through convd with GPU tensors (bench/python/models-h200.sh runs it
-alone, under MPS, and against a convd daemon). Written on the CPU build machine; not yet run on
-the GPU machine.
+alone, under MPS, and against a convd daemon, outside and inside MPS; results in
+docs/benchmarks.md, "Whole models").
 
     models.py --mode convd|plain --procs P [--models resnext50_32x4d,regnet_y_400mf,...]
               [--dtype fp16] [--seconds 2] [--warmup 1] [--socket PATH] [--label mps]
