@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Whole models through convd on one GPU, in one go (about 6 to 8 minutes). Run from the
+# Whole models through convd on one GPU, in one go (about 8 to 10 minutes with every phase). Run from the
 # repository root on the GPU machine:
 #
 #   bench/python/models-h200.sh OUTDIR
@@ -20,8 +20,8 @@
 #      the convolutions) no longer takes turns with the daemon's in time slices.
 # Each row: images/s of all processes together, the latency of one forward p50/p99/p99.9.
 # Writes to OUTDIR: models.log (this script's trace), nvidia-smi.txt, daemon.log,
-# daemon-status.txt, daemon-metrics-{convd,convd-mps}.txt, pytest-gpu.log, models.jsonl, mps-log/ and models.md
-# (the table, printed last, with the convd / MPS ratio per model and P).
+# daemon-status.txt, daemon-metrics-{convd,convd-mps}.txt, pytest-gpu.log, models.jsonl,
+# mps-log/ and models.md (the table, printed last, with each convd mode's ratio to MPS).
 #
 # Environment: BUILD; DTYPE (fp16, bf16 or fp32; default fp16); SECONDS_PER_ROW (measured
 # seconds per model and row, default 2); WARMUP (default 1); MODELS (comma-separated, default
@@ -125,6 +125,9 @@ convd_start() {
     fi
     echo "convd did not start on the GPU: no rows. Its log:"
     tail -20 "$OUT/daemon.log"
+    kill -KILL "$dpid" 2>/dev/null
+    wait "$dpid" 2>/dev/null
+    dpid=""
     return 1
 }
 # Stops it, keeping its metrics in $OUT/daemon-metrics-LABEL.txt.
