@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Whole models through convd on one GPU, in one go (about 8 to 10 minutes with every phase). Run from the
-# repository root on the GPU machine:
+# Whole models through convd on one GPU, in one go (about 8 to 10 minutes with every phase).
+# Run from the repository root on the GPU machine:
 #
 #   bench/python/models-h200.sh OUTDIR
 #
