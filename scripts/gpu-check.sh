@@ -16,6 +16,9 @@
 #   sass-summary.txt   per kernel: HMMA, LDSM, LDGSTS, 16-byte global loads/stores, local memory
 #   bench.md/.csv      convd-bench-kernels against cuDNN on $SHAPES (default bench/shapes.csv;
 #                      bench/shapes-extra.csv holds shapes not in it), $BENCH_ARGS added
+#   bench-vs-base.md   with $BUILD/bin/convd-bench-kernels-base (scripts/build-base-bench.sh):
+#                      that build's kernel times on the same shapes, and ours row by row against
+#                      them (bench-base.md/.csv its own output)
 #   torch-check.log    PyTorch's conv2d against the daemon (fixed, random and $SHAPES problems)
 #   check.log          this script's own trace
 set -uo pipefail
@@ -82,6 +85,21 @@ step "kernel benchmark"
 bench_rc=$?
 cat "$OUT/bench.err" >>"$OUT/bench.md"
 rm -f "$OUT/bench.err"
+
+# Another build's kernels on the same device in the same call (scripts/build-base-bench.sh puts
+# one at $BUILD/bin/convd-bench-kernels-base): our times row by row against it, for changes that
+# must not make any row slower. Its cuDNN is not run again.
+base_rc=0
+if [ -x "$BUILD/bin/convd-bench-kernels-base" ]; then
+    step "kernel benchmark of the base build"
+    # shellcheck disable=SC2086
+    "$BUILD/bin/convd-bench-kernels-base" --shapes "$SHAPES" --csv-out "$OUT/bench-base.csv" \
+        --no-cudnn ${BENCH_ARGS:-} >"$OUT/bench-base.md" 2>&1
+    python3 bench/gpu/report.py "$OUT/bench.csv" --against "$OUT/bench-base.csv" \
+        >"$OUT/bench-vs-base.md" 2>&1
+    base_rc=$?
+    tail -3 "$OUT/bench-vs-base.md"
+fi
 
 # Optional (PROFILE=1): Nsight Compute on one kernel of each family, into profile.txt.
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
@@ -164,6 +182,8 @@ exec 1>&3
 [ -f "$OUT/gpu-tests.log" ] &&
     echo "tests: $(grep -E 'tests passed|tests failed' "$OUT/gpu-tests.log" | tail -1) (rc $tests_rc)"
 echo "bench rc $bench_rc (1 = some output differed from cuDNN's)"
+[ -f "$OUT/bench-vs-base.md" ] &&
+    echo "against the base build: rc $base_rc (1 = a row more than 3% slower, or rows differ); $(grep -E '^[0-9]+ rows' "$OUT/bench-vs-base.md")"
 echo "daemon rc $daemon_rc (verify, torch-check, bench, clean exit)"
 [ -f "$OUT/daemon-bench.md" ] && cat "$OUT/daemon-bench.md"
 sed -n '/^Ceilings/,$p' "$OUT/bench.md"

@@ -6,7 +6,7 @@
 #   scripts/pack-gpu-build.sh [BUILD]      (default build-gpu)
 set -euo pipefail
 BUILD=${1:-build-gpu}
-keep="convd convctl test_gpu_kernels test_gpu_backend test_gpu_daemon fault_gpu convd-bench-kernels convd-bench-launch convd-routes"
+keep="convd convctl test_gpu_kernels test_gpu_backend test_gpu_daemon fault_gpu convd-bench-kernels convd-bench-launch convd-routes convd-bench-kernels-base"
 mkdir -p "$BUILD/hostbin"
 for f in "$BUILD"/bin/*; do
     name=$(basename "$f")

@@ -2,6 +2,7 @@
 """Markdown tables for docs/benchmarks.md from one convd-bench-kernels CSV.
 
     bench/gpu/report.py RUN.csv [--baseline cudnn-h200-baseline.md]
+    bench/gpu/report.py RUN.csv --against BASE.csv [--tolerance 0.03]
 
 Prints the per-row table (ours, the same run's cuDNN, and, when the baseline file is given, the
 PyTorch-cuDNN time of that file with the ratio against it) and the per dtype/layout summary:
@@ -10,6 +11,11 @@ geometric mean of the speedups, median fraction of the roofline, and the grouped
 CSVs written before it existed the shapes CSVs' groups, --shapes, by default bench/shapes.csv and
 bench/shapes-extra.csv) are left out of the "slower" lists, as the issue's targets treat them
 separately, and listed after the table.
+
+With --against, it compares our kernel times instead, row by row, with another run's CSV (another
+build on the same device in the same call: scripts/gpu-check.sh's bench-base.csv): each row's
+time over the base's, their median and range, and the rows more than --tolerance slower. It exits
+1 when a row is, or when the two runs have different rows or outputs that differ from cuDNN's.
 """
 import argparse
 import csv
@@ -57,13 +63,52 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def against(rows, base_path, tolerance):
+    """Our times in rows against those of another run; 0 when no row is slower than tolerance."""
+    key = lambda r: (r["shape"], r["dtype"], r["layout"])  # noqa: E731
+    base = {key(r): r for r in csv.DictReader(open(base_path, encoding="utf-8"))}
+    print("| shape | dtype | layout | kernel | base kernel | ours us | base us | ours / base |")
+    print("|---|---|---|---|---|---:|---:|---:|")
+    ratios, slower, missing, wrong = [], [], [], []
+    for r in rows:
+        b = base.pop(key(r), None)
+        if b is None:
+            missing.append(" ".join(key(r)))
+            continue
+        ours, theirs = float(r["ours_us"]), float(b["ours_us"])
+        ratio = ours / theirs
+        ratios.append(ratio)
+        if ratio > 1 + tolerance:
+            slower.append(f"{' '.join(key(r))} ({ratio:.3f})")
+        if r["ok"] != "1" or b["ok"] != "1":
+            wrong.append(" ".join(key(r)))
+        print(f"| {r['shape']} | {r['dtype']} | {r['layout']} | {r['kernel']} | {b['kernel']} | "
+              f"{ours:.1f} | {theirs:.1f} | {ratio:.3f} |")
+    missing += [" ".join(k) + " (base only)" for k in base]
+    print()
+    if ratios:
+        print(f"{len(ratios)} rows: ours / base median {statistics.median(ratios):.3f}, "
+              f"range {min(ratios):.3f}-{max(ratios):.3f}; more than {tolerance:.0%} slower: "
+              f"{', '.join(slower) or 'none'}")
+    if missing:
+        print("Rows in one run only: " + ", ".join(missing))
+    if wrong:
+        print("Outputs that differ from cuDNN's: " + ", ".join(wrong))
+    return 1 if slower or missing or wrong or not ratios else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--baseline")
+    ap.add_argument("--against", metavar="BASE_CSV", help="compare our times with another run's")
+    ap.add_argument("--tolerance", type=float, default=0.03,
+                    help="with --against: how much slower a row may be (default 0.03)")
     ap.add_argument("--shapes", action="append", help="shapes CSV for the groups of each shape")
     args = ap.parse_args()
     rows = list(csv.DictReader(open(args.csv, encoding="utf-8")))
+    if args.against:
+        raise SystemExit(against(rows, args.against, args.tolerance))
     base = load_baseline(args.baseline) if args.baseline else {}
     groups = load_groups(args.shapes or DEFAULT_SHAPES)
 
