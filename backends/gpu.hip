@@ -1324,10 +1324,21 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
 #else
         snprintf(arch, sizeof arch, "sm_%d%d", prop.major, prop.minor);
 #endif
+        /* Clients that compute on the GPU themselves share it with the daemon without time
+         * slicing only under MPS (docs/operations.md): say where operators look whether the
+         * daemon is an MPS client. */
+        const char *mps = "";
+#ifdef CONVD_GPU_NVIDIA
+        const cudaDeviceAttr mps_attr = (cudaDeviceAttr)133; /* cudaDevAttrMpsEnabled */
+        int mps_on = 0;
+        if (cudaDeviceGetAttribute(&mps_on, mps_attr, dev) == cudaSuccess && mps_on)
+            mps = " under MPS";
+        (void)cudaGetLastError(); /* drivers older than the attribute refuse it */
+#endif
         memset(info, 0, sizeof *info);
         snprintf(info->name, sizeof info->name, "gpu");
-        snprintf(info->device, sizeof info->device, "%.80s (%.16s, %d SMs, %llu GiB)", prop.name,
-                 arch, prop.multiProcessorCount, (unsigned long long)(mem_total >> 30));
+        snprintf(info->device, sizeof info->device, "%.60s (%.12s, %d SMs, %u GiB)%s", prop.name,
+                 arch, prop.multiProcessorCount, (unsigned)(mem_total >> 30), mps);
         info->max_workers = GPU_WORKERS;
         info->max_slots = GPU_SLOTS;
     }

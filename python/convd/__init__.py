@@ -15,7 +15,7 @@ torch is optional. docs/python.md in the convd sources describes the package in 
 from __future__ import annotations
 
 from convd import _lib
-from convd._errors import Code, Error
+from convd._errors import Code, Error, PerformanceWarning
 from convd._lib import LibraryError
 
 # Load the library now, so that a library whose structs differ from this package's mirrors
@@ -28,7 +28,10 @@ except _lib.LibraryNotFound:
 
 __version__ = "0.1.0"
 
-__all__ = ["connect", "Client", "Future", "Error", "Code", "LibraryError", "library_path"]
+__all__ = [
+    "connect", "Client", "Future", "Error", "Code", "LibraryError", "PerformanceWarning",
+    "library_path",
+]
 
 
 def connect(socket=None, **options):

@@ -25,9 +25,12 @@ on that stream afterwards sees it.
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
+import warnings
 from ctypes import POINTER, byref, c_int, c_uint, c_uint64, c_void_p
 
-from convd._errors import Error
+from convd._errors import Error, PerformanceWarning
 
 _ATTR_BUFFER_ID = 7
 _ATTR_DEVICE_ORDINAL = 9
@@ -35,6 +38,16 @@ _ATTR_IS_LEGACY_IPC_CAPABLE = 10
 _ATTR_RANGE_START_ADDR = 11
 _ATTR_RANGE_SIZE = 12
 _ELIMIT = -14
+_DEV_ATTR_MPS_ENABLED = 133  # CU_DEVICE_ATTRIBUTE_MPS_ENABLED
+
+
+_NOT_MPS = (
+    "this process is not an MPS client (no NVIDIA MPS control daemon serves it), so the GPU "
+    "switches between this process's CUDA context and the daemon's at every convolution: "
+    "about 0.6 ms each on an H100 (docs/benchmarks.md, 'Whole models'). Run the daemon and "
+    "this process under one MPS, as one user (docs/operations.md, 'Clients that use the GPU "
+    "too')."
+)
 
 
 class _Driver:
@@ -63,6 +76,10 @@ class _Driver:
         self.pop = getattr(lib, "cuCtxPopCurrent_v2", None) or lib.cuCtxPopCurrent
         self.pop.argtypes = [POINTER(c_void_p)]
         lib.cuGetErrorString.argtypes = [c_int, POINTER(ctypes.c_char_p)]
+        lib.cuDeviceGet.argtypes = [POINTER(c_int), c_int]
+        lib.cuDeviceGet.restype = c_int
+        lib.cuDeviceGetAttribute.argtypes = [POINTER(c_int), c_int, c_int]
+        lib.cuDeviceGetAttribute.restype = c_int
         # The attribute query, built once: buffer id, device, IPC capability, start, size.
         self.bid = c_uint64()
         self.ordinal = c_int()
@@ -95,6 +112,16 @@ class _Driver:
         if rc != 0:
             raise Error("EINVAL", f"the CUDA driver does not know pointer {ptr:#x}: {self.errstr(rc)}")
         return self.bid.value, self.ordinal.value, self.ipc_ok.value, self.start.value, self.size.value
+
+    def mps_enabled(self, device: int):
+        """Whether this process's contexts on the device are MPS clients; None when the driver
+        cannot say (older than the attribute)."""
+        dev, v = c_int(), c_int()
+        if self.lib.cuDeviceGet(byref(dev), device) != 0:
+            return None
+        if self.lib.cuDeviceGetAttribute(byref(v), _DEV_ATTR_MPS_ENABLED, dev) != 0:
+            return None
+        return bool(v.value)
 
     def buffer_id(self, ptr: int):
         """The buffer id at ptr now, or None when nothing is allocated there."""
@@ -164,6 +191,15 @@ class Segment:
         self.used = 0
 
 
+def _outside_level() -> int:
+    """warnings.warn's stacklevel for the first caller outside this package."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    f, level = sys._getframe(1), 1
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(pkg + os.sep):
+        f, level = f.f_back, level + 1
+    return level
+
+
 class CudaRegions:
     """The client's registrations of CUDA allocations. Used under the client's lock."""
 
@@ -172,6 +208,7 @@ class CudaRegions:
         self.drv = driver()
         self.by_bid: dict[int, Segment] = {}
         self.clock = 0
+        self.mps_checked: set[int] = set()
 
     def locate(self, ptr: int, nbytes: int) -> tuple[Segment, int]:
         """The registered allocation that holds [ptr, ptr + nbytes), registering it if needed,
@@ -188,6 +225,10 @@ class CudaRegions:
                     "backend:cudaMallocAsync for the tensors given to convd",
                 )
             seg = self._register(bid, dev, base, size)
+            if dev not in self.mps_checked:
+                self.mps_checked.add(dev)
+                if self.drv.mps_enabled(dev) is False:
+                    warnings.warn(_NOT_MPS, PerformanceWarning, stacklevel=_outside_level())
         if ptr + nbytes > seg.base + seg.size:
             raise Error(
                 "EBOUNDS",

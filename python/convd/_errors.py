@@ -34,6 +34,10 @@ class Code(str):
     __hash__ = str.__hash__
 
 
+class PerformanceWarning(UserWarning):
+    """convd works, but slower than it could: the sentence says why and what to change."""
+
+
 def code_of(status: int | str) -> Code:
     if isinstance(status, str):
         name = status[6:] if status.startswith("CONVD_") else status

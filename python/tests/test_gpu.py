@@ -1,5 +1,5 @@
 """CUDA tensors through a GPU daemon: skipped unless torch sees a CUDA device and $CONVD_DAEMON
-is a GPU build. Written on the CPU build machine; not yet run on the GPU machine.
+is a GPU build (scripts/gpu-check.sh runs them on the GPU machine).
 
 - random problems in every dtype and layout against F.conv2d in float64, outputs poisoned;
 - the registration of an allocation is made once and reused (no round trip per call), and let go
@@ -7,6 +7,7 @@ is a GPU build. Written on the CPU build machine; not yet run on the GPU machine
 - the stream rule: a producer kernel queued right before the call (behind a long sleep on the
   stream) is waited for, on the default and on a side stream, for conv2d and submit; a consumer
   queued right after the call sees the output;
+- a process that is not an MPS client is told so once per client, with what to change;
 - the four torchvision models patched against unpatched on the GPU, fp32 (TF32 off on both
   sides) within 1e-4, and fp16 and bf16 no further from the fp32 output than PyTorch's own
   half-precision run is (twice its error, plus 1e-3).
@@ -157,6 +158,34 @@ def test_registration_is_per_allocation_and_reused(gclient):
         del x, y
     assert metric(gclient, "convd_regions_registered_total") == registered
     assert len(gclient._cuda) == segments
+
+
+def test_a_process_outside_mps_is_told_once(gpu_daemon):
+    """The first CUDA tensor a client registers checks whether this process is an MPS client;
+    when it is not, one PerformanceWarning says what that costs and what to change."""
+    import warnings
+
+    from convd._cuda import driver
+
+    dev = torch.device("cuda")
+    mps = driver().mps_enabled(torch.cuda.current_device())
+    c = gpu_daemon.connect()
+    try:
+        w = torch.randn(16, 4, 3, 3, device=dev)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c.conv2d(torch.randn(1, 16, 8, 8, device=dev), w, groups=4)
+            # 64 MiB: a new allocation to register, on the same device: no second warning.
+            c.conv2d(torch.randn(1, 16, 1024, 1024, device=dev), w, groups=4)
+        ours = [x for x in caught if issubclass(x.category, convd.PerformanceWarning)]
+        if mps is False:
+            assert len(ours) == 1, [str(x.message) for x in caught]
+            assert "not an MPS client" in str(ours[0].message)
+            assert ours[0].filename == __file__  # pointed at the caller, not the package
+        else:
+            assert ours == [], "an MPS client (or a driver that cannot say) was warned"
+    finally:
+        c.close()
 
 
 def test_freed_allocation_is_unregistered(gclient):
