@@ -18,6 +18,8 @@
 #      4, 16;
 #   d. convd again, started under that MPS with its clients: the clients' own GPU work (all but
 #      the convolutions) no longer takes turns with the daemon's in time slices.
+# After the model rows of a and d, bench/python/cuda_call.py splits one convolution's time in
+# that setting (cuda-call-convd.md, cuda-call-convd-mps.md).
 # Each row: images/s of all processes together, the latency of one forward p50/p99/p99.9.
 # Writes to OUTDIR: models.log (this script's trace), nvidia-smi.txt, daemon.log,
 # daemon-status.txt, daemon-metrics-{convd,convd-mps}.txt, pytest-gpu.log, models.jsonl,
@@ -139,6 +141,13 @@ convd_stop() {
     dpid=""
     echo "daemon exit after SIGTERM: $drc (log: daemon.log)"
 }
+# One convolution's time split (bench/python/cuda_call.py), into $OUT/cuda-call-LABEL.md.
+calls() {
+    echo "one call, split (cuda_call.py, $1):"
+    timeout 180 python3 "$here/cuda_call.py" --socket "$sock" --json "$OUT/cuda-call-$1.jsonl" \
+        >"$OUT/cuda-call-$1.md" 2>>"$OUT/models-stderr.log"
+    cat "$OUT/cuda-call-$1.md"
+}
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 
 if want convd; then
@@ -146,6 +155,7 @@ if want convd; then
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     if convd_start; then
         for p in $PROCS; do row convd convd "$p" "$(limit_for "$p")" --socket "$sock"; done
+        calls convd
         convd_stop convd
     fi
 fi
@@ -168,6 +178,7 @@ if want mps || want convd-mps; then
             step "convd on the GPU under MPS, its clients too"
             if convd_start; then
                 for p in $PROCS; do row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"; done
+                calls convd-mps
                 convd_stop convd-mps
             fi
         fi
