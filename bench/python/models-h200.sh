@@ -108,39 +108,6 @@ for line in open(sys.argv[1]):
 n_models=$(echo "$MODELS" | tr ',' '\n' | grep -c .)
 limit_for() { echo $((60 + 3 * $1 + n_models * (WARMUP + ROW_SECONDS + 30))); }
 
-# Starts convd on the GPU on $sock with the environment as it is (under MPS once mps_start has
-# run). Returns non-zero, with the log's tail, when it does not answer.
-convd_start() {
-    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
-    # shellcheck disable=SC2086
-    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
-        >>"$OUT/daemon.log" 2>&1 &
-    dpid=$!
-    for _ in $(seq 1 240); do
-        "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.25
-    done
-    if "$BUILD/bin/convctl" --socket "$sock" status >>"$OUT/daemon-status.txt" 2>&1; then
-        tail -12 "$OUT/daemon-status.txt"
-        return 0
-    fi
-    echo "convd did not start on the GPU: no rows. Its log:"
-    tail -20 "$OUT/daemon.log"
-    kill -KILL "$dpid" 2>/dev/null
-    wait "$dpid" 2>/dev/null
-    dpid=""
-    return 1
-}
-# Stops it, keeping its metrics in $OUT/daemon-metrics-LABEL.txt.
-convd_stop() {
-    "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/daemon-metrics-$1.txt" 2>&1
-    kill -TERM "$dpid" 2>/dev/null
-    local drc=0
-    wait "$dpid" || drc=$?
-    dpid=""
-    echo "daemon exit after SIGTERM: $drc (log: daemon.log)"
-}
 # One convolution's time split (bench/python/cuda_call.py), into $OUT/cuda-call-LABEL.md.
 calls() {
     echo "one call, split (cuda_call.py, $1):"
@@ -156,7 +123,7 @@ if want convd; then
     if convd_start; then
         for p in $PROCS; do row convd convd "$p" "$(limit_for "$p")" --socket "$sock"; done
         calls convd
-        convd_stop convd
+        convd_stop daemon-metrics-convd.txt
     fi
 fi
 
@@ -179,7 +146,7 @@ if want mps || want convd-mps; then
             if convd_start; then
                 for p in $PROCS; do row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"; done
                 calls convd-mps
-                convd_stop convd-mps
+                convd_stop daemon-metrics-convd-mps.txt
             fi
         fi
         mps_stop

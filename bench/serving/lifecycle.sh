@@ -1,8 +1,47 @@
-# shellcheck shell=bash disable=SC2154 # tmp, OUT and dpid are the sourcing script's
+# shellcheck shell=bash disable=SC2154 # tmp, OUT, BUILD, sock and dpid are the sourcing script's
 # The pieces the GPU-machine benchmark scripts share (bench/serving/serving-h200.sh,
-# bench/python/models-h200.sh): an MPS control daemon with private pipe and log folders, started
-# and stopped around the rows that need it, and a cleanup that leaves nothing running. Sourced;
-# the script sets tmp (its scratch folder), OUT (where logs go) and dpid (its convd, or "").
+# bench/python/models-h200.sh): convd on the GPU started and stopped, an MPS control daemon with
+# private pipe and log folders, started and stopped around the rows that need it, and a cleanup
+# that leaves nothing running. Sourced; the script sets tmp (its scratch folder), OUT (where logs
+# go), BUILD, sock (the daemon's socket) and dpid (its convd, or "").
+
+# Starts convd on the GPU on $sock, DAEMON_ARGS added, with the environment as it is (an MPS
+# client once mps_start has run), logging to $OUT/daemon.log and its status to
+# $OUT/daemon-status.txt. Returns non-zero, with the log's tail, when it does not answer; the
+# daemon is then stopped.
+convd_start() {
+    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
+    # shellcheck disable=SC2086
+    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
+        >>"$OUT/daemon.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 1 240); do
+        "$BUILD/bin/convctl" --socket "$sock" ping >/dev/null 2>&1 && break
+        kill -0 "$dpid" 2>/dev/null || break
+        sleep 0.25
+    done
+    if "$BUILD/bin/convctl" --socket "$sock" status >>"$OUT/daemon-status.txt" 2>&1; then
+        tail -12 "$OUT/daemon-status.txt"
+        return 0
+    fi
+    echo "convd did not start on the GPU: no rows. Its log:"
+    tail -20 "$OUT/daemon.log"
+    kill -KILL "$dpid" 2>/dev/null
+    wait "$dpid" 2>/dev/null
+    dpid=""
+    return 1
+}
+
+# Stops the daemon convd_start started (SIGTERM, then its exit status), keeping its metrics in
+# $OUT/FILE.
+convd_stop() {
+    "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/$1" 2>&1
+    kill -TERM "$dpid" 2>/dev/null
+    local drc=0
+    wait "$dpid" || drc=$?
+    dpid=""
+    echo "daemon exit after SIGTERM: $drc (log: daemon.log)"
+}
 
 mps_on=0
 

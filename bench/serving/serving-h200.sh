@@ -66,25 +66,9 @@ shape=(--shape latency_b1_resnext --csv bench/shapes.csv --dtype fp16 --layout n
 
 step "convd on the GPU (not under MPS)"
 # MPS is not running yet; the variables are dropped anyway so the daemon never becomes a client.
-env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY \
-    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
-    # shellcheck disable=SC2086
-    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
-        >"$OUT/daemon.log" 2>&1 &
-dpid=$!
-for _ in $(seq 1 240); do
-    ctl ping >/dev/null 2>&1 && break
-    kill -0 "$dpid" 2>/dev/null || break
-    sleep 0.25
-done
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 daemon_up=0
-if ctl status >"$OUT/daemon-status.txt" 2>&1; then
-    daemon_up=1
-    cat "$OUT/daemon-status.txt"
-else
-    echo "convd did not start on the GPU: no convd rows. Its log:"
-    tail -20 "$OUT/daemon.log"
-fi
+convd_start && daemon_up=1
 
 # A JSON row for a convctl bench that printed none (it stopped before measuring): MEMORY CLIENTS
 # DEPTH EXIT ERRFILE; the error is the last line convctl wrote on stderr.
@@ -135,13 +119,8 @@ if [ "$daemon_up" = 1 ]; then
     cat "$tmp/err" >>"$OUT/convd-bench.log"
     [ -n "$line" ] || line=$(error_row gpu 4 2 "$rc" "$tmp/err")
     printf '%s\n' "$line" | tee "$OUT/daemon-n32.jsonl"
-    ctl metrics >"$OUT/daemon-metrics.txt" 2>&1
+    convd_stop daemon-metrics.txt
 fi
-kill -TERM "$dpid" 2>/dev/null
-drc=0
-wait "$dpid" || drc=$?
-dpid=""
-echo "daemon exit after SIGTERM: $drc (log: daemon.log)"
 
 # d. Pinned copy bandwidth at one request's sizes (the host rows' input and output bytes).
 if [ "$have_torch" = 1 ]; then
