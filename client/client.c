@@ -127,6 +127,8 @@ static int cl_closed_fail(convd_client *c)
 static void cl_mark_closed(convd_client *c)
 {
     c->closed = true;
+    /* The daemon is gone or has dropped us: it writes no more done words. */
+    cl_gates_release(c, NULL);
 }
 
 /*
@@ -663,7 +665,9 @@ void convd_close(convd_client *c)
     if (c == NULL)
         return;
     /* Closing the socket is the whole goodbye: the daemon cancels or finishes what is in flight
-     * and drops our regions. Unmap ours without a round trip each. */
+     * and drops our regions. Unmap ours without a round trip each, once no stream is left
+     * waiting on a gate word in them. */
+    cl_gates_release(c, NULL);
     cl_regions_drop_all(c);
     cl_ring_drop(c);
     if (c->fd >= 0)

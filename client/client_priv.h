@@ -46,6 +46,11 @@ struct cl_slot {
     enum cl_slot_state state;
     int32_t prev, next; /* the done list (oldest first), or the free list (next only) */
     struct convd_completion done;
+    /* A gated request's done word in its region's mapping (NULL: none, or already written):
+     * written here when the daemon will not (a failure seen here, a lost connection). */
+    uint32_t *gate_done;
+    convd_region *gate_region;
+    uint32_t gate_value;
 };
 
 /* The control reply the client is blocked on; at most one at a time, since a client is used from
@@ -184,6 +189,10 @@ void cl_complete(convd_client *c, uint64_t id, int status, const char *error, ui
 int cl_ring_attach(convd_client *c, uint64_t deadline);
 void cl_ring_drop(convd_client *c);
 int cl_ring_submit(convd_client *c, const struct convd_conv_args *a, uint64_t id);
+
+/* Stores the done value of every gated request in flight (all of them, or only those whose gate
+ * lies in `region` when it is not NULL), so that no stream waits on a word nobody will write. */
+void cl_gates_release(convd_client *c, const convd_region *region);
 unsigned cl_ring_drain(convd_client *c);
 bool cl_ring_socket_news(convd_client *c);
 void cl_ring_set_waiting(convd_client *c, bool waiting);

@@ -235,6 +235,9 @@ int convd_region_free(convd_region *r)
         return 0;
     convd_client *c = r->client;
     int rc = 0;
+    /* Unmapped below: no done word of it may be written after that, so write them now. */
+    if (!r->gpu)
+        cl_gates_release(c, r);
     cl_region_unlink(c, r);
     if (c->staging == r)
         c->staging = NULL;

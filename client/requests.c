@@ -102,9 +102,28 @@ static int32_t cl_slot_alloc(convd_client *c, uint64_t id)
     c->free_head = c->slots[s].next;
     c->slots[s].id = id;
     c->slots[s].state = CL_SLOT_WAITING;
+    c->slots[s].gate_done = NULL;
+    c->slots[s].gate_region = NULL;
     c->slots[s].prev = c->slots[s].next = -1;
     cl_index_insert(c, id, s);
     return s;
+}
+
+static void cl_gate_release(struct cl_slot *slot)
+{
+    if (slot->gate_done != NULL) {
+        __atomic_store_n(slot->gate_done, slot->gate_value, __ATOMIC_RELEASE);
+        slot->gate_done = NULL;
+        slot->gate_region = NULL;
+    }
+}
+
+void cl_gates_release(convd_client *c, const convd_region *region)
+{
+    for (int32_t s = 0; s < c->slot_cap; s++)
+        if (c->slots[s].state != CL_SLOT_FREE && c->slots[s].gate_done != NULL &&
+            (region == NULL || c->slots[s].gate_region == region))
+            cl_gate_release(&c->slots[s]);
 }
 
 void cl_slots_init(convd_client *c)
@@ -141,6 +160,12 @@ void cl_complete(convd_client *c, uint64_t id, int status, const char *error, ui
         return;
     }
     struct cl_slot *slot = &c->slots[s];
+    /* The daemon writes the done word of every request it finishes; one that failed may have
+     * failed before the daemon knew its gate. */
+    if (status != 0)
+        cl_gate_release(slot);
+    else
+        slot->gate_done = NULL;
     if (slot->state == CL_SLOT_ABANDONED) {
         c->n_abandoned--;
         cl_slot_release(c, s);
@@ -217,6 +242,57 @@ static bool cl_overlap(const struct convd_tensor *a, const struct convd_tensor *
 {
     return a->region == b->region && a->offset < b->offset + b->bytes &&
            b->offset < a->offset + a->bytes;
+}
+
+/* One gate word, as the daemon checks it. */
+static int cl_check_gate_word(convd_client *c, const struct convd_conv_args *a, const char *name,
+                              uint64_t off)
+{
+    const convd_region *r = a->gate.region;
+    if (off % 4 != 0)
+        return cl_fail(c, CONVD_EINVAL, "the gate %s word at offset %llu is not aligned to 4 bytes",
+                       name, (unsigned long long)off);
+    if (r->size < 4 || off > r->size - 4)
+        return cl_fail(c, CONVD_EBOUNDS,
+                       "the gate %s word at offset %llu does not fit in region %llu of %zu bytes",
+                       name, (unsigned long long)off, (unsigned long long)r->id, r->size);
+    const struct convd_tensor word = {a->gate.region, off, 4};
+    const struct {
+        const char *name;
+        const struct convd_tensor *t;
+    } ts[] = {
+        {"input", &a->input}, {"weight", &a->weight}, {"bias", &a->bias}, {"output", &a->output}};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        if ((i != 2 || a->problem.has_bias) && cl_overlap(&word, ts[i].t))
+            return cl_fail(c, CONVD_EINVAL, "the gate %s word (offset %llu) lies in the %s tensor",
+                           name, (unsigned long long)off, ts[i].name);
+    return 0;
+}
+
+static int cl_check_gate(convd_client *c, const struct convd_conv_args *a)
+{
+    const struct convd_gate *g = &a->gate;
+    if (c->info.protocol_version < CONVD_PROTOCOL_GATES)
+        return cl_fail(c, CONVD_EUNSUPPORTED,
+                       "a gate needs protocol version %u, and the daemon speaks %u: upgrade the "
+                       "daemon",
+                       CONVD_PROTOCOL_GATES, (unsigned)c->info.protocol_version);
+    if (g->region->client != c)
+        return cl_fail(c, CONVD_ENOREGION, "the gate's region belongs to another client");
+    if (g->region->gpu)
+        return cl_fail(c, CONVD_EINVAL,
+                       "the gate's region %llu is device memory; gate words must be in a host "
+                       "region (convd_region_create)",
+                       (unsigned long long)g->region->id);
+    int rc = cl_check_gate_word(c, a, "ready", g->ready_offset);
+    if (rc == 0)
+        rc = cl_check_gate_word(c, a, "done", g->done_offset);
+    if (rc == 0 && g->ready_offset == g->done_offset)
+        rc = cl_fail(c, CONVD_EINVAL,
+                     "the gate ready and done words are the same word (offset "
+                     "%llu)",
+                     (unsigned long long)g->ready_offset);
+    return rc;
 }
 
 static void cl_tensor_ref(const struct convd_tensor *t, Convd__TensorRef *pb)
@@ -298,6 +374,9 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint6
         (bias && cl_overlap(&a->output, &a->bias)))
         return cl_fail(c, CONVD_EINVAL,
                        "the output tensor overlaps the input, weight or bias tensor");
+    const bool gated = a->gate.region != NULL;
+    if (gated && (rc = cl_check_gate(c, a)) != 0)
+        return rc;
     if (c->closed)
         return cl_fail(c, CONVD_ECLOSED, "the daemon closed the connection");
     size_t held = c->n_waiting + c->n_done + c->n_abandoned;
@@ -311,6 +390,12 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint6
     int32_t s = cl_slot_alloc(c, id);
     if (s < 0)
         return cl_fail(c, CONVD_ENOMEM, "out of memory for the request table");
+    if (gated) {
+        c->slots[s].gate_done =
+            (uint32_t *)(void *)((uint8_t *)a->gate.region->data + a->gate.done_offset);
+        c->slots[s].gate_region = a->gate.region;
+        c->slots[s].gate_value = a->gate.done_value;
+    }
     if (c->has_ring && cl_ring_submit(c, a, id) == 0) {
         c->next_id++;
         c->n_waiting++;
@@ -337,6 +422,15 @@ int convd_conv_submit(convd_client *c, const struct convd_conv_args *args, uint6
     }
     req.priority = a->priority;
     req.timeout_us = a->timeout_us;
+    Convd__Gate gate = CONVD__GATE__INIT;
+    if (gated) {
+        gate.region_id = a->gate.region->id;
+        gate.ready_offset = a->gate.ready_offset;
+        gate.done_offset = a->gate.done_offset;
+        gate.ready_value = a->gate.ready_value;
+        gate.done_value = a->gate.done_value;
+        req.gate = &gate;
+    }
     Convd__ClientMessage m = CONVD__CLIENT_MESSAGE__INIT;
     m.msg_case = CONVD__CLIENT_MESSAGE__MSG_CONV;
     m.conv = &req;

@@ -170,6 +170,14 @@ int cl_ring_submit(convd_client *c, const struct convd_conv_args *a, uint64_t id
     if (p->has_bias)
         cl_ring_tensor(&a->bias, &e->bias);
     cl_ring_tensor(&a->output, &e->output);
+    if (a->gate.region != NULL) {
+        e->flags |= CONVD_RING_F_GATE;
+        e->gate.region_id = a->gate.region->id;
+        e->gate.ready_offset = a->gate.ready_offset;
+        e->gate.done_offset = a->gate.done_offset;
+        e->gate.ready_value = a->gate.ready_value;
+        e->gate.done_value = a->gate.done_value;
+    }
     r->sq_tail++;
     atomic_store_explicit(&r->hdr->sq_tail, r->sq_tail, memory_order_release);
     /* The doorbell protocol's fence: either the daemon, about to sleep, sees this entry, or we

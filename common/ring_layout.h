@@ -52,7 +52,8 @@
 #define CONVD_RING_F_BIAS       1u
 #define CONVD_RING_F_RELU       2u
 #define CONVD_RING_F_ALLOW_TF32 4u
-#define CONVD_RING_F_ALL        7u
+#define CONVD_RING_F_GATE       8u /* sqe.gate holds the request's Gate (protocol 3) */
+#define CONVD_RING_F_ALL        15u
 
 /* The two cache lines of counters at the start of the ring: one written by the client only, one
  * by the daemon only, so that neither side's writes evict the other's line. */
@@ -82,6 +83,15 @@ struct convd_ring_tensor {
     uint64_t bytes;
 };
 
+/* A Gate (stream ordering, protocol 3): two 32-bit words of a host region. */
+struct convd_ring_gate {
+    uint64_t region_id;
+    uint64_t ready_offset;
+    uint64_t done_offset;
+    uint32_t ready_value;
+    uint32_t done_value;
+};
+
 /* One request, the fixed-size twin of ConvRequest: the same fields, the same checks, the same
  * completion codes. Enumerations carry the wire's values (DType, Layout). */
 struct convd_ring_sqe {
@@ -95,8 +105,9 @@ struct convd_ring_sqe {
     uint32_t activation; /* Activation's wire value other than relu (F_RELU), or 0 */
     uint64_t timeout_us;
     struct convd_ring_tensor input, weight, bias, output;
-    float act_min, act_max; /* clamp's bounds, as Problem's */
-    uint8_t pad[48];
+    float act_min, act_max;      /* clamp's bounds, as Problem's */
+    struct convd_ring_gate gate; /* read only with CONVD_RING_F_GATE */
+    uint8_t pad[16];
 };
 
 /* The completion of a request that succeeded. */
@@ -114,6 +125,7 @@ _Static_assert(offsetof(struct convd_ring_header, sq_tail) == 64, "client line")
 _Static_assert(offsetof(struct convd_ring_header, sq_head) == 128, "daemon line");
 _Static_assert(sizeof(struct convd_ring_sqe) == 256, "sqe layout");
 _Static_assert(sizeof(struct convd_ring_cqe) == 32, "cqe layout");
+_Static_assert(offsetof(struct convd_ring_sqe, gate) == 208, "sqe gate");
 
 #define CONVD_RING_SQ_OFFSET 256u
 

@@ -197,7 +197,7 @@ int wire_pack_server(const Convd__ServerMessage *m, uint8_t *buf, size_t cap)
 }
 
 int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, Convd__Problem *pb,
-                      Convd__TensorRef refs[4], char *why, size_t why_len)
+                      Convd__TensorRef refs[4], Convd__Gate *gate, char *why, size_t why_len)
 {
     if (e->opcode != CONVD_RING_OP_CONV)
         return why_fail(why, why_len, CONVD_EPROTO,
@@ -250,6 +250,15 @@ int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, C
     req->output = &refs[3];
     req->priority = e->priority;
     req->timeout_us = e->timeout_us;
+    if (e->flags & CONVD_RING_F_GATE) {
+        *gate = (Convd__Gate)CONVD__GATE__INIT;
+        gate->region_id = e->gate.region_id;
+        gate->ready_offset = e->gate.ready_offset;
+        gate->done_offset = e->gate.done_offset;
+        gate->ready_value = e->gate.ready_value;
+        gate->done_value = e->gate.done_value;
+        req->gate = gate;
+    }
     return 0;
 }
 
@@ -297,4 +306,12 @@ void wire_ring_entry(const Convd__ConvRequest *req, struct convd_ring_sqe *e)
     if (req->bias != NULL)
         wire_ring_tensor(req->bias, &e->bias);
     wire_ring_tensor(req->output, &e->output);
+    if (req->gate != NULL) {
+        e->flags |= CONVD_RING_F_GATE;
+        e->gate.region_id = req->gate->region_id;
+        e->gate.ready_offset = req->gate->ready_offset;
+        e->gate.done_offset = req->gate->done_offset;
+        e->gate.ready_value = req->gate->ready_value;
+        e->gate.done_value = req->gate->done_value;
+    }
 }

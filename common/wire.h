@@ -14,10 +14,12 @@
 
 /* The protocol versions this build speaks: the newest, which a client asks for and a daemon
  * prefers, and the oldest it still accepts (docs/protocol.md, "Versioning"). */
-#define CONVD_PROTOCOL_VERSION     2u
+#define CONVD_PROTOCOL_VERSION     3u
 #define CONVD_PROTOCOL_VERSION_MIN 1u
 /* The first version whose Problem carries activations other than relu. */
 #define CONVD_PROTOCOL_ACTIVATIONS 2u
+/* The first version whose ConvRequest may carry a Gate (and ring entries CONVD_RING_F_GATE). */
+#define CONVD_PROTOCOL_GATES 3u
 /* Largest datagram either side reads or writes. Requests are a few hundred bytes; metrics replies
  * are the largest messages. */
 #define CONVD_MAX_MESSAGE_BYTES (64u * 1024u)
@@ -51,9 +53,9 @@ int wire_pick_version(uint32_t peer_min, uint32_t peer_max, uint32_t own_min, ui
 
 /* Turns a ring entry into the ConvRequest it stands for, so that the ring and the socket share
  * every check after this one: the fields the message does not have (opcode, flags) are checked
- * here (CONVD_EPROTO). req points into pb and refs, which the caller provides. */
+ * here (CONVD_EPROTO). req points into pb, refs and gate, which the caller provides. */
 int wire_ring_request(const struct convd_ring_sqe *e, Convd__ConvRequest *req, Convd__Problem *pb,
-                      Convd__TensorRef refs[4], char *why, size_t why_len);
+                      Convd__TensorRef refs[4], Convd__Gate *gate, char *why, size_t why_len);
 
 /* The ring entry for a ConvRequest: wire_ring_request's inverse (ReLU as the flag, any other
  * activation in the activation word, an absent bias all zeros). For clients that speak the

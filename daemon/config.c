@@ -120,6 +120,10 @@ static const struct cfg_option cfg_options[] = {
      "default 2 with 8 or more CPUs, else 0)"},
     {"ring_stall_timeout_ms", CFG_U64, OFF(ring_stall_timeout_ms), 10, 3600000, "MS",
      "time a client's completion ring may stay full and unread before it is disconnected", LIVE},
+    {"gate_timeout_ms", CFG_U64, OFF(gate_timeout_ms), 1, 3600000, "MS",
+     "time a request may wait on its gate's ready word (stream ordering) before it fails with "
+     "ETIMEDOUT",
+     LIVE},
     {"metrics_textfile", CFG_FILE, OFF(metrics_textfile), 0, 0, "FILE",
      "write the metrics there, for node_exporter's textfile collector (a .prom file; "
      "{device} becomes the device option's value, so that per-GPU daemons sharing this file "
@@ -176,6 +180,7 @@ void config_defaults(struct convd_config *c)
      * machine they only compete with the clients and the loop (measured on 2 CPUs). */
     c->doorbell_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2 : 0;
     c->ring_stall_timeout_ms = 10000;
+    c->gate_timeout_ms = 10000;
     c->metrics_textfile[0] = '\0';
     c->metrics_textfile_interval_ms = 15000;
 }

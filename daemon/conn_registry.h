@@ -14,6 +14,8 @@ struct conn_registry {
     struct list_node all;    /* every struct conn not yet freed */
     struct list_node rings;  /* READY connections with rings, polled by the loop */
     struct list_node notify; /* connections owed a doorbell check */
+    struct list_node gates;  /* connections with requests waiting on their gates */
+    uint32_t gated;          /* those requests, over all connections */
     uint32_t clients;        /* connections counted against max_clients */
     uint32_t refused;        /* refused connections waiting to be told why */
     uint64_t next_serial;

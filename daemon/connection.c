@@ -212,8 +212,19 @@ static void conn_send_region_reply(struct conn *c, uint64_t id, int status, cons
 
 /* --- requests ----------------------------------------------------------------------------- */
 
+static void conn_ungate(struct conn *c, struct dreq *r)
+{
+    r->gated = false;
+    list_del(&r->gate_link);
+    c->d->conns.gated--;
+    if (list_empty(&c->gated))
+        list_del(&c->gate_link);
+}
+
 static void conn_free_request(struct conn *c, struct dreq *r)
 {
+    if (r->gated)
+        conn_ungate(c, r);
     c->user->inflight--;
     idmap_del(&c->inflight, r->id);
     req_unref_regions(r);
@@ -226,6 +237,8 @@ void conn_request_done(struct dreq *r, int status, const char *error, uint64_t q
     struct conn *c = r->conn;
     struct convd_daemon *d = c->d;
     metrics_request(&d->metrics, status, 0);
+    /* Before the completion: a client that sees it finds the word written. */
+    req_gate_release(r);
     if (status == 0)
         c->served++;
     else
@@ -359,6 +372,21 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         conn_reject(c, via_ring, pb->id, CONVD_ELIMIT, why);
         return;
     }
+    if (r->gate_region != NULL && !req_gate_open(r)) {
+        /* Out of the queue until its client's stream writes the ready word (conn_poll_gates). */
+        uint64_t gate_dl = r->recv_ns + d->cfg.gate_timeout_ms * 1000000u;
+        r->gate_deadline_ns = r->sched.deadline_ns != 0 && r->sched.deadline_ns < gate_dl
+                                  ? r->sched.deadline_ns
+                                  : gate_dl;
+        r->gated = true;
+        if (list_empty(&c->gated))
+            list_add_tail(&d->conns.gates, &c->gate_link);
+        list_add_tail(&c->gated, &r->gate_link);
+        d->conns.gated++;
+        c->user->inflight++;
+        req_ref_regions(r);
+        return;
+    }
     rc = sched_push(&d->sched, &c->sched, &r->sched);
     if (rc != 0) {
         idmap_del(&c->inflight, r->id);
@@ -373,6 +401,91 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
     if (r->sched.deadline_ns != 0)
         daemon_note_deadline(d, r->sched.deadline_ns);
     daemon_request_queued(d);
+}
+
+/* --- gates -------------------------------------------------------------------------------- */
+
+/* A gated request whose ready word came: into the queue, timed from now. */
+static void conn_gate_opened(struct conn *c, struct dreq *r, uint64_t now)
+{
+    struct convd_daemon *d = c->d;
+    conn_ungate(c, r);
+    metrics_gate_wait(&d->metrics, now - r->recv_ns);
+    r->recv_ns = now;
+    r->sched.enqueue_ns = now;
+    int rc = sched_push(&d->sched, &c->sched, &r->sched);
+    if (rc != 0) {
+        char why[160];
+        snprintf(why, sizeof(why), "the queue holds %u requests, the limit (queue_limit)",
+                 (unsigned)sched_depth(&d->sched));
+        conn_request_done(r, rc, why, 0, 0, 0);
+        return;
+    }
+    if (r->sched.deadline_ns != 0)
+        daemon_note_deadline(d, r->sched.deadline_ns);
+    daemon_request_queued(d);
+}
+
+static void conn_gate_expired(struct conn *c, struct dreq *r, uint64_t now)
+{
+    char why[256];
+    snprintf(why, sizeof(why),
+             "the gate's ready word (region %llu) still held %u after %llu ms, below %u%s",
+             (unsigned long long)r->gate_region->id,
+             (unsigned)atomic_load_explicit(r->gate_ready, memory_order_relaxed),
+             (unsigned long long)((now - r->recv_ns) / 1000000u), (unsigned)r->ready_value,
+             r->gate_deadline_ns == r->sched.deadline_ns ? " (the request's timeout_us)"
+                                                         : " (gate_timeout_ms)");
+    conn_ungate(c, r);
+    conn_request_done(r, CONVD_ETIMEDOUT, why, (now - r->recv_ns) / 1000u, 0, 0);
+}
+
+void conn_fail_gated(struct convd_daemon *d, int status, const char *why)
+{
+    uint64_t now = convd_now_ns();
+    while (!list_empty(&d->conns.gates)) {
+        struct conn *c = list_entry(d->conns.gates.next, struct conn, gate_link);
+        struct dreq *r = list_entry(c->gated.next, struct dreq, gate_link);
+        conn_ungate(c, r);
+        conn_request_done(r, status, why, (now - r->recv_ns) / 1000u, 0, 0);
+    }
+}
+
+uint32_t conn_gated(const struct convd_daemon *d)
+{
+    return d->conns.gated;
+}
+
+unsigned conn_poll_gates(struct convd_daemon *d)
+{
+    if (d->conns.gated == 0)
+        return 0;
+    unsigned moved = 0;
+    uint64_t now = convd_now_ns();
+    bool held = daemon_hold_dispatch(d);
+    struct list_node *cpos, *ctmp;
+    list_for_each_safe(cpos, ctmp, &d->conns.gates)
+    {
+        struct conn *c = list_entry(cpos, struct conn, gate_link);
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &c->gated)
+        {
+            struct dreq *r = list_entry(pos, struct dreq, gate_link);
+            if (req_gate_open(r))
+                conn_gate_opened(c, r, now);
+            else if (now >= r->gate_deadline_ns)
+                conn_gate_expired(c, r, now);
+            else
+                continue;
+            moved++;
+            /* A failure's completion may have closed the connection (a full send queue), which
+             * cancelled the rest of its list, tmp included. */
+            if (c->state != CONN_READY)
+                break;
+        }
+    }
+    daemon_release_dispatch(d, held);
+    return moved;
 }
 
 /* --- rings -------------------------------------------------------------------------------- */
@@ -501,7 +614,8 @@ static unsigned conn_poll_ring(struct conn *c)
         Convd__ConvRequest req;
         Convd__Problem pb;
         Convd__TensorRef refs[4];
-        if (wire_ring_request(&e, &req, &pb, refs, why, sizeof(why)) != 0) {
+        Convd__Gate gate;
+        if (wire_ring_request(&e, &req, &pb, refs, &gate, why, sizeof(why)) != 0) {
             conn_reject(c, true, e.id, CONVD_EPROTO, why);
             c->protocol_errors++;
             metrics_protocol_error(&c->d->metrics);
@@ -929,6 +1043,13 @@ void conn_shutdown(struct conn *c, bool flush, const char *reason)
         metrics_request(&d->metrics, CONVD_ECANCELED, 0);
         conn_free_request(c, r);
     }
+    /* Gated ones too: their client is gone, and nobody waits on their done words. */
+    while (!list_empty(&c->gated)) {
+        struct dreq *r = list_entry(c->gated.next, struct dreq, gate_link);
+        metrics_request(&d->metrics, CONVD_ECANCELED, 0);
+        conn_free_request(c, r);
+        n++;
+    }
     region_table_release_all(&c->regions);
 
     if (was == CONN_READY || c->refuse_status == 0)
@@ -1027,6 +1148,7 @@ void conn_accept(struct convd_daemon *d, int fd)
     c->serial = ++d->conns.next_serial;
     c->state = CONN_AWAIT_HELLO;
     list_init(&c->outq);
+    list_init(&c->gated);
     idmap_init(&c->inflight);
     sched_client_init(&c->sched);
     region_table_init(&c->regions, &d->backend, &d->region_limits, &d->region_stats);
@@ -1108,6 +1230,8 @@ void conn_registry_init(struct conn_registry *r)
     list_init(&r->all);
     list_init(&r->rings);
     list_init(&r->notify);
+    list_init(&r->gates);
+    r->gated = 0;
     r->clients = 0;
     r->refused = 0;
     r->next_serial = 0;

@@ -83,6 +83,10 @@ struct conn {
     bool notify_queued;
     bool ring_stalled;      /* the completion ring is full with submissions waiting */
     uint32_t stall_cq_head; /* cq_head when the stall timer started */
+
+    /* Requests waiting on their gates' ready words (struct dreq.gate_link), oldest first. */
+    struct list_node gated;
+    struct list_node gate_link; /* in daemon->conns.gates while gated is not empty */
 };
 
 /* Takes over a freshly accepted descriptor: reads the peer's credentials, applies the allow-list
@@ -121,6 +125,16 @@ bool conn_rings_sleep(struct convd_daemon *d, bool sleeping);
 /* Sends one Doorbell to each client whose completions were posted since its last one, if it
  * sleeps. */
 void conn_ring_doorbells(struct convd_daemon *d);
+
+/* Queues every gated request whose ready word has come, and fails those whose gate deadline has
+ * passed. Returns how many it moved. */
+unsigned conn_poll_gates(struct convd_daemon *d);
+
+/* Fails every gated request with status and the sentence (the drain timeout). */
+void conn_fail_gated(struct convd_daemon *d, int status, const char *why);
+
+/* Requests waiting on their gates, over all connections. */
+uint32_t conn_gated(const struct convd_daemon *d);
 
 /* Request r goes to a worker now: counted as running on its connection. */
 void conn_request_started(struct dreq *r, uint64_t now_ns);

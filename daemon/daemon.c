@@ -358,7 +358,8 @@ static void dmn_finish(struct convd_daemon *d)
 
 static bool dmn_drained(const struct convd_daemon *d)
 {
-    return d->draining && !d->finishing && sched_depth(&d->sched) == 0 && d->running == 0;
+    return d->draining && !d->finishing && sched_depth(&d->sched) == 0 && d->running == 0 &&
+           conn_gated(d) == 0;
 }
 
 static void dmn_on_finish(uv_timer_t *t)
@@ -382,9 +383,12 @@ static void dmn_drain_expire(struct convd_daemon *d)
     d->drain_expired = true;
     struct list_node all;
     list_init(&all);
-    size_t n = sched_cancel_all(&d->sched, &all);
+    size_t n = sched_cancel_all(&d->sched, &all) + conn_gated(d);
     if (n > 0)
         log_notice("drain timeout: failing %zu queued request(s) with ESHUTDOWN", n);
+    conn_fail_gated(d, CONVD_ESHUTDOWN,
+                    "the daemon is shutting down and its drain timeout passed before the "
+                    "request's gate opened");
     uint64_t now = convd_now_ns();
     while (!list_empty(&all)) {
         struct sched_item *it = list_entry(all.next, struct sched_item, link);
@@ -488,7 +492,7 @@ void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st)
     st->device = d->backend.info.device;
     st->clients = conn_clients(d);
     st->queue_depth = sched_depth(&d->sched);
-    st->inflight = sched_depth(&d->sched) + d->running;
+    st->inflight = sched_depth(&d->sched) + d->running + conn_gated(d);
     st->requests_served = metrics_served(&d->metrics);
     st->requests_failed = metrics_failed(&d->metrics);
     st->batches = d->metrics.batches;
@@ -502,8 +506,9 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .clients = conn_clients(d),
         .users = d->users.count,
         .queue_depth = sched_depth(&d->sched),
-        .inflight = sched_depth(&d->sched) + d->running,
+        .inflight = sched_depth(&d->sched) + d->running + conn_gated(d),
         .running = d->running,
+        .gated = conn_gated(d),
         .regions = d->region_stats.regions,
         .mapped_bytes = d->region_stats.mapped_bytes,
         .host_bytes = d->region_stats.host_bytes,
@@ -718,6 +723,8 @@ static bool dmn_poll(struct convd_daemon *d)
         t1 = convd_now_ns();
         d->metrics.loop_rings_ns += t1 - t0;
     }
+    if (conn_gated(d) > 0 && !d->finishing)
+        work += conn_poll_gates(d);
     if (d->pool_started) {
         unsigned done = pool_poll(&d->pool);
         work += done;
@@ -771,7 +778,9 @@ int daemon_run(struct convd_daemon *d)
             last_work = now;
             continue;
         }
-        if (now - last_work < spin_ns) {
+        /* Nothing but a client's GPU stream announces a gate's ready word: the loop polls
+         * while any request waits on one (each has a deadline, gate_timeout_ms at most). */
+        if (now - last_work < spin_ns || conn_gated(d) > 0) {
             convd_cpu_relax();
             continue;
         }

@@ -39,6 +39,7 @@ void metrics_init(struct metrics *m, uint64_t now_ns)
     met_hist_init(&m->exec_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->launch_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->batch_size, met_batch_bounds, ARRAY_LEN(met_batch_bounds));
+    met_hist_init(&m->gate_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     m->start_ns = now_ns;
     m->last_reload_ok = 1;
     struct timespec ts;
@@ -80,6 +81,11 @@ void metrics_connection(struct metrics *m, bool accepted)
         m->connections_accepted++;
     else
         m->connections_refused++;
+}
+
+void metrics_gate_wait(struct metrics *m, uint64_t waiting_ns)
+{
+    metrics_hist_observe(&m->gate_seconds, (double)waiting_ns / 1e9);
 }
 
 void metrics_hist_observe(struct met_hist *h, double v)
@@ -324,6 +330,8 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_scalar(&o, "convd_queue_depth", "gauge", "Requests waiting in the queue.", g->queue_depth);
     met_scalar(&o, "convd_inflight", "gauge", "Requests queued or running.", g->inflight);
     met_scalar(&o, "convd_running", "gauge", "Requests running on a worker.", g->running);
+    met_scalar(&o, "convd_gated", "gauge",
+               "Requests waiting on their gates' ready words (stream ordering).", g->gated);
     met_scalar(&o, "convd_regions", "gauge",
                "Regions mapped, including released ones still in use.", g->regions);
     met_scalar(&o, "convd_mapped_bytes", "gauge", "Bytes of regions mapped.", g->mapped_bytes);
@@ -362,6 +370,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
              "Host time the loop spent launching each batch (asynchronous backends).",
              &m->launch_seconds);
     met_hist(&o, "convd_batch_size", "Requests per batch.", &m->batch_size);
+    met_hist(&o, "convd_gate_wait_seconds",
+             "Time gated requests waited for their ready words, from receipt (the client's GPU "
+             "stream reaching the request).",
+             &m->gate_seconds);
     if (o.overflow)
         return -1;
     return (int)o.len;

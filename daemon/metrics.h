@@ -37,6 +37,7 @@ struct metrics {
     struct met_hist exec_seconds;   /* wall time of the batch */
     struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
     struct met_hist batch_size;     /* requests per backend call */
+    struct met_hist gate_seconds;   /* gated requests: receipt to their ready word */
     /* The loop thread's passes that found work (rings, completions, sockets), end to end: with
      * the wall clock it says how close the one thread that launches is to saturation. */
     uint64_t loop_busy_ns;
@@ -60,6 +61,7 @@ struct met_gauges {
     uint64_t queue_depth;
     uint64_t inflight; /* queued + running */
     uint64_t running;
+    uint64_t gated; /* waiting on their gates' ready words (also in inflight) */
     uint64_t regions;
     uint64_t mapped_bytes;
     uint64_t host_bytes;       /* of which host memory (pinned by a GPU backend) */
@@ -80,6 +82,8 @@ void metrics_request(struct metrics *m, int status, int rejected);
 /* One malformed or out-of-order message; one region registered (ok) or refused; one connection
  * accepted or refused. */
 void metrics_protocol_error(struct metrics *m);
+/* A gated request's ready word came after waiting_ns. */
+void metrics_gate_wait(struct metrics *m, uint64_t waiting_ns);
 void metrics_region(struct metrics *m, bool ok);
 void metrics_connection(struct metrics *m, bool accepted);
 

@@ -61,6 +61,73 @@ static int req_tensor(const struct req_context *ctx, int which, const Convd__Ten
     return 0;
 }
 
+/* One gate word: 4-byte aligned, inside the region, outside every tensor of the request. */
+static int req_gate_word(const char *name, uint64_t off, const struct region *reg,
+                         const struct dreq *r, char *why, size_t why_len)
+{
+    if (off % 4 != 0)
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "gate %s word at offset %llu is not aligned to 4 bytes", name,
+                        (unsigned long long)off);
+    if (reg->mem.size < 4 || off > reg->mem.size - 4)
+        return why_fail(why, why_len, CONVD_EBOUNDS,
+                        "gate %s word at offset %llu ends past the end of region %llu (%llu "
+                        "bytes)",
+                        name, (unsigned long long)off, (unsigned long long)reg->id,
+                        (unsigned long long)reg->mem.size);
+    const struct convd_tensor_view *views[REQ_TENSORS] = {&r->job.input, &r->job.weight,
+                                                          &r->job.bias, &r->job.output};
+    for (int i = 0; i < REQ_TENSORS; i++)
+        if (r->regions[i] != NULL &&
+            region_ranges_overlap(reg, off, 4, r->regions[i], views[i]->offset, views[i]->bytes))
+            return why_fail(why, why_len, CONVD_EINVAL,
+                            "gate %s word (region %llu, offset %llu) lies in the %s tensor", name,
+                            (unsigned long long)reg->id, (unsigned long long)off, req_names[i]);
+    return 0;
+}
+
+/* The gate: protocol 3, a writable host region, two distinct words. */
+static int req_gate(const Convd__Gate *g, const struct req_context *ctx, struct dreq *r, char *why,
+                    size_t why_len)
+{
+    if (ctx->proto_version < CONVD_PROTOCOL_GATES)
+        return why_fail(why, why_len, CONVD_EUNSUPPORTED,
+                        "a gate needs protocol version %u, and the connection speaks %u",
+                        CONVD_PROTOCOL_GATES, (unsigned)ctx->proto_version);
+    struct region *reg = region_find(ctx->regions, g->region_id);
+    if (reg == NULL)
+        return why_fail(why, why_len, CONVD_ENOREGION,
+                        "gate names region %llu, which is not registered on this connection",
+                        (unsigned long long)g->region_id);
+    /* The daemon reads and writes the words from its CPU: device memory it cannot poll. */
+    if (reg->mem.kind != CONVD_MEM_HOST)
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "gate region %llu is device memory; gate words must be in a host "
+                        "(memfd) region",
+                        (unsigned long long)g->region_id);
+    if (reg->readonly)
+        return why_fail(why, why_len, CONVD_ESEAL,
+                        "gate region %llu is sealed against writing; the daemon writes the done "
+                        "word",
+                        (unsigned long long)g->region_id);
+    int rc = req_gate_word("ready", g->ready_offset, reg, r, why, why_len);
+    if (rc == 0)
+        rc = req_gate_word("done", g->done_offset, reg, r, why, why_len);
+    if (rc != 0)
+        return rc;
+    if (g->ready_offset == g->done_offset)
+        return why_fail(why, why_len, CONVD_EINVAL,
+                        "gate ready and done words are the same word (offset %llu)",
+                        (unsigned long long)g->ready_offset);
+    uint8_t *base = reg->mem.host;
+    r->gate_region = reg;
+    r->gate_ready = (_Atomic uint32_t *)(void *)(base + g->ready_offset);
+    r->gate_done = (_Atomic uint32_t *)(void *)(base + g->done_offset);
+    r->ready_value = g->ready_value;
+    r->done_value = g->done_value;
+    return 0;
+}
+
 int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, struct dreq *r,
                  char *why, size_t why_len)
 {
@@ -135,6 +202,13 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
                             (unsigned long long)views[i]->bytes);
     }
 
+    r->gate_region = NULL;
+    if (pb->gate != NULL) {
+        rc = req_gate(pb->gate, ctx, r, why, why_len);
+        if (rc != 0)
+            return rc;
+    }
+
     if (idmap_get(ctx->inflight, pb->id) != NULL)
         return why_fail(why, why_len, CONVD_EEXIST, "request id %llu is already in flight",
                         (unsigned long long)pb->id);
@@ -157,6 +231,8 @@ void req_ref_regions(struct dreq *r)
     for (int i = 0; i < REQ_TENSORS; i++)
         if (r->regions[i] != NULL)
             region_ref(r->regions[i]);
+    if (r->gate_region != NULL)
+        region_ref(r->gate_region);
 }
 
 void req_unref_regions(struct dreq *r)
@@ -166,4 +242,8 @@ void req_unref_regions(struct dreq *r)
             region_unref(r->regions[i]);
             r->regions[i] = NULL;
         }
+    if (r->gate_region != NULL) {
+        region_unref(r->gate_region);
+        r->gate_region = NULL;
+    }
 }

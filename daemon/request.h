@@ -6,6 +6,7 @@
 #ifndef CONVD_DAEMON_REQUEST_H
 #define CONVD_DAEMON_REQUEST_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,6 +33,15 @@ struct dreq {
     uint64_t timeout_us;
     bool running;  /* handed to a worker */
     bool via_ring; /* submitted through the connection's ring: a success completes there */
+    /* Gate (stream ordering): the request waits, out of the queue, until *gate_ready reaches
+     * ready_value; done_value goes into *gate_done once it has finished. Both words lie in
+     * gate_region's mapping, which the request holds a reference on. */
+    struct region *gate_region; /* NULL: no gate */
+    _Atomic uint32_t *gate_ready, *gate_done;
+    uint32_t ready_value, done_value;
+    bool gated;                 /* waiting on its ready word (in conn->gated) */
+    struct list_node gate_link; /* in conn->gated while gated */
+    uint64_t gate_deadline_ns;  /* fail with ETIMEDOUT when the word has not come by then */
 };
 
 /* What validation needs to know about the connection and the daemon. */
@@ -46,14 +56,30 @@ struct req_context {
 /* Checks a decoded ConvRequest: priority, the problem (wire_problem_from_pb), the backend's
  * support, the presence of each tensor (bias exactly when has_bias), each tensor's region
  * (CONVD_ENOREGION), byte count (CONVD_ESIZE) and range (CONVD_EBOUNDS), an output that is not in
- * a write-sealed region and overlaps no input, an id not in flight (CONVD_EEXIST) and the
- * in-flight limit (CONVD_ELIMIT). On success fills r's id, job (problem and views), regions (no
- * references taken yet), priority and timeout; on failure returns the code with a sentence in why
- * and leaves r's contents unspecified. */
+ * a write-sealed region and overlaps no input, the gate (protocol 3; its words in a writable host
+ * region, aligned, inside it, distinct and outside every tensor), an id not in flight
+ * (CONVD_EEXIST) and the in-flight limit (CONVD_ELIMIT). On success fills r's id, job (problem and
+ * views), regions and gate (no references taken yet), priority and timeout; on failure returns
+ * the code with a sentence in why and leaves r's contents unspecified. */
 int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, struct dreq *r,
                  char *why, size_t why_len);
 
-/* Takes one reference on each region the request uses. */
+/* True when the gate's ready word has reached ready_value (a cyclic comparison, as
+ * cuStreamWaitValue32's GEQ). */
+static inline bool req_gate_open(const struct dreq *r)
+{
+    uint32_t v = atomic_load_explicit(r->gate_ready, memory_order_acquire);
+    return (int32_t)(v - r->ready_value) >= 0;
+}
+
+/* Stores the gate's done value (release: after the output, which the backend has finished). */
+static inline void req_gate_release(const struct dreq *r)
+{
+    if (r->gate_region != NULL)
+        atomic_store_explicit(r->gate_done, r->done_value, memory_order_release);
+}
+
+/* Takes one reference on each region the request uses (the gate's too). */
 void req_ref_regions(struct dreq *r);
 
 /* Drops the references req_ref_regions() took. */

@@ -199,6 +199,29 @@ struct convd_tensor {
     uint64_t bytes;
 };
 
+/* Stream ordering (protocol 3; docs/protocol.md, "Gates"): two 32-bit words in a host region
+ * (convd_region_create) through which a GPU stream orders a request without a CPU waiting. The
+ * daemon starts the request only once the word at ready_offset holds a value v with
+ * (int32_t)(v - ready_value) >= 0 (the cyclic comparison of cuStreamWaitValue32's GEQ), and once
+ * the request has finished, successfully or not, stores done_value into the word at done_offset.
+ * A client's stream writes the first after the work that produces the inputs
+ * (cuStreamWriteValue32 on the region's memory, registered with cuMemHostRegister) and waits on
+ * the second before the work that reads the output (cuStreamWaitValue32).
+ *
+ * The library stores done_value into the done word itself when it hands out the request's failed
+ * completion, and for every gated request still in flight when the connection is lost or closed,
+ * so that a stream waiting on the word is never left waiting. The words must be 4-byte aligned,
+ * distinct, inside the region and outside every tensor of the request. A request that waits on its
+ * ready word longer than its timeout_us, or the daemon's gate_timeout_ms, fails with
+ * CONVD_ETIMEDOUT. Needs a daemon of protocol 3 (CONVD_EUNSUPPORTED before). */
+struct convd_gate {
+    convd_region *region; /* NULL: no gate, the request may start at once */
+    uint64_t ready_offset;
+    uint64_t done_offset;
+    uint32_t ready_value;
+    uint32_t done_value;
+};
+
 /* One request. Initialise with CONVD_CONV_ARGS_INIT. bias is used only when problem.has_bias.
  *
  * struct_size must reach at least the end of `output`: priority and timeout_us, when beyond it,
@@ -209,19 +232,25 @@ struct convd_conv_args {
     size_t struct_size; /* sizeof(struct convd_conv_args) */
     struct convd_problem problem;
     struct convd_tensor input, weight, bias, output;
-    unsigned priority;   /* 0 (highest) .. 3 (lowest) */
-    uint64_t timeout_us; /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
+    unsigned priority;      /* 0 (highest) .. 3 (lowest) */
+    uint64_t timeout_us;    /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
+    struct convd_gate gate; /* stream ordering; gate.region NULL: none (0.2) */
 };
 /* C++ has no universal zero initialiser {0} that -Wextra accepts for a struct; {} is its own. */
 #ifdef __cplusplus
 #define CONVD_CONV_ARGS_INIT                                                                       \
     {                                                                                              \
-        sizeof(struct convd_conv_args), {}, {}, {}, {}, {}, 0, 0                                   \
+        sizeof(struct convd_conv_args), {}, {}, {}, {}, {}, 0, 0,                                  \
+        {                                                                                          \
+        }                                                                                          \
     }
 #else
 #define CONVD_CONV_ARGS_INIT                                                                       \
     {                                                                                              \
-        sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0                              \
+        sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0,                             \
+        {                                                                                          \
+            0                                                                                      \
+        }                                                                                          \
     }
 #endif
 

@@ -165,6 +165,33 @@ void fx_check_valid(const Convd__ConvRequest *pb, const struct req_context *ctx,
         uint64_t lo = views[i]->offset, hi = lo + views[i]->bytes;
         FX_CHECK(hi <= out_lo || out_hi <= lo);
     }
+    /* The gate: protocol 3, a writable host region, two distinct aligned words outside every
+     * tensor, and the pointers the daemon will read and write inside its mapping. */
+    if (pb->gate == NULL) {
+        FX_CHECK(r->gate_region == NULL);
+        return;
+    }
+    const Convd__Gate *g = pb->gate;
+    FX_CHECK(ctx->proto_version >= CONVD_PROTOCOL_GATES);
+    const struct region *gr = r->gate_region;
+    FX_CHECK(gr != NULL && region_find(ctx->regions, g->region_id) == gr);
+    size_t gi = fx_region_index(gr);
+    FX_CHECK(gi < FX_N_REGIONS);
+    FX_CHECK(gr->mem.kind == CONVD_MEM_HOST && !gr->readonly && !fx_regions[gi].write_sealed);
+    const uint64_t words[2] = {g->ready_offset, g->done_offset};
+    FX_CHECK(words[0] != words[1]);
+    for (int k = 0; k < 2; k++) {
+        FX_CHECK(words[k] % 4 == 0 && gr->mem.size >= 4 && words[k] <= gr->mem.size - 4);
+        for (int i = 0; i < REQ_TENSORS; i++) {
+            if (idx[i] == FX_N_REGIONS || fx_regions[idx[i]].file != fx_regions[gi].file)
+                continue;
+            uint64_t lo = views[i]->offset, hi = lo + views[i]->bytes;
+            FX_CHECK(hi <= words[k] || words[k] + 4 <= lo);
+        }
+    }
+    FX_CHECK((const uint8_t *)r->gate_ready == (const uint8_t *)gr->mem.host + g->ready_offset);
+    FX_CHECK((const uint8_t *)r->gate_done == (const uint8_t *)gr->mem.host + g->done_offset);
+    FX_CHECK(r->ready_value == g->ready_value && r->done_value == g->done_value);
 }
 
 void fx_check_refs(const int *held)
@@ -181,6 +208,11 @@ void fx_count_uses(const struct dreq *r, int *uses, int sign)
             FX_CHECK(k < FX_N_REGIONS);
             uses[k] += sign;
         }
+    if (r->gate_region != NULL) {
+        size_t k = fx_region_index(r->gate_region);
+        FX_CHECK(k < FX_N_REGIONS);
+        uses[k] += sign;
+    }
 }
 
 void fx_ref_unref(struct dreq *r)
@@ -193,4 +225,5 @@ void fx_ref_unref(struct dreq *r)
     fx_check_refs(NULL);
     for (int i = 0; i < REQ_TENSORS; i++)
         FX_CHECK(r->regions[i] == NULL);
+    FX_CHECK(r->gate_region == NULL);
 }

@@ -77,8 +77,9 @@ static void accept_entry(struct state *s, const struct convd_ring_sqe *e)
     Convd__ConvRequest req;
     Convd__Problem pb;
     Convd__TensorRef refs[4];
+    Convd__Gate gate;
     char why[320];
-    int rc = wire_ring_request(e, &req, &pb, refs, why, sizeof(why));
+    int rc = wire_ring_request(e, &req, &pb, refs, &gate, why, sizeof(why));
     if (rc == 0) {
         FX_CHECK(s->n_flight < MAX_FLIGHT);
         struct dreq *d = malloc(sizeof(*d));
@@ -266,9 +267,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     atomic_fetch_add(&s->hdr->cq_head, start);
     s->alive = true;
     idmap_init(&s->inflight);
-    s->ctx =
-        (struct req_context){fx_regions_table(), fx_backend(), &s->inflight, 1u + (head[1] & 15u),
-                             CONVD_PROTOCOL_VERSION};
+    s->ctx = (struct req_context){fx_regions_table(), fx_backend(), &s->inflight,
+                                  1u + (head[1] & 15u), CONVD_PROTOCOL_VERSION};
     check_state(s);
 
     /* The daemon looks at a ring as soon as it is attached. */

@@ -92,7 +92,7 @@ for key, kind in want.items():
     assert isinstance(d.get(key), kind), "%s: %r" % (key, d.get(key))
 assert set(d) == set(want), "unexpected fields %s" % (set(d) - set(want))
 assert d["socket"] == sys.argv[2], d["socket"]
-assert d["backend"] == "cpu" and d["clients"] >= 1 and d["protocol_version"] == 2, d
+assert d["backend"] == "cpu" and d["clients"] >= 1 and d["protocol_version"] == 3, d
 assert d["max_inflight"] == 256 and d["max_batch"] == 32, d
 print("%d fields, %s backend, %d clients" % (len(d), d["backend"], d["clients"]))
 ' "$out" "$sock" 2>&1); then

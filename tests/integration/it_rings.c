@@ -845,7 +845,7 @@ static void test_bad_entries(void **state)
     e.id = 12, e.opcode = 0;
     ring_expect(fd, &r, &e, CONVD_EPROTO, "opcode");
     raw_ring_sqe_from_conv(&rc, &e);
-    e.id = 13, e.flags |= 8;
+    e.id = 13, e.flags |= 16;
     ring_expect(fd, &r, &e, CONVD_EPROTO, "flags");
     raw_ring_sqe_from_conv(&rc, &e);
     e.id = 14, e.flags |= 0x80000000u;

@@ -374,7 +374,7 @@ static void test_handshake_failures(void **state)
         int want;
         const char *says;
     } cases[] = {
-        {0, CONVD_PROTOCOL_VERSION + 1, 0, "", CONVD_EVERSION, "version 3"},
+        {0, CONVD_PROTOCOL_VERSION + 1, 0, "", CONVD_EVERSION, "version 4"},
         {0, 0, 0, "", CONVD_EVERSION, "version 0"},
         {0, 1, CONVD_EVERSION, "client too old", CONVD_EVERSION, "client too old"},
         {0, 1, CONVD_EPERM, "uid 1000 not allowed", CONVD_EPERM, "uid 1000 not allowed"},

@@ -434,6 +434,7 @@ static void test_diff_and_live_keys(void **state)
                                        "max_send_queue_bytes",
                                        "hello_timeout_ms",
                                        "ring_stall_timeout_ms",
+                                       "gate_timeout_ms",
                                        "metrics_textfile",
                                        "metrics_textfile_interval_ms"};
     static const char *const restart[] = {"socket",    "socket_mode", "socket_group",
