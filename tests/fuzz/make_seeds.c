@@ -61,6 +61,7 @@ struct seed_req {
     struct place t[4]; /* input, weight, bias (ignored without bias), output */
     uint32_t priority;
     uint64_t timeout_us;
+    struct place gate; /* region 0: no gate; else the ready word there, the done word past it */
 };
 
 static struct convd_problem problem(int n, int hw, int c, int k, int rs, int groups,
@@ -75,7 +76,7 @@ static struct convd_problem problem(int n, int hw, int c, int k, int rs, int gro
     return p;
 }
 
-static struct seed_req requests[8];
+static struct seed_req requests[10];
 static size_t n_requests;
 
 static struct seed_req *add(const char *name, uint64_t id, struct convd_problem p,
@@ -124,6 +125,14 @@ static void make_requests(void)
     /* refused: the output in the write-sealed region */
     add("output_sealed", 106, problem(2, 6, 4, 8, 3, 2, F32, NCHW, false),
         (struct place[4]){{1, 0}, {1, K64}, {0, 0}, {3, 0}});
+    /* a gate in region 1, past the tensors */
+    r = add("fp32_nchw_gated", 107, problem(2, 6, 4, 8, 3, 2, F32, NCHW, true),
+            (struct place[4]){{1, 0}, {1, K64}, {1, 2 * K64}, {1, 3 * K64}});
+    r->gate = (struct place){1, 4 * K64};
+    /* refused: the gate's words inside the output */
+    r = add("gate_in_output", 108, problem(2, 6, 4, 8, 3, 2, F32, NCHW, false),
+            (struct place[4]){{1, 0}, {1, K64}, {0, 0}, {1, 3 * K64}});
+    r->gate = (struct place){1, 3 * K64 + 8};
     /* refused: id 6 is in flight in the request fuzzer's fixture */
     add("id_in_flight", 6, problem(1, 5, 3, 4, 1, 1, F32, NHWC, false),
         (struct place[4]){{2, 0}, {2, 512}, {0, 0}, {2, 1024}});
@@ -134,6 +143,7 @@ struct pb_req {
     Convd__ConvRequest req;
     Convd__Problem prob;
     Convd__TensorRef t[4];
+    Convd__Gate gate;
 };
 
 static void to_pb(const struct seed_req *s, struct pb_req *out)
@@ -161,6 +171,15 @@ static void to_pb(const struct seed_req *s, struct pb_req *out)
     out->req.output = &out->t[3];
     out->req.priority = s->priority;
     out->req.timeout_us = s->timeout_us;
+    convd__gate__init(&out->gate);
+    if (s->gate.region != 0) {
+        out->gate.region_id = s->gate.region;
+        out->gate.ready_offset = s->gate.offset;
+        out->gate.done_offset = s->gate.offset + 4;
+        out->gate.ready_value = 1;
+        out->gate.done_value = 1;
+        out->req.gate = &out->gate;
+    }
 }
 
 /* The same request as a ring entry (wire_ring_request's inverse). */

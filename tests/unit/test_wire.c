@@ -211,12 +211,76 @@ static void test_pick_version(void **state)
     }
 }
 
+/* A ring entry and the ConvRequest it stands for carry the same gate both ways; without
+ * F_GATE the entry's gate bytes are not read, and a request without a gate gets no F_GATE. */
+static void test_ring_gate_round_trip(void **state)
+{
+    (void)state;
+    Convd__Problem pb;
+    fill_pb(&pb);
+    Convd__TensorRef t[4];
+    for (int i = 0; i < 4; i++) {
+        convd__tensor_ref__init(&t[i]);
+        t[i].region_id = 1;
+        t[i].offset = 4096u * (unsigned)i;
+        t[i].bytes = 64;
+    }
+    Convd__Gate gate = CONVD__GATE__INIT;
+    gate.region_id = 3;
+    gate.ready_offset = 0x100000008ull;
+    gate.done_offset = 12;
+    gate.ready_value = 0xfffffff0u;
+    gate.done_value = 7;
+    Convd__ConvRequest req = CONVD__CONV_REQUEST__INIT;
+    req.id = 42;
+    req.problem = &pb;
+    req.input = &t[0];
+    req.weight = &t[1];
+    req.bias = &t[2];
+    req.output = &t[3];
+    req.gate = &gate;
+    struct convd_ring_sqe e;
+    wire_ring_entry(&req, &e);
+    assert_true(e.flags & CONVD_RING_F_GATE);
+
+    Convd__ConvRequest back;
+    Convd__Problem bpb;
+    Convd__TensorRef brefs[4];
+    Convd__Gate bgate;
+    char why[128];
+    assert_int_equal(wire_ring_request(&e, &back, &bpb, brefs, &bgate, why, sizeof(why)), 0);
+    assert_non_null(back.gate);
+    assert_int_equal(back.gate->region_id, 3);
+    assert_true(back.gate->ready_offset == 0x100000008ull);
+    assert_int_equal(back.gate->done_offset, 12);
+    assert_int_equal(back.gate->ready_value, 0xfffffff0u);
+    assert_int_equal(back.gate->done_value, 7);
+    uint8_t a[512], b[512];
+    size_t la = convd__conv_request__pack(&req, a), lb = convd__conv_request__pack(&back, b);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+
+    /* Gate bytes without the flag are padding: no gate. */
+    e.flags &= ~CONVD_RING_F_GATE;
+    assert_int_equal(wire_ring_request(&e, &back, &bpb, brefs, &bgate, why, sizeof(why)), 0);
+    assert_null(back.gate);
+    req.gate = NULL;
+    wire_ring_entry(&req, &e);
+    assert_false(e.flags & CONVD_RING_F_GATE);
+    assert_int_equal(e.gate.region_id, 0);
+    /* A flag beyond F_GATE is still refused by name. */
+    e.flags |= CONVD_RING_F_GATE << 1;
+    assert_int_equal(wire_ring_request(&e, &back, &bpb, brefs, &bgate, why, sizeof(why)),
+                     CONVD_EPROTO);
+    assert_non_null(strstr(why, "flags"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),   cmocka_unit_test(test_rejects_named_fields),
         cmocka_unit_test(test_pack_limits),  cmocka_unit_test(test_garbage_decode),
-        cmocka_unit_test(test_pick_version),
+        cmocka_unit_test(test_pick_version), cmocka_unit_test(test_ring_gate_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
