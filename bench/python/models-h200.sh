@@ -17,7 +17,12 @@
 #   c. the plain models under MPS (a private control daemon started and stopped here), P = 1,
 #      4, 16;
 #   d. convd again, started under that MPS with its clients: the clients' own GPU work (all but
-#      the convolutions) no longer takes turns with the daemon's in time slices.
+#      the convolutions) no longer takes turns with the daemon's in time slices. The clients
+#      order their requests on their streams through gates (docs/python.md, "Stream
+#      ordering") when the daemon speaks protocol 3;
+#   e. (PHASES with convd-mps-sync) d with the synchronous path instead
+#      (CONVD_STREAM_ORDERED=0: each convolution synchronises the stream and waits), to compare
+#      the two in one run.
 # After the model rows of a and d, bench/python/cuda_call.py splits one convolution's time in
 # that setting (cuda-call-convd.md, cuda-call-convd-mps.md).
 # Each row: images/s of all processes together, the latency of one forward p50/p99/p99.9.
@@ -28,7 +33,7 @@
 # Environment: BUILD; DTYPE (fp16, bf16 or fp32; default fp16); SECONDS_PER_ROW (measured
 # seconds per model and row, default 2); WARMUP (default 1); MODELS (comma-separated, default
 # the four); PROCS (default "1 4 16"); TESTS=0 skips step 0; PHASES (default
-# "convd plain mps convd-mps") picks the rows: a, b, c and d.
+# "convd plain mps convd-mps convd-mps-sync") picks the rows: a, b, c, d and e.
 set -uo pipefail
 
 OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}
@@ -38,7 +43,7 @@ ROW_SECONDS=${SECONDS_PER_ROW:-2}
 WARMUP=${WARMUP:-1}
 MODELS=${MODELS:-resnext50_32x4d,regnet_y_400mf,mobilenet_v3_small,convnext_tiny}
 PROCS=${PROCS:-1 4 16}
-PHASES=${PHASES:-convd plain mps convd-mps}
+PHASES=${PHASES:-convd plain mps convd-mps convd-mps-sync}
 here=bench/python
 [ -f "$here/models.py" ] || { echo "run from the repository root"; exit 2; }
 mkdir -p "$OUT"
@@ -132,7 +137,7 @@ if want plain; then
     for p in $PROCS; do row plain plain "$p" "$(limit_for "$p")"; done
 fi
 
-if want mps || want convd-mps; then
+if want mps || want convd-mps || want convd-mps-sync; then
     if mps_start; then
         if want mps; then
             step "plain PyTorch processes under MPS"
@@ -147,6 +152,17 @@ if want mps || want convd-mps; then
                 for p in $PROCS; do row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"; done
                 calls convd-mps
                 convd_stop daemon-metrics-convd-mps.txt
+            fi
+        fi
+        if want convd-mps-sync; then
+            step "convd on the GPU under MPS, its clients too, without gates"
+            if convd_start; then
+                for p in $PROCS; do
+                    CONVD_STREAM_ORDERED=0 row convd convd-mps-sync "$p" "$(limit_for "$p")" \
+                        --socket "$sock"
+                done
+                CONVD_STREAM_ORDERED=0 calls convd-mps-sync
+                convd_stop daemon-metrics-convd-mps-sync.txt
             fi
         fi
         mps_stop

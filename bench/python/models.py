@@ -196,7 +196,9 @@ def report(path) -> int:
           "and the latency of one forward pass (p50 / p99, ms).\n")
     head = "| model | P | " + " | ".join(f"{m} img/s | {m} p50/p99" for m in modes)
     # Each convd mode against plain PyTorch under MPS, the alternative it must beat.
-    ratios = [m for m in ("convd", "convd-mps") if m in modes] if "mps" in modes else []
+    ratios = (
+        [m for m in ("convd", "convd-mps", "convd-mps-sync") if m in modes] if "mps" in modes else []
+    )
     head += "".join(f" | {m} / MPS" for m in ratios)
     print(head + " |")
     print("|" + "---|" * (2 + 2 * len(modes) + len(ratios)))
