@@ -210,7 +210,9 @@ struct convd_tensor {
  *
  * The library stores done_value into the done word itself when it hands out the request's failed
  * completion, and for every gated request still in flight when the connection is lost or closed,
- * so that a stream waiting on the word is never left waiting. The words must be 4-byte aligned,
+ * so that a stream waiting on the word is never left waiting (a request still running when its
+ * client closes may then write its output after the stream went on: wait for gated requests'
+ * completions before convd_close). The words must be 4-byte aligned,
  * distinct, inside the region and outside every tensor of the request. A request that waits on its
  * ready word longer than its timeout_us, or the daemon's gate_timeout_ms, fails with
  * CONVD_ETIMEDOUT. Needs a daemon of protocol 3 (CONVD_EUNSUPPORTED before). */
