@@ -2,11 +2,26 @@
 """Where one convolution of a patched model spends its time: a CUDA tensor handed to convd,
 against F.conv2d in the same process, batch 1, fp16, channels_last.
 
-    cuda_call.py --socket PATH [--calls 2000] [--json OUT.json]
+    cuda_call.py --socket PATH [--calls 2000] [--every 16] [--json OUT.json]
 
 Needs torch with a CUDA device and a GPU daemon on PATH's socket (bench/python/models-h200.sh
 runs it in its convd phases, under MPS and not). For each problem, one figure per mode, the
-median over --calls calls after a warm-up, in microseconds per call:
+median over --calls calls after a warm-up, in microseconds per call.
+
+Stream-ordered (docs/python.md, "Stream ordering"; a daemon of protocol 3, unless
+$CONVD_STREAM_ORDERED is 0): the call queues the request on the stream and returns, so there is
+no synchronisation to split off; what a call costs is its CPU time, and what a convolution takes
+is the time per call of a run of calls that synchronises now and then:
+
+  issue       client.conv2d(x, w) alone: the CPU time of one call, issued in bursts of --every
+              calls with a torch.cuda.synchronize() between bursts (not timed), so that the
+              calls never wait for a free slot
+  every 1     (client.conv2d + torch.cuda.synchronize()) per call: one convolution's latency
+  every N     (N x client.conv2d, then torch.cuda.synchronize()) / N, N = --every: the time per
+              convolution when the CPU runs ahead of the GPU, as in a model's forward
+  torch 1, torch N   the same two for F.conv2d
+
+Synchronous (stream_ordered=False: the path before protocol 3), the old split:
 
   torch       F.conv2d + torch.cuda.synchronize(): what PyTorch's own call costs when its
               result is waited for
@@ -19,7 +34,9 @@ median over --calls calls after a warm-up, in microseconds per call:
   rest        convd - sync - locate - empty: the request's round trip through the daemon (its
               queue and exec, below) and the package's own code around it
 
-and the daemon's mean queue and exec per request over the convd calls (its metrics).
+and, for each path, the daemon's mean queue and exec per request over its calls (its metrics),
+and for the stream-ordered one the mean time its requests that reached the daemon before their
+stream's ready write waited for it (convd_gate_wait_seconds; "-" when none had to).
 """
 from __future__ import annotations
 
@@ -45,6 +62,8 @@ PROBLEMS = {
     "rx50_s3_3x3_g32": (1, 512, 14, 14, 512, 3, 3, 1, 1, 32),
 }
 
+METRICS = ("queue", "exec", "gate_wait")
+
 
 def median_us(fn, calls: int) -> float:
     times = []
@@ -55,10 +74,35 @@ def median_us(fn, calls: int) -> float:
     return statistics.median(times) / 1e3
 
 
+def burst_issue_us(fn, calls: int, every: int) -> float:
+    """The median CPU time of one call, in bursts of `every` calls separated by an untimed
+    torch.cuda.synchronize()."""
+    times = []
+    while len(times) < calls:
+        torch.cuda.synchronize()
+        for _ in range(min(every, calls - len(times))):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) / 1e3
+
+
+def every_us(fn, calls: int, every: int) -> float:
+    """The median over runs of (`every` calls, then torch.cuda.synchronize()) / every."""
+    runs = []
+    for _ in range(max(1, calls // every)):
+        t0 = time.perf_counter_ns()
+        for _ in range(every):
+            fn()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter_ns() - t0) / every)
+    return statistics.median(runs) / 1e3
+
+
 def metric_sums(client) -> dict:
-    """(sum, count) of the daemon's queue and exec histograms."""
-    want = {"convd_queue_seconds_sum", "convd_queue_seconds_count", "convd_exec_seconds_sum",
-            "convd_exec_seconds_count"}
+    """(sum, count) of the daemon's queue, exec and gate wait histograms."""
+    want = {f"convd_{m}_seconds_{p}" for m in METRICS for p in ("sum", "count")}
     out = {}
     for line in client.metrics().splitlines():
         parts = line.split()
@@ -67,18 +111,40 @@ def metric_sums(client) -> dict:
     return out
 
 
-def measure(client, name, spec, calls: int) -> dict:
+def daemon_means(before: dict, after: dict, prefix: str) -> dict:
+    row = {}
+    for what in METRICS:
+        ds = after.get(f"convd_{what}_seconds_sum", 0) - before.get(f"convd_{what}_seconds_sum", 0)
+        dn = after.get(f"convd_{what}_seconds_count", 0) - before.get(
+            f"convd_{what}_seconds_count", 0
+        )
+        row[f"{prefix}daemon_{what}_us"] = ds / dn * 1e6 if dn else None
+    return row
+
+
+def tensors(spec):
     n, c, h, w_, k, r, s, stride, pad, groups = spec
     dev = torch.device("cuda")
     cl = torch.channels_last
     x = torch.randn(n, c, h, w_, device=dev, dtype=torch.float16).contiguous(memory_format=cl)
     wt = torch.randn(k, c // groups, r, s, device=dev, dtype=torch.float16)
     wt = wt.contiguous(memory_format=cl)
-    args = dict(stride=stride, padding=pad, groups=groups)
+    return x, wt, dict(stride=stride, padding=pad, groups=groups)
+
+
+def rel_err(out, x, wt, args) -> float:
+    ref = F.conv2d(x, wt, **args).float()
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def measure_sync(client, name, spec, calls: int) -> dict:
+    """The synchronous path, split (stream_ordered=False)."""
+    x, wt, args = tensors(spec)
+    dev = x.device
+    cl = torch.channels_last
     torch.backends.cudnn.benchmark = True
     out = client.conv2d(x, wt, **args)
-    ref = F.conv2d(x, wt, **args).float()
-    err = (out.float() - ref).norm() / ref.norm()
+    err = rel_err(out, x, wt, args)
     stream = torch.cuda.current_stream()
 
     def plain():
@@ -102,7 +168,7 @@ def measure(client, name, spec, calls: int) -> dict:
         for _ in range(max(50, calls // 10)):
             fn()
     before = metric_sums(client)
-    row = {"problem": name, "calls": calls, "rel_err": float(err)}
+    row = {"problem": name, "calls": calls, "rel_err": err}
     row["convd_us"] = median_us(through, calls)
     after = metric_sums(client)
     row["torch_us"] = median_us(plain, calls)
@@ -110,36 +176,106 @@ def measure(client, name, spec, calls: int) -> dict:
     row["locate_us"] = median_us(locate, calls)
     row["empty_us"] = median_us(empty, calls)
     row["rest_us"] = row["convd_us"] - row["sync_us"] - row["locate_us"] - row["empty_us"]
-    for what in ("queue", "exec"):
-        ds = after.get(f"convd_{what}_seconds_sum", 0) - before.get(f"convd_{what}_seconds_sum", 0)
-        dn = after.get(f"convd_{what}_seconds_count", 0) - before.get(f"convd_{what}_seconds_count", 0)
-        row[f"daemon_{what}_us"] = ds / dn * 1e6 if dn else None
+    row.update(daemon_means(before, after, ""))
     return row
+
+
+def measure_ordered(client, name, spec, calls: int, every: int) -> dict:
+    """The stream-ordered path: CPU time per call issued, and time per call with a
+    synchronisation every call and every `every` calls, against F.conv2d's."""
+    x, wt, args = tensors(spec)
+    torch.backends.cudnn.benchmark = True
+    out = client.conv2d(x, wt, **args)
+    client.synchronize()
+    err = rel_err(out, x, wt, args)
+
+    def plain():
+        F.conv2d(x, wt, **args)
+
+    def through():
+        client.conv2d(x, wt, **args)
+
+    for fn in (plain, through):
+        for _ in range(max(50, calls // 10)):
+            fn()
+        torch.cuda.synchronize()
+    client.synchronize()
+    row = {"problem": name, "calls": calls, "every": every, "rel_err": err}
+    before = metric_sums(client)
+    row["issue_us"] = burst_issue_us(through, calls, every)
+    row["every1_us"] = every_us(through, calls, 1)
+    row["everyN_us"] = every_us(through, calls, every)
+    client.synchronize()  # every completion taken, every failure raised
+    after = metric_sums(client)
+    row["torch_issue_us"] = burst_issue_us(plain, calls, every)
+    row["torch_every1_us"] = every_us(plain, calls, 1)
+    row["torch_everyN_us"] = every_us(plain, calls, every)
+    row.update(daemon_means(before, after, ""))
+    return row
+
+
+def fmt(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", required=True)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--every", type=int, default=16,
+                    help="calls between synchronisations in the stream-ordered 'every N' mode")
     ap.add_argument("--json", help="write the rows here too")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("torch sees no CUDA device", file=sys.stderr)
         return 1
-    client = convd.connect(a.socket)
     dev_name = torch.cuda.get_device_name(0)
-    rows = [measure(client, name, spec, a.calls) for name, spec in PROBLEMS.items()]
-    client.close()
+    rows = []
+    ordered = convd.connect(a.socket)
+    if ordered.stream_ordered:
+        for name, spec in PROBLEMS.items():
+            rows.append(dict(measure_ordered(ordered, name, spec, a.calls, a.every),
+                             path="stream-ordered"))
+    proto = ordered.info["protocol_version"]
+    ordered.close()
+    sync = convd.connect(a.socket, stream_ordered=False)
+    for name, spec in PROBLEMS.items():
+        rows.append(dict(measure_sync(sync, name, spec, a.calls), path="synchronous"))
+    sync.close()
+
     print(f"{dev_name}, torch {torch.__version__}, {a.calls} calls a mode; medians in us per call")
     print()
-    print("| problem | torch | convd | sync | locate | empty | rest | daemon queue | daemon exec | rel err |")
+    ord_rows = [r for r in rows if r["path"] == "stream-ordered"]
+    if ord_rows:
+        n = a.every
+        print(f"Stream-ordered (protocol {proto}): CPU time per call issued, and time per call "
+              f"synchronising every call and every {n} calls")
+        print()
+        print(f"| problem | issue | every 1 | every {n} | torch issue | torch 1 | torch {n} | "
+              "daemon queue | daemon exec | gate wait | rel err |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in ord_rows:
+            print(f"| {r['problem']} | {r['issue_us']:.1f} | {r['every1_us']:.1f} | "
+                  f"{r['everyN_us']:.1f} | {r['torch_issue_us']:.1f} | "
+                  f"{r['torch_every1_us']:.1f} | {r['torch_everyN_us']:.1f} | "
+                  f"{fmt(r['daemon_queue_us'])} | {fmt(r['daemon_exec_us'])} | "
+                  f"{fmt(r['daemon_gate_wait_us'])} | {r['rel_err']:.1e} |")
+        print()
+    else:
+        why = ("CONVD_STREAM_ORDERED=0" if proto >= 3 else f"the daemon speaks protocol {proto}")
+        print(f"Stream-ordered: not measured ({why}).")
+        print()
+    print("Synchronous (stream_ordered=False): one call, split")
+    print()
+    print("| problem | torch | convd | sync | locate | empty | rest | daemon queue | daemon exec "
+          "| rel err |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        dq = "-" if r["daemon_queue_us"] is None else f"{r['daemon_queue_us']:.1f}"
-        de = "-" if r["daemon_exec_us"] is None else f"{r['daemon_exec_us']:.1f}"
+        if r["path"] != "synchronous":
+            continue
         print(f"| {r['problem']} | {r['torch_us']:.1f} | {r['convd_us']:.1f} | {r['sync_us']:.1f} | "
-              f"{r['locate_us']:.1f} | {r['empty_us']:.1f} | {r['rest_us']:.1f} | {dq} | {de} | "
-              f"{r['rel_err']:.1e} |")
+              f"{r['locate_us']:.1f} | {r['empty_us']:.1f} | {r['rest_us']:.1f} | "
+              f"{fmt(r['daemon_queue_us'])} | {fmt(r['daemon_exec_us'])} | {r['rel_err']:.1e} |")
     if a.json:
         Path(a.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0

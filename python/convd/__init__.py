@@ -40,7 +40,12 @@ def connect(socket=None, **options):
     socket: the daemon's socket path; None takes $CONVD_SOCKET, else /run/convd/convd.sock.
     Options (keywords): timeout_ms (connecting and the handshake, and the answers to ping,
     status and metrics; default 5000), client_name (shown in the daemon's log), use_rings (1,
-    0, or -1 for the library's default) and spin_us (see convd_connect_options in convd.h).
+    0, or -1 for the library's default) and spin_us (see convd_connect_options in convd.h);
+    stream_ordered: None (the default) orders convolutions of CUDA tensors on the caller's
+    stream, returning at once, when the daemon speaks protocol 3 (unless $CONVD_STREAM_ORDERED
+    is 0); False synchronises the stream and waits for each result, as before protocol 3; True
+    insists (CONVD_EUNSUPPORTED when the daemon cannot). Errors of stream-ordered convolutions
+    are raised by the next call or by Client.synchronize().
     Raises convd.Error (CONVD_ECONNECT when no daemon listens there) or convd.LibraryError
     when libconvd-client cannot be loaded.
     """

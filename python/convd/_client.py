@@ -7,9 +7,21 @@ How a call travels (docs/python.md has the user's view):
 - host tensors of which some lie in a region (Client.empty() arrays, weights held by
   convd.torch.Conv2d): those are named in place, the others copied into a staging slab, and the
   request submitted; the output is copied from the slab when it completes.
-- CUDA tensors: named in place through their allocation's registration (_cuda.py), after the
-  caller's current stream is synchronised.
+- CUDA tensors: named in place through their allocation's registration (_cuda.py). With a daemon
+  of protocol 3 they are stream-ordered: the request carries a gate (two words of the client's
+  GateSlab) that the caller's current stream writes after the work queued before the call and
+  waits on before the work queued after it, and the call returns at once. Before protocol 3 (or
+  with stream_ordered=False), the caller's current stream is synchronised first and the call
+  waits for the completion.
 - submit() is the same with the wait left to the returned Future.
+
+Stream-ordered requests stay in flight after their call returns: their completions are taken at
+later calls (without blocking), by synchronize(), by any wait, and by a thread of the client
+that looks every few milliseconds while some are out. The last matters for failures: the
+library stores a failed request's done word itself when it reads the completion in (or finds the
+connection lost), which takes a call into the library, and a stream waiting on that word must not
+depend on this process calling the client again. A failed completion of a conv2d() is an
+asynchronous error, raised by the next call or synchronize().
 
 A Client may be shared by threads: every call into the library holds the client's lock, and a
 waiting Future gives the lock up every few milliseconds. Completions are taken from the library
@@ -24,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from ctypes import byref, c_uint64, c_void_p
 
@@ -31,17 +44,24 @@ import numpy as np
 
 from convd import _lib
 from convd._args import NP_DTYPE, activation_spec, dtype_code, make_plan, np_code
-from convd._errors import Error, invalid
+from convd._errors import Error, PerformanceWarning, invalid
 from convd._memory import Arena, EmptyRegions, Slabs, create_region, free_region, region_array
 
 _ETIMEDOUT = -15
 _ECLOSED = -20
 _EAGAIN = -21
 _ELIMIT = -14
+_EUNSUPPORTED = -7
 # A waiting Future holds the client's lock at most this long before letting other threads in.
 _WAIT_SLICE_MS = 10
 _MAX_PLANS = 1024
 _args_checked = False
+_lib_gates = False  # whether the library reads struct convd_gate (_check_args_struct)
+# Stream ordering: how often the client's thread takes completions while stream-ordered requests
+# are out, and how long close() waits for them before it releases their streams itself.
+_WATCH_S = 0.005
+_CLOSE_WAIT_S = 60.0
+_OFF_WORDS = ("0", "false", "no", "off")
 
 _NHWC_WORDS = {"nhwc": True, "channels_last": True, "nchw": False, "contiguous": False}
 
@@ -86,10 +106,14 @@ class _Request:
         "waiters",
         "callbacks",
         "info",
+        "slot",
+        "value",
+        "report",
     )
 
     def __init__(self, client):
         self.client = client
+        self.slot = None  # a gate slot: stream-ordered (value, report with it)
         self.done = False
         self.result = None
         self.error = None
@@ -165,6 +189,7 @@ class Client:
         client_name: str | None = None,
         use_rings: int = -1,
         spin_us: int = -1,
+        stream_ordered: bool | None = None,
     ):
         self._h = None
         self._closed = True
@@ -194,6 +219,13 @@ class Client:
         self._empties = EmptyRegions()
         self._dead: list = []  # regions of empty() arrays that died, freed at the next call
         self._cuda = None
+        self._gates = None  # GateSlab, made by the first stream-ordered request
+        self._gated = 0  # stream-ordered requests in flight (in _pending, with a slot)
+        self._async_error = None  # the first failure of a stream-ordered conv2d, not yet raised
+        self._watch_event = None  # the thread taking completions while _gated (_watch_gates)
+        self._watch_idle = False
+        self._ordered = False
+        self._ordered_auto = stream_ordered is None
         self._watching: dict = {}  # asyncio loop -> number of requests it awaits
         self._comp = _lib.Completion()
         self._comp_ref = byref(self._comp)
@@ -220,6 +252,7 @@ class Client:
                 )
             self._max_inflight = info.max_inflight or (1 << 30)
             self._check_args_struct()
+            self._ordered = self._stream_ordering(stream_ordered)
         except BaseException:
             lib.convd_close(self._h)
             self._h = None
@@ -233,10 +266,13 @@ class Client:
         trip (both probes fail in the library before anything is sent):
         - at this package's struct_size, a priority of 99 is refused for its priority, so the
           library reads priority where the mirror puts it;
+        - the same with the gate's last byte set: a library that has struct convd_gate still
+          refuses with CONVD_EINVAL; one from before gates, with CONVD_EUNSUPPORTED (a byte it
+          does not know), and then stream ordering is not used (_lib_gates);
         - at 8 bytes more, with those bytes set, the request is refused as using a field the
           library does not know (CONVD_EUNSUPPORTED), so the library's struct is not longer
           than the mirror."""
-        global _args_checked
+        global _args_checked, _lib_gates
         if _args_checked:
             return
         size = ctypes.sizeof(_lib.ConvArgs)
@@ -251,6 +287,21 @@ class Client:
                 f"{_lib.path()} does not read struct convd_conv_args as this package declares "
                 f"it ({size} bytes): {msg!r}"
             )
+        # The gate, the mirror's last field: with its last byte set, a library that has it
+        # reads it (and still refuses the priority, or the gate without a region: EINVAL); a
+        # library from before gates refuses a byte it does not know (CONVD_EUNSUPPORTED), and
+        # stream ordering is not used with it (its connections speak protocol 2 at most).
+        a.gate.done_value = 1 << 24
+        assert buf[_lib.GATE_LAST_BYTE] == b"\x01"
+        rc = self._lib.convd_conv_submit(self._h, byref(a), self._idv_ref)
+        msg = self._errstr()
+        if rc not in (-1, _EUNSUPPORTED):
+            raise _lib.LibraryError(
+                f"{_lib.path()} does not read struct convd_conv_args' gate as this package "
+                f"declares it: {msg!r}"
+            )
+        gates = not (rc == _EUNSUPPORTED and "byte" in msg)
+        a.gate.done_value = 0
         a.priority = 0
         a.struct_size = size + 8
         ctypes.memset(ctypes.addressof(buf) + size, 1, 8)
@@ -260,7 +311,38 @@ class Client:
                 f"{_lib.path()}'s struct convd_conv_args is longer than this package's "
                 f"({size} bytes): {self._errstr()!r}"
             )
+        _lib_gates = gates
         _args_checked = True
+
+    def _stream_ordering(self, asked) -> bool:
+        """Whether CUDA tensors take the stream-ordered path: asked (None: when the daemon
+        speaks protocol 3 and $CONVD_STREAM_ORDERED is not 0), on a GPU daemon."""
+        if asked is None:
+            env = os.environ.get("CONVD_STREAM_ORDERED", "").strip().lower()
+            if env in _OFF_WORDS:
+                return False
+        elif not asked:
+            return False
+        proto = self._info["protocol_version"]
+        if proto < 3 or not _lib_gates:
+            if asked:
+                raise Error(
+                    "EUNSUPPORTED",
+                    f"stream_ordered=True needs a daemon and a libconvd-client of protocol 3 "
+                    f"(gates); this connection speaks protocol {proto}"
+                    + ("" if _lib_gates else f", and {_lib.path()} has no gates"),
+                )
+            return False
+        # Only the GPU backend opens CUDA memory; the others refuse it on the synchronous path.
+        return self._info["backend"] == "gpu"
+
+    @property
+    def stream_ordered(self) -> bool:
+        """Whether convolutions of CUDA tensors are ordered on the caller's stream (returning at
+        once) rather than synchronising it and waiting: a GPU daemon of protocol 3, unless
+        turned off (connect(stream_ordered=False), $CONVD_STREAM_ORDERED=0) or found
+        unavailable by the CUDA driver at the first call (with a PerformanceWarning)."""
+        return self._ordered
 
     def _errstr(self) -> str:
         s = self._lib.convd_errstr(self._h)
@@ -300,9 +382,12 @@ class Client:
         return f"<convd.Client {state}>"
 
     def close(self) -> None:
-        """Closes the connection. Requests still in flight fail with CONVD_ECLOSED. Arrays from
-        empty() stay valid: the connection (and their memory) is released when the last of them
-        is gone. Calling close() again does nothing."""
+        """Closes the connection. Stream-ordered requests are waited for first (their streams
+        wait on them; for at most a minute, then their streams are let go), and the devices
+        that used them are synchronised (torch.cuda.synchronize) before the gate words are
+        unregistered; their errors are not raised. Other requests still in flight fail with
+        CONVD_ECLOSED. Arrays from empty() stay valid: the connection (and their memory) is
+        released when the last of them is gone. Calling close() again does nothing."""
         lock = getattr(self, "_lock", None)
         if lock is None or self._closed:
             return
@@ -310,10 +395,17 @@ class Client:
             if self._closed:
                 return
             self._closed = True
+            if self._watch_event is not None:
+                self._watch_event.set()  # the thread sees _closed and ends
+            if self._gated:
+                self._end_gated()
             err = Error("ECLOSED", "the client was closed with the request in flight")
             for req in list(self._pending.values()):
                 self._settle(req, None, err)
             self._pending.clear()
+            if self._gates is not None:
+                gates, self._gates = self._gates, None
+                gates.close()
             self._reap()
             self._slabs.drop_free()
             if self._arena is not None:
@@ -323,6 +415,24 @@ class Client:
             self._plans.clear()
             if len(self._empties) == 0:
                 self._release_handle()
+
+    def _end_gated(self) -> None:
+        """close(): takes the completions of the stream-ordered requests in flight, for at
+        most _CLOSE_WAIT_S, then stores the done words of those left from the host, so that no
+        stream waits on memory about to be unregistered. Under the lock."""
+        lib, h = self._lib, self._h
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        while self._gated and h is not None and time.monotonic() < deadline:
+            rc = lib.convd_wait_any(h, 100, self._comp_ref)
+            if rc == 0:
+                self._dispatch(self._comp)
+            elif rc != _ETIMEDOUT:
+                self._trouble(rc)
+                break
+        if self._gates is not None:
+            for req in self._pending.values():
+                if req.slot is not None:
+                    self._gates.release(req.slot, req.value)
 
     def _release_handle(self) -> None:
         if self._h is not None:
@@ -534,6 +644,8 @@ class Client:
     ):
         if self._dead:
             self._reap_locked()
+        if self._async_error is not None:
+            self._raise_async()
         if type(x) is np.ndarray or (isinstance(x, np.ndarray) and not _is_tensor(x)):
             return self._call_numpy(
                 x, w, b, stride, padding, dilation, groups, act, dtype, layout, prio, wait, tf32
@@ -856,6 +968,10 @@ class Client:
         raise _Handed(err)
 
     def _cuda_request(self, plan, x, w, b, out, ret, prio, wait):
+        if self._ordered:
+            got = self._gated_request(plan, x, w, b, out, ret, prio, wait)
+            if got is not _SYNC_PATH:
+                return got
         torch = _torch()
         # The stream rule: the daemon reads the tensors only after the work queued on the
         # caller's current stream (which produced them, and last used the output's memory) is
@@ -871,6 +987,7 @@ class Client:
             cr = self._cuda
             a = plan.conv_args()
             a.priority = prio
+            a.gate.region = None
             plan.where = None
             segs = []
             try:
@@ -904,6 +1021,190 @@ class Client:
         if req.error is not None:
             raise req.error
         return req.result
+
+    def _gated_request(self, plan, x, w, b, out, ret, prio, wait):
+        """A stream-ordered request (module docstring): a gate slot and value, the tensors
+        located, the request submitted with the gate, then, outside the lock, the ready write
+        and the done wait queued on the caller's current stream. Returns the output (wait) or a
+        Future at once; _SYNC_PATH when stream ordering turned out to be unavailable here and
+        was chosen automatically."""
+        dev = x.device.index
+        stream = _current_stream(dev)
+        with self._lock:
+            self._handle()
+            if self._pending:
+                self._poll_completions()
+            if self._async_error is not None:
+                self._raise_async()
+            self._room()
+            gates = self._gates
+            if gates is None or dev not in gates.dptr:
+                gates = self._gates_for(dev, stream)
+                if gates is None:
+                    return _SYNC_PATH
+            got = gates.take()
+            if got is None:
+                got = self._gate_slot(gates)
+            slot, value = got
+            if self._cuda is None:
+                from convd._cuda import CudaRegions
+
+                self._cuda = CudaRegions(self)
+            cr = self._cuda
+            a = plan.conv_args()
+            a.priority = prio
+            plan.where = None
+            segs = []
+            try:
+                for t, ref, nbytes in (
+                    (x, a.input, plan.x_bytes),
+                    (w, a.weight, plan.w_bytes),
+                    (b, a.bias, plan.b_bytes),
+                    (out, a.output, plan.o_bytes),
+                ):
+                    if t is None:
+                        continue
+                    seg, off = cr.locate(t.data_ptr(), nbytes)
+                    seg.inflight += 1
+                    segs.append(seg)
+                    ref.region, ref.offset, ref.bytes = seg.region, off, nbytes
+                g = a.gate
+                g.region = gates.handle
+                g.ready_offset = 8 * slot
+                g.done_offset = 8 * slot + 4
+                g.ready_value = g.done_value = value
+                req = self._submit(a)
+            except BaseException:
+                for s in segs:
+                    s.inflight -= 1
+                gates.unused(slot)
+                raise
+            req.segments = segs
+            req.out = None
+            req.out_ret = ret
+            req.keep = (x, w, b, out)
+            req.slot = slot
+            req.value = value
+            # A conv2d's failure is raised later (asynchronous errors); a Future holds its own.
+            req.report = wait
+            self._gated += 1
+            if self._watch_idle or self._watch_event is None:
+                self._wake_watch()
+        # Outside the lock: a call that blocks (the stream's queue is full) must not keep the
+        # client's thread from taking the completions whose done words the stream waits for.
+        failed = gates.order(dev, stream, slot, value)
+        if failed is not None:
+            what, why = failed
+            with self._lock:
+                req.report = False  # this caller gets the error now
+                if what == "write" and self._gates is gates:
+                    # Nothing was queued: let the daemon start (it reads inputs nobody waits
+                    # for, into an output nobody gets) rather than wait out its gate timeout,
+                    # and the slot be freed (no write of this value is left to land).
+                    gates.words[2 * slot] = value
+            raise Error(
+                "EDEVICE",
+                f"cannot queue the stream-ordered convolution on the CUDA stream "
+                f"(cuStreamWriteValue32/cuStreamWaitValue32 refused the {what}): {why}",
+            )
+        if not wait:
+            return Future(req)
+        return ret
+
+    def _gates_for(self, dev: int, stream: int):
+        """The gate slab, made and attached to the device on first use. Under the lock. When
+        that fails, stream ordering chosen automatically is turned off for this client (with a
+        PerformanceWarning, and None returned: the synchronous path serves the call); asked
+        for explicitly, the error is raised."""
+        from convd._cuda import MAX_GATE_SLOTS, GateSlab, _outside_level
+
+        try:
+            gates = self._gates
+            if gates is None:
+                slots = max(1, min(self._max_inflight, MAX_GATE_SLOTS))
+                gates = self._gates = GateSlab(self, slots)
+            gates.attach(dev, stream)
+            return gates
+        except Error as e:
+            if not self._ordered_auto:
+                raise
+            self._ordered = False
+            warnings.warn(
+                f"convd: stream ordering is unavailable ({e.message}), so each convolution of "
+                "CUDA tensors synchronises the caller's stream and waits for its result; "
+                "connect(stream_ordered=False) or CONVD_STREAM_ORDERED=0 says so without this "
+                "warning",
+                PerformanceWarning,
+                stacklevel=_outside_level(),
+            )
+            return None
+
+    def _gate_slot(self, gates):
+        """Waits for a gate slot: for completions while stream-ordered requests are out, else
+        (every slot waits for a stream to write a ready word queued before) a little. Under the
+        lock."""
+        lib, h = self._lib, self._h
+        while True:
+            got = gates.take()
+            if got is not None:
+                return got
+            rc = _ETIMEDOUT
+            if self._gated:
+                rc = lib.convd_wait_any(h, _WAIT_SLICE_MS, self._comp_ref)
+                if rc == 0:
+                    self._dispatch(self._comp)
+                elif rc != _ETIMEDOUT:
+                    self._trouble(rc)
+                    if rc == _ECLOSED:
+                        raise self._error(rc)
+            if rc != 0:
+                time.sleep(0.0005)
+            self._after_wait()
+
+    def _raise_async(self) -> None:
+        """Raises (once) the recorded failure of an earlier stream-ordered conv2d."""
+        with self._lock:
+            err, self._async_error = self._async_error, None
+        if err is not None:
+            raise err
+
+    def synchronize(self) -> None:
+        """Waits until every stream-ordered request issued so far (conv2d() and submit() of
+        CUDA tensors with stream ordering) has completed: the daemon has run it, or it failed.
+        Then raises the first failure of a stream-ordered conv2d() not yet raised (a
+        convd.Error with the request's own code), as CUDA reports asynchronous errors. It does
+        not wait for the CUDA streams: torch.cuda.synchronize() does."""
+        with self._lock:
+            self._handle()
+            if self._pending:
+                self._poll_completions()
+            out = [r for r in self._pending.values() if r.slot is not None]
+        for r in out:
+            if not r.done:
+                self._wait_request(r, None)
+        if self._async_error is not None:
+            self._raise_async()
+
+    def _poll_completions(self) -> None:
+        """Takes the completions that have arrived, without blocking. Under the lock."""
+        rc = self._lib.convd_client_process(self._h)
+        self._drain_queued()
+        if rc != 0:
+            self._trouble(rc)
+
+    def _wake_watch(self) -> None:
+        """Starts the client's completion thread, or wakes it from its rest. Under the lock."""
+        self._watch_idle = False
+        if self._watch_event is None:
+            self._watch_event = threading.Event()
+            threading.Thread(
+                target=_watch_gates,
+                args=(weakref.ref(self), self._watch_event),
+                name="convd-gates",
+                daemon=True,
+            ).start()
+        else:
+            self._watch_event.set()
 
     def _room(self) -> None:
         """Waits until fewer than max_inflight requests are out (what the library counts in
@@ -950,6 +1251,17 @@ class Client:
             for s in req.segments:
                 s.inflight -= 1
             req.segments = None
+        if req.slot is not None:
+            self._gated -= 1
+            if self._gates is not None:
+                self._gates.give(req.slot, req.value)
+            req.slot = None
+            if error is not None and req.report and self._async_error is None and not self._closed:
+                self._async_error = Error(
+                    error.code,
+                    "a stream-ordered convolution issued earlier on this client failed, and "
+                    f"its output was not written: {error.message}",
+                )
         req.keep = None
         if req.event is not None:
             req.event.set()
@@ -1069,10 +1381,7 @@ class Client:
             return
         try:
             if self._h is not None and not self._closed:
-                rc = self._lib.convd_client_process(self._h)
-                self._drain_queued()
-                if rc != 0:
-                    self._trouble(rc)
+                self._poll_completions()
         finally:
             self._lock.release()
 
@@ -1135,6 +1444,44 @@ class Client:
                     self._trouble(rc)
         finally:
             self._lock.release()
+
+
+def _watch_gates(ref, event) -> None:
+    """The client's completion thread: while stream-ordered requests are out, takes their
+    completions every _WATCH_S (without blocking, and not while another thread holds the
+    client, which then takes them itself), so that a failure's done word is stored, slots and
+    tensors are let go, and the errors recorded, even when the process only waits on its
+    streams. Rests on the event while none are out; ends with the client. Holds the client
+    only between two looks."""
+    while True:
+        c = ref()
+        if c is None or c._closed:
+            return
+        if c._gated:
+            c._progress()
+            del c
+            time.sleep(_WATCH_S)
+            continue
+        c._watch_idle = True
+        if c._gated:  # issued since the look above: _wake_watch saw no rest to end
+            c._watch_idle = False
+            del c
+            continue
+        del c
+        event.wait(1.0)
+        event.clear()
+
+
+_SYNC_PATH = object()  # _gated_request: serve this call synchronously
+
+
+def _current_stream(device: int) -> int:
+    """The caller's current stream on the device, as the driver's CUstream handle."""
+    torch = _torch()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def channels_last(x) -> bool:

@@ -16,10 +16,17 @@ close(): each cached allocation's id is looked up again and the stale ones are u
 The driver API (libcuda.so.1) is reached through ctypes, as the library is through ctypes: no
 compiled code, and no dependence on which CUDA runtime PyTorch was built with.
 
-Stream ordering (docs/python.md, "GPU tensors"): before a request is sent, the caller's current
-stream is synchronised, so the daemon reads the input only after the work queued on it has
-finished; the output is complete when the call returns (or the future resolves), so work queued
-on that stream afterwards sees it.
+Stream ordering (docs/python.md, "Stream ordering"). With a daemon of protocol 3, a request is
+ordered on the caller's current stream without the CPU waiting: the client takes a slot of its
+gate slab (GateSlab: one host region the daemon maps, registered with the driver by
+cuMemHostRegister so that streams can reach it), queues cuStreamWriteValue32(ready word, value)
+on the stream, sends the request with a gate naming both words, and queues
+cuStreamWaitValue32(done word, value, GEQ) behind it; the daemon starts the request once the ready
+word holds the value and stores the value into the done word when the request has finished. Work
+queued on the stream before the call (the producer of the input) is done before the daemon reads,
+and work queued after it (the consumer of the output) runs after the daemon wrote. Before
+protocol 3, or with stream ordering turned off, the caller's current stream is synchronised before
+the request is sent and the call waits for the completion.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ import ctypes
 import os
 import sys
 import warnings
-from ctypes import POINTER, byref, c_int, c_uint, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_uint32, c_uint64, c_void_p
 
 from convd._errors import Error, PerformanceWarning
+from convd._memory import create_region, free_region
 
 _ATTR_BUFFER_ID = 7
 _ATTR_DEVICE_ORDINAL = 9
@@ -39,6 +47,11 @@ _ATTR_RANGE_START_ADDR = 11
 _ATTR_RANGE_SIZE = 12
 _ELIMIT = -14
 _DEV_ATTR_MPS_ENABLED = 133  # CU_DEVICE_ATTRIBUTE_MPS_ENABLED
+_HOSTREGISTER_PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context
+_HOSTREGISTER_DEVICEMAP = 2  # CU_MEMHOSTREGISTER_DEVICEMAP: mapped into the devices' space
+_WRITE_VALUE_DEFAULT = 0  # CU_STREAM_WRITE_VALUE_DEFAULT: a fence orders the stream's writes first
+_WAIT_VALUE_GEQ = 0  # CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*addr - value) >= 0
+_MASK32 = 0xFFFFFFFF
 
 
 _NOT_MPS = (
@@ -73,13 +86,32 @@ class _Driver:
         self.release.argtypes = [c_int]
         self.push = getattr(lib, "cuCtxPushCurrent_v2", None) or lib.cuCtxPushCurrent
         self.push.argtypes = [c_void_p]
+        self.push.restype = c_int
         self.pop = getattr(lib, "cuCtxPopCurrent_v2", None) or lib.cuCtxPopCurrent
         self.pop.argtypes = [POINTER(c_void_p)]
+        self.pop.restype = c_int
         lib.cuGetErrorString.argtypes = [c_int, POINTER(ctypes.c_char_p)]
         lib.cuDeviceGet.argtypes = [POINTER(c_int), c_int]
         lib.cuDeviceGet.restype = c_int
         lib.cuDeviceGetAttribute.argtypes = [POINTER(c_int), c_int, c_int]
         lib.cuDeviceGetAttribute.restype = c_int
+        # Stream ordering (GateSlab): optional, so that a driver without them still serves the
+        # synchronous path. CUDA 12 and 13 export the current versions under their _v2 names.
+        self.host_register = _sym(lib, "cuMemHostRegister_v2", "cuMemHostRegister")
+        self.host_unregister = _sym(lib, "cuMemHostUnregister")
+        self.host_dptr = _sym(lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
+        self.write_value = _sym(lib, "cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+        self.wait_value = _sym(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+        for fn, argtypes in (
+            (self.host_register, [c_void_p, c_size_t, c_uint]),
+            (self.host_unregister, [c_void_p]),
+            (self.host_dptr, [POINTER(c_uint64), c_void_p, c_uint]),
+            (self.write_value, [c_void_p, c_uint64, c_uint32, c_uint]),
+            (self.wait_value, [c_void_p, c_uint64, c_uint32, c_uint]),
+        ):
+            if fn is not None:
+                fn.argtypes = argtypes
+                fn.restype = c_int
         # The attribute query, built once: buffer id, device, IPC capability, start, size.
         self.bid = c_uint64()
         self.ordinal = c_int()
@@ -164,6 +196,51 @@ class _Driver:
                 out = c_void_p()
                 self.pop(byref(out))
                 self.release(device)
+
+
+    def primary_context(self, device: int) -> int:
+        """Retains the device's primary context (the one PyTorch's runtime uses) and returns
+        it; the caller releases it with self.release(device)."""
+        ctx = c_void_p()
+        rc = self.lib.cuDevicePrimaryCtxRetain(byref(ctx), device)
+        if rc != 0:
+            raise Error("EDEVICE", f"cannot retain device {device}'s context: {self.errstr(rc)}")
+        return ctx.value
+
+    def enter(self, ctx: int) -> bool:
+        """Makes ctx current on this thread unless it is; True when it was pushed (pop it with
+        leave()). Stream 0 means the current context's default stream, and a thread that never
+        touched CUDA has no context at all."""
+        cur = c_void_p()
+        self.lib.cuCtxGetCurrent(byref(cur))
+        if cur.value == ctx:
+            return False
+        rc = self.push(ctx)
+        if rc != 0:
+            raise Error("EDEVICE", f"cannot make a CUDA context current: {self.errstr(rc)}")
+        return True
+
+    def leave(self) -> None:
+        out = c_void_p()
+        self.pop(byref(out))
+
+    def has_stream_ops(self) -> bool:
+        return None not in (
+            self.host_register,
+            self.host_unregister,
+            self.host_dptr,
+            self.write_value,
+            self.wait_value,
+        )
+
+
+def _sym(lib, *names):
+    """The first of the names the library exports, or None."""
+    for name in names:
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            return fn
+    return None
 
 
 _driver: _Driver | None = None
@@ -279,3 +356,203 @@ class CudaRegions:
 
     def __len__(self):
         return len(self.by_bid)
+
+
+# Slots of a gate slab: one per stream-ordered request in flight, at most this many.
+MAX_GATE_SLOTS = 1024
+
+
+def _geq(a: int, b: int) -> bool:
+    """(int32_t)(a - b) >= 0: the cyclic comparison of cuStreamWaitValue32's GEQ, and the
+    daemon's."""
+    return ((a - b) & _MASK32) < 0x80000000
+
+
+class GateSlab:
+    """The client's gate words, for stream-ordered requests: one host region (memfd, mapped by
+    the daemon too), registered with the CUDA driver (cuMemHostRegister, PORTABLE | DEVICEMAP)
+    once, at the first use on a device, so that streams of every context can write and wait on
+    its words. Slot i is a ready word at 8*i and a done word at 8*i + 4; one more pair after the
+    last slot, never named by a request, lets the first use on a device try the driver's stream
+    memory operations on the caller's stream before any request depends on them.
+
+    Values come from a counter of the client (wrapping: every comparison is cyclic). A slot goes
+    back to the free list once its request's completion has been taken (the done word then holds
+    the value: the daemon, or the library for a failure, stored it before the completion was
+    handed out) and its ready word holds the value too: a request refused before its stream
+    reached the ready write still has that write queued, and the word must not be written late,
+    behind a newer request's value, when the slot serves another stream. take() sets both words
+    below the new value from the host, so that a value left from long ago can never read as
+    "already there".
+
+    Used under the client's lock, except order() (the stream operations of one request)."""
+
+    def __init__(self, client, slots: int):
+        self.client = client
+        self.drv = driver()
+        if not self.drv.has_stream_ops():
+            raise Error(
+                "EUNSUPPORTED",
+                "the CUDA driver has no stream memory operations (cuStreamWriteValue32_v2, "
+                "cuStreamWaitValue32_v2) or host registration (cuMemHostRegister_v2, "
+                "cuMemHostGetDevicePointer_v2), which stream ordering needs",
+            )
+        self.slots = slots
+        size = ((slots + 1) * 8 + 4095) // 4096 * 4096
+        self.region = create_region(client, size)
+        self.handle = self.region.handle
+        self.words = (c_uint32 * (size // 4)).from_address(self.region.addr)
+        self.free = list(range(slots - 1, -1, -1))  # a stack: slot 0 first
+        self.limbo: list[tuple[int, int]] = []  # (slot, value) done, ready write maybe queued
+        self.value = 0
+        self.ctx: dict[int, int] = {}  # device -> its primary context, retained
+        self.dptr: dict[int, int] = {}  # device -> the region's address there
+        self.registered = False
+        self.host_registrations = 0  # cuMemHostRegister calls: one per slab
+
+    # ------------------------------------------------------------ devices
+
+    def attach(self, device: int, stream: int) -> None:
+        """First use on a device: registers the region with the driver (once per slab), takes
+        its device address, and tries a write and a wait on the spare words on the caller's
+        stream. Raises Error (EUNSUPPORTED when the driver refuses)."""
+        drv = self.drv
+        ctx = drv.primary_context(device)
+        pushed = False
+        registered_here = False
+        try:
+            pushed = drv.enter(ctx)
+            if not self.registered:
+                rc = drv.host_register(
+                    self.region.addr,
+                    self.region.size,
+                    _HOSTREGISTER_PORTABLE | _HOSTREGISTER_DEVICEMAP,
+                )
+                if rc != 0:
+                    raise Error(
+                        "EUNSUPPORTED",
+                        "cannot register the gate words with the CUDA driver "
+                        f"(cuMemHostRegister): {drv.errstr(rc)}",
+                    )
+                self.registered = registered_here = True
+                self.host_registrations += 1
+            d = c_uint64()
+            rc = drv.host_dptr(byref(d), self.region.addr, 0)
+            if rc != 0:
+                raise Error(
+                    "EUNSUPPORTED",
+                    f"cannot map the gate words into device {device} "
+                    f"(cuMemHostGetDevicePointer): {drv.errstr(rc)}",
+                )
+            spare = d.value + 8 * self.slots  # both words stay 0: the write and wait are no-ops
+            rc = drv.write_value(stream, spare, 0, _WRITE_VALUE_DEFAULT)
+            if rc == 0:
+                rc = drv.wait_value(stream, spare + 4, 0, _WAIT_VALUE_GEQ)
+            if rc != 0:
+                raise Error(
+                    "EUNSUPPORTED",
+                    f"the CUDA driver refuses stream memory operations on device {device}: "
+                    f"{drv.errstr(rc)}",
+                )
+        except BaseException:
+            if registered_here:
+                drv.host_unregister(self.region.addr)
+                self.registered = False
+            if pushed:
+                drv.leave()
+            drv.release(device)
+            raise
+        if pushed:
+            drv.leave()
+        self.ctx[device] = ctx
+        self.dptr[device] = d.value
+
+    def order(self, device: int, stream: int, slot: int, value: int):
+        """Queues on the stream the write of the slot's ready word and the wait for its done
+        word. Returns None, or (what failed, the driver's sentence): "write" (nothing was
+        queued) or "wait" (the write was)."""
+        drv = self.drv
+        addr = self.dptr[device] + 8 * slot
+        pushed = drv.enter(self.ctx[device])
+        try:
+            rc = drv.write_value(stream, addr, value, _WRITE_VALUE_DEFAULT)
+            if rc != 0:
+                return "write", drv.errstr(rc)
+            rc = drv.wait_value(stream, addr + 4, value, _WAIT_VALUE_GEQ)
+            if rc != 0:
+                return "wait", drv.errstr(rc)
+            return None
+        finally:
+            if pushed:
+                drv.leave()
+
+    # ------------------------------------------------------------ slots
+
+    def take(self):
+        """(slot, value) for a new request, or None when every slot is in use."""
+        if not self.free and not self.sweep():
+            return None
+        s = self.free.pop()
+        v = self.value = (self.value + 1) & _MASK32
+        below = (v - 1) & _MASK32
+        w = self.words
+        w[2 * s] = below  # not ready
+        w[2 * s + 1] = below  # not done; still >= every older value a stream may wait for
+        return s, v
+
+    def give(self, slot: int, value: int) -> None:
+        """The request's completion was taken: the slot is free once its ready word was
+        written."""
+        if _geq(self.words[2 * slot], value):
+            self.free.append(slot)
+        else:
+            self.limbo.append((slot, value))
+
+    def unused(self, slot: int) -> None:
+        """The request was not submitted, and nothing was queued on a stream for it."""
+        self.free.append(slot)
+
+    def sweep(self) -> bool:
+        """Frees the slots whose queued ready writes have landed; True if any slot is free."""
+        w = self.words
+        waiting = []
+        for s, v in self.limbo:
+            if _geq(w[2 * s], v):
+                self.free.append(s)
+            else:
+                waiting.append((s, v))
+        self.limbo = waiting
+        return bool(self.free)
+
+    def release(self, slot: int, value: int) -> None:
+        """Stores the value into the slot's done word from the host, for a request whose
+        completion will not be taken (the client is closing): a stream waiting for it goes on."""
+        self.words[2 * slot + 1] = value
+
+    def close(self) -> None:
+        """Waits for the devices that used the slab (no stream may still wait on its words),
+        unregisters it from the driver and frees the region. Under the client's lock, with the
+        connection still open; every done word a stream waits for must have been stored."""
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            for device in self.ctx:
+                try:
+                    torch.cuda.synchronize(device)
+                except Exception:
+                    pass
+        drv = self.drv
+        if self.registered and self.ctx:
+            device, ctx = next(iter(self.ctx.items()))
+            try:
+                pushed = drv.enter(ctx)
+                drv.host_unregister(self.region.addr)
+                if pushed:
+                    drv.leave()
+            except Exception:
+                pass
+        self.registered = False
+        for device in self.ctx:
+            drv.release(device)
+        self.ctx.clear()
+        self.dptr.clear()
+        free_region(self.client, self.region)

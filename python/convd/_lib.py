@@ -167,6 +167,19 @@ class Tensor(Structure):
     _fields_ = [("region", c_void_p), ("offset", c_uint64), ("bytes", c_uint64)]
 
 
+class Gate(Structure):
+    """struct convd_gate (protocol 3): two 32-bit words of a host region through which a GPU
+    stream orders a request; region NULL means no gate."""
+
+    _fields_ = [
+        ("region", c_void_p),
+        ("ready_offset", c_uint64),
+        ("done_offset", c_uint64),
+        ("ready_value", c_uint32),
+        ("done_value", c_uint32),
+    ]
+
+
 class ConvArgs(Structure):
     """struct convd_conv_args"""
 
@@ -179,7 +192,14 @@ class ConvArgs(Structure):
         ("output", Tensor),
         ("priority", c_uint),
         ("timeout_us", c_uint64),
+        ("gate", Gate),
     ]
+
+
+# The gate is the struct's last field, and ends it (no tail padding): the checks of
+# Client._check_args_struct set its last byte to learn whether the library reads it.
+assert ctypes.sizeof(Gate) == 32 and ConvArgs.gate.offset + 32 == ctypes.sizeof(ConvArgs)
+GATE_LAST_BYTE = ctypes.sizeof(ConvArgs) - 1
 
 
 class Completion(Structure):

@@ -5,8 +5,14 @@ is a GPU build (scripts/gpu-check.sh runs them on the GPU machine).
 - the registration of an allocation is made once and reused (no round trip per call), and let go
   when PyTorch frees the allocation;
 - the stream rule: a producer kernel queued right before the call (behind a long sleep on the
-  stream) is waited for, on the default and on a side stream, for conv2d and submit; a consumer
-  queued right after the call sees the output;
+  stream) is waited for, on the default and on a side stream, for conv2d and submit, stream-ordered
+  and synchronous; a consumer queued right after the call sees the output;
+- stream ordering (protocol 3): a conv -> relu -> conv chain and 64 convolutions issued without
+  synchronising, returning before the stream has run; the gate slab registered once per client;
+  the synchronous path with stream_ordered=False and CONVD_STREAM_ORDERED=0; a request the daemon
+  refuses after it was sent (max_inflight_per_user) or fails waiting for its stream
+  (gate_timeout_ms) lets the stream go on, with nobody calling the client, and its error is
+  raised by a later call or synchronize(); close() waits for the requests its streams wait on;
 - a process that is not an MPS client is told so once per client, with what to change;
 - the four torchvision models patched against unpatched on the GPU, fp32 (TF32 off on both
   sides) within 1e-4, and fp16 and bf16 no further from the fp32 output than PyTorch's own
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import re
+import time
 
 import numpy as np
 import pytest
@@ -79,6 +86,42 @@ def metric(client, name) -> float:
     m = re.search(rf"^{name} (\S+)$", client.metrics(), re.M)
     assert m, f"no metric {name}"
     return float(m.group(1))
+
+
+_CYCLES_PER_S = []
+
+
+def sleep_cycles(seconds: float) -> int:
+    """torch.cuda._sleep's argument that keeps a stream busy about this long (measured once)."""
+    if not _CYCLES_PER_S:
+        n = int(5e7)
+        torch.cuda._sleep(n)  # warm-up: the kernel's first launch loads it
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(n)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_S.append(n / (start.elapsed_time(end) / 1e3))
+    return int(_CYCLES_PER_S[0] * seconds)
+
+
+def unstick(client) -> None:
+    """After a failed check: stores the newest value into every done word of the client's gate
+    slab, so that no stream waits on one any more and the tests after this one can run."""
+    g = client._gates
+    for i in range(g.slots):
+        g.words[2 * i + 1] = g.value
+
+
+def drained(stream, timeout: float) -> bool:
+    """Whether the stream runs dry within the timeout, polled without calling any client (a
+    blocking synchronize would hang the test if a done word were never written)."""
+    deadline = time.monotonic() + timeout
+    while not stream.query():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -149,12 +192,17 @@ def test_cuda_tensor_on_a_cpu_daemon(client):
 def test_registration_is_per_allocation_and_reused(gclient):
     dev = torch.device("cuda")
     w = torch.randn(64, 8, 3, 3, device=dev)
-    gclient.conv2d(torch.randn(1, 64, 28, 28, device=dev), w, padding=1, groups=8)
+    # Stream-ordered requests hold their tensors until their completions are taken: a few
+    # rounds first, so that the allocator's segments for the tensors in flight exist.
+    for _ in range(10):
+        gclient.conv2d(torch.randn(1, 64, 28, 28, device=dev), w, padding=1, groups=8)
+    gclient.synchronize()
     registered = metric(gclient, "convd_regions_registered_total")
     segments = len(gclient._cuda)
     for _ in range(50):
         x = torch.randn(1, 64, 28, 28, device=dev)  # new tensors, the allocator's same segments
         y = gclient.conv2d(x, w, padding=1, groups=8)
+        gclient.synchronize()  # no more tensors in flight than in the rounds above
         del x, y
     assert metric(gclient, "convd_regions_registered_total") == registered
     assert len(gclient._cuda) == segments
@@ -197,6 +245,7 @@ def test_freed_allocation_is_unregistered(gclient):
         x = torch.randn(1, 16, 1024, 1024, device=dev)
         gclient.conv2d(x, w)
         del x
+        gclient.synchronize()  # a stream-ordered request holds x until its completion is taken
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     gclient.conv2d(torch.randn(1, 16, 8, 8, device=dev), w)
@@ -206,9 +255,17 @@ def test_freed_allocation_is_unregistered(gclient):
     assert len(gclient._cuda) <= 4
 
 
+@pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("side_stream", [False, True])
 @pytest.mark.parametrize("use_future", [False, True])
-def test_stream_order_producer_and_consumer(gclient, side_stream, use_future):
+def test_stream_order_producer_and_consumer(gpu_daemon, side_stream, use_future, ordered):
+    with gpu_daemon.connect(stream_ordered=ordered) as gclient:
+        assert gclient.stream_ordered == ordered
+        producer_and_consumer(gclient, side_stream, use_future)
+        gclient.synchronize()
+
+
+def producer_and_consumer(gclient, side_stream, use_future):
     dev = torch.device("cuda")
     src = torch.randn(4, 32, 56, 56, device=dev)
     w = torch.randn(32, 4, 3, 3, device=dev)
@@ -231,6 +288,192 @@ def test_stream_order_producer_and_consumer(gclient, side_stream, use_future):
     assert rel_l2(z.double().cpu().numpy(), 2 * want.cpu().numpy()) <= TOL["fp32"]
 
 
+# ---------------------------------------------------------------- stream ordering (protocol 3)
+
+
+def test_stream_ordered_chain(gclient, poisoned):
+    """conv -> relu -> conv on a side stream with no synchronisation between: both calls return
+    before the stream has even run the input's producer (queued behind a sleep), and the
+    result matches PyTorch's chain."""
+    assert gclient.info["protocol_version"] >= 3 and gclient.stream_ordered
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(11)
+    src = torch.randn(2, 32, 40, 40, generator=g, dtype=torch.float64)
+    w1 = torch.randn(64, 4, 3, 3, generator=g, dtype=torch.float64)
+    b1 = torch.randn(64, generator=g, dtype=torch.float64)
+    w2 = torch.randn(48, 64, 1, 1, generator=g, dtype=torch.float64)
+    h_ref = torch.relu(torch.nn.functional.conv2d(src.float().double(), w1.float().double(),
+                                                  b1.float().double(), padding=1, groups=8))
+    want = torch.nn.functional.conv2d(h_ref, w2.float().double())
+    xd, w1d, b1d, w2d = (t.float().to(dev) for t in (src, w1, b1, w2))
+    gclient.conv2d(xd, w1d, b1d, padding=1, groups=8)  # registrations and the gate slab first
+    gclient.synchronize()
+    torch.cuda.synchronize()
+    spin = sleep_cycles(0.5)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x = torch.full_like(xd, float("nan"))
+        torch.cuda._sleep(spin)
+        x.copy_(xd)  # the producer, behind the sleep
+        t0 = time.perf_counter()
+        h = torch.relu(gclient.conv2d(x, w1d, b1d, padding=1, groups=8))
+        y = gclient.conv2d(h, w2d)
+        issued = time.perf_counter() - t0
+        busy = not stream.query()
+    assert busy, "the stream had run dry when the calls returned: they waited for it"
+    assert issued < 0.25, f"issuing took {issued:.3f} s behind a 0.5 s sleep: the calls waited"
+    stream.synchronize()
+    err = rel_l2(y.double().cpu().numpy(), want.numpy())
+    assert err <= TOL["fp32"], f"{err:.3g}"
+    gclient.synchronize()  # nothing failed
+
+
+def test_stream_ordered_many_then_one_synchronize(gpu_daemon, gclient, poisoned):
+    """64 convolutions, each of an input made by a kernel right before it, issued back to back
+    without synchronising, then one torch.cuda.synchronize(): every output is right. The gate
+    slab is registered with the driver once per client, whatever the streams."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(12)
+    src = torch.randn(1, 64, 28, 28, generator=g, dtype=torch.float64)
+    w = torch.randn(64, 8, 3, 3, generator=g, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(src.float().double(), w.float().double(), padding=1,
+                                      groups=8)
+    sd, wd = src.float().to(dev), w.float().to(dev)
+    gclient.conv2d(sd, wd, padding=1, groups=8)
+    gclient.synchronize()
+    gates = gclient._gates
+    assert gates is not None and gates.host_registrations == 1
+    side = torch.cuda.Stream()
+    outs = []
+    torch.cuda._sleep(sleep_cycles(0.2))
+    side.wait_stream(torch.cuda.current_stream())
+    for i in range(64):
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            x = sd * (i + 1)  # the producer, right before the call
+            outs.append(gclient.conv2d(x, wd, padding=1, groups=8))
+    torch.cuda.synchronize()
+    for i, y in enumerate(outs):
+        err = rel_l2(y.double().cpu().numpy(), (i + 1) * want.numpy())
+        assert err <= TOL["fp32"], f"call {i}: {err:.3g}"
+    gclient.synchronize()
+    assert gclient._gates is gates and gates.host_registrations == 1
+    assert len(gates.free) + len(gates.limbo) == gates.slots  # every slot came back
+    # Another client has a slab of its own, registered once too.
+    with gpu_daemon.connect() as other:
+        other.conv2d(sd, wd, padding=1, groups=8)
+        other.synchronize()
+        assert other._gates is not gates and other._gates.host_registrations == 1
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_synchronous_path_when_turned_off(gpu_daemon, monkeypatch, how):
+    """stream_ordered=False (or $CONVD_STREAM_ORDERED=0): the caller's stream is synchronised
+    and the call waits, as before protocol 3; no gate slab is made."""
+    if how == "environment":
+        monkeypatch.setenv("CONVD_STREAM_ORDERED", "0")
+        c = gpu_daemon.connect()
+    else:
+        c = gpu_daemon.connect(stream_ordered=False)
+    try:
+        assert not c.stream_ordered
+        dev = torch.device("cuda")
+        src = torch.randn(2, 16, 20, 20, device=dev)
+        w = torch.randn(16, 4, 3, 3, device=dev)
+        want = torch.nn.functional.conv2d(src.double(), w.double(), padding=1, groups=4)
+        c.conv2d(src, w, padding=1, groups=4)
+        torch.cuda.synchronize()
+        spin = sleep_cycles(0.3)
+        x = torch.full_like(src, float("nan"))
+        torch.cuda._sleep(spin)
+        x.copy_(src)
+        y = c.conv2d(x, w, padding=1, groups=4)
+        assert torch.cuda.current_stream().query(), "the call returned before its stream ran"
+        assert rel_l2(y.double().cpu().numpy(), want.cpu().numpy()) <= TOL["fp32"]
+        assert c._gates is None
+        producer_and_consumer(c, True, False)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    "option, code, calls",
+    [
+        (("--max-inflight-per-user", "2"), "ELIMIT", 8),
+        (("--gate-timeout-ms", "100"), "ETIMEDOUT", 3),
+    ],
+    ids=["refused", "gate-timeout"],
+)
+def test_failure_releases_the_stream(option, code, calls, poisoned):
+    """Requests that fail after they were sent, while their stream is blocked: refused by the
+    daemon (the user's in-flight share is 2, and two already wait for the stream) or timed out
+    waiting for their ready words (the stream sleeps ten times gate_timeout_ms). The stream
+    still runs dry (their done words are written: by the library for a refusal, taken by the
+    client's own thread since nobody calls the client meanwhile, by the daemon for a timeout),
+    and the error comes back as convd.Error with its code, from a later call or
+    synchronize(). The client works on."""
+    try:
+        d = Daemon(*option, backend="gpu")
+    except RuntimeError as e:
+        if "without GPU support" in str(e):
+            pytest.skip("$CONVD_DAEMON was built without the GPU backend")
+        raise
+    try:
+        c = d.connect()
+        assert c.stream_ordered
+        dev = torch.device("cuda")
+        src = torch.randn(1, 16, 24, 24, device=dev)
+        w = torch.randn(16, 16, 3, 3, device=dev)
+        want = torch.nn.functional.conv2d(src.double(), w.double(), padding=1).cpu().numpy()
+        c.conv2d(src, w, padding=1)
+        c.synchronize()
+        torch.cuda.synchronize()
+        stream = torch.cuda.current_stream()
+        torch.cuda._sleep(sleep_cycles(1.0))
+        errors = []
+        for _ in range(calls):
+            try:
+                c.conv2d(src, w, padding=1)
+            except convd.Error as e:  # an earlier call's failure, raised by this one
+                errors.append(e)
+        if not drained(stream, 30):
+            unstick(c)
+            pytest.fail("the stream still waited after 30 s: a done word was never written")
+        try:
+            c.synchronize()
+        except convd.Error as e:
+            errors.append(e)
+        assert errors, "no failure was reported"
+        for e in errors:
+            assert e.code == code, str(e)
+        c.synchronize()  # each failure is raised once
+        y = c.conv2d(src, w, padding=1)
+        assert rel_l2(y.double().cpu().numpy(), want) <= TOL["fp32"]
+        c.close()
+    finally:
+        assert d.stop() == 0
+
+
+def test_close_waits_for_stream_ordered_requests(gpu_daemon):
+    """close() with stream-ordered requests whose stream has not yet reached them: it takes
+    their completions (the stream goes on meanwhile), synchronises the device and unregisters
+    the gate words; the outputs are complete."""
+    c = gpu_daemon.connect()
+    dev = torch.device("cuda")
+    src = torch.randn(1, 16, 24, 24, device=dev)
+    w = torch.randn(16, 16, 3, 3, device=dev)
+    want = torch.nn.functional.conv2d(src.double(), w.double(), padding=1).cpu().numpy()
+    c.conv2d(src, w, padding=1)
+    c.synchronize()
+    torch.cuda._sleep(sleep_cycles(0.3))
+    outs = [c.conv2d(src, w, padding=1) for _ in range(4)]
+    assert c._gated > 0
+    c.close()
+    assert c._gated == 0
+    torch.cuda.synchronize()
+    for y in outs:
+        assert rel_l2(y.double().cpu().numpy(), want) <= TOL["fp32"]
+
+
 @pytest.mark.parametrize("name", ["resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_small", "convnext_tiny"])
 def test_models_on_the_gpu(gclient, name, poisoned):
     dev = torch.device("cuda")
@@ -245,6 +488,7 @@ def test_models_on_the_gpu(gclient, name, poisoned):
             x = x32.to(memory_format=torch.channels_last) if channels_last else x32
             before = served(gclient)
             got = patched(x)
+            gclient.synchronize()  # stream-ordered: the forward returns before the daemon is done
             assert served(gclient) - before == n_convs
             err = rel_l2(got.double().cpu().numpy(), ref32.cpu().numpy())
             assert err <= 1e-4, f"{name} fp32 channels_last={channels_last}: {err:.3g}"
