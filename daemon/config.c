@@ -124,6 +124,10 @@ static const struct cfg_option cfg_options[] = {
      "time a request may wait on its gate's ready word (stream ordering) before it fails with "
      "ETIMEDOUT",
      LIVE},
+    {"gate_poll_us", CFG_U64, OFF(gate_poll_us), 0, 1000000, "US",
+     "while requests wait on their gates and nothing else happens, the loop sleeps this long "
+     "between looks at their ready words (0: it spins)",
+     LIVE},
     {"metrics_textfile", CFG_FILE, OFF(metrics_textfile), 0, 0, "FILE",
      "write the metrics there, for node_exporter's textfile collector (a .prom file; "
      "{device} becomes the device option's value, so that per-GPU daemons sharing this file "
@@ -181,6 +185,7 @@ void config_defaults(struct convd_config *c)
     c->doorbell_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2 : 0;
     c->ring_stall_timeout_ms = 10000;
     c->gate_timeout_ms = 10000;
+    c->gate_poll_us = 100;
     c->metrics_textfile[0] = '\0';
     c->metrics_textfile_interval_ms = 15000;
 }

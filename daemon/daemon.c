@@ -778,9 +778,11 @@ int daemon_run(struct convd_daemon *d)
             last_work = now;
             continue;
         }
-        /* Nothing but a client's GPU stream announces a gate's ready word: the loop polls
-         * while any request waits on one (each has a deadline, gate_timeout_ms at most). */
-        if (now - last_work < spin_ns || conn_gated(d) > 0) {
+        /* Nothing but a client's GPU stream announces a gate's ready word: while a request
+         * waits on one the loop spins (gate_poll_us 0) or sleeps at most gate_poll_us at a
+         * time, and a wake that finds nothing does not start another spin. */
+        const bool gated = conn_gated(d) > 0;
+        if (now - last_work < spin_ns || (gated && d->cfg.gate_poll_us == 0)) {
             convd_cpu_relax();
             continue;
         }
@@ -794,13 +796,17 @@ int daemon_run(struct convd_daemon *d)
         bool inflight = d->pool_started && pool_arm(&d->pool);
         if (inflight)
             uv_timer_start(&d->inflight_timer, dmn_on_inflight_timer, DMN_INFLIGHT_POLL_MS, 0);
+        if (gated)
+            dmn_arm_delay(d, d->cfg.gate_poll_us * 1000u);
+        const uint64_t before = d->activity;
         int alive = uv_run(&d->loop, UV_RUN_ONCE);
         if (inflight)
             uv_timer_stop(&d->inflight_timer);
         conn_rings_sleep(d, false);
         if (alive == 0)
             break;
-        last_work = convd_now_ns();
+        if (!gated || d->activity != before)
+            last_work = convd_now_ns();
     }
     log_notice("convd stopped");
     return d->exit_code;

@@ -428,6 +428,59 @@ static void test_client_leaves_with_gated_requests(void **state)
     convd_close(d);
 }
 
+/* The daemon's CPU time (all threads), from its metrics. */
+static double daemon_cpu(convd_client *mon)
+{
+    double v = -1;
+    assert_true(it_metric(mon, "process_cpu_seconds_total", &v));
+    return v;
+}
+
+/* While a request waits on its gate and nothing else happens, the loop sleeps between looks
+ * (gate_poll_us, 100 us by default) instead of spinning: over HOLD a spinning loop would use a
+ * whole CPU, a sleeping one a small part of one. With gate_poll_us 0 it spins. Either way the
+ * word is seen once it comes. */
+static void test_loop_sleeps_or_spins_while_gated(void **state)
+{
+    (void)state;
+    const struct {
+        const char *poll_us;
+        bool spins;
+    } cases[] = {{NULL, false}, {"0", true}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct it_daemon dd;
+        const char *extra[] = {"--gate-poll-us", cases[i].poll_us, NULL};
+        it_daemon_start(&dd, cases[i].poll_us != NULL ? extra : NULL);
+        convd_client *c = gate_connect(dd.sock, "it-gate-idle", -1);
+        struct convd_problem p;
+        small_problem(&p);
+        struct gated g;
+        gated_init(&g, c, &p);
+        struct convd_conv_args a;
+        gated_args(&g, &a, 1, 2);
+        uint64_t id;
+        assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+        usleep(20 * 1000); /* past spin_us: the loop has settled */
+        double cpu0 = daemon_cpu(dd.mon);
+        uint64_t t0 = tu_now_ms();
+        usleep(500 * 1000);
+        double cpu = daemon_cpu(dd.mon) - cpu0, wall = (double)(tu_now_ms() - t0) / 1000.0;
+        if (cases[i].spins ? cpu < 0.5 * wall : cpu > 0.5 * wall)
+            fail_msg("gate_poll_us %s: the daemon used %.3f s of CPU in %.3f s with a request "
+                     "gated; it should %s",
+                     cases[i].poll_us ? cases[i].poll_us : "(default)", cpu, wall,
+                     cases[i].spins ? "spin" : "sleep between looks");
+        atomic_store(gated_word(&g, 0), 1);
+        struct convd_completion done;
+        assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
+        assert_int_equal(done.status, 0);
+        it_case_check(&g.t);
+        gated_fini(&g);
+        convd_close(c);
+        it_daemon_stop(&dd);
+    }
+}
+
 /* A daemon that dies under gated requests writes no done words: the library does, when it
  * sees the connection go, so that no stream waits forever. */
 static void test_lost_daemon_releases_done_words(void **state)
@@ -475,6 +528,7 @@ int main(void)
         cmocka_unit_test(test_daemon_refuses_bad_gates),
         cmocka_unit_test(test_client_leaves_with_gated_requests),
         cmocka_unit_test(test_lost_daemon_releases_done_words),
+        cmocka_unit_test(test_loop_sleeps_or_spins_while_gated),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
     };
     return cmocka_run_group_tests_name("integration: gates", tests, group_setup, group_teardown);

@@ -435,6 +435,7 @@ static void test_diff_and_live_keys(void **state)
                                        "hello_timeout_ms",
                                        "ring_stall_timeout_ms",
                                        "gate_timeout_ms",
+                                       "gate_poll_us",
                                        "metrics_textfile",
                                        "metrics_textfile_interval_ms"};
     static const char *const restart[] = {"socket",    "socket_mode", "socket_group",
