@@ -341,6 +341,8 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
     };
     int rc = req_validate(pb, &ctx, r, why, sizeof(why));
     if (rc != 0) {
+        /* Refused after its gate passed the checks (EEXIST, ELIMIT): its stream goes on. */
+        req_gate_release(r);
         free(r);
         conn_reject(c, via_ring, pb->id, rc, why);
         return;
@@ -358,12 +360,14 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
     }
     rc = idmap_put(&c->inflight, r->id, r);
     if (rc != 0) {
+        req_gate_release(r);
         free(r);
         conn_reject(c, via_ring, pb->id, rc, "out of memory");
         return;
     }
     if (c->user->inflight >= d->cfg.max_inflight_per_user) {
         idmap_del(&c->inflight, r->id);
+        req_gate_release(r);
         free(r);
         snprintf(why, sizeof(why),
                  "uid %u already has %u requests queued or running over its connections, its "
@@ -390,6 +394,7 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
     rc = sched_push(&d->sched, &c->sched, &r->sched);
     if (rc != 0) {
         idmap_del(&c->inflight, r->id);
+        req_gate_release(r);
         free(r);
         snprintf(why, sizeof(why), "the queue holds %u requests, the limit (queue_limit)",
                  (unsigned)sched_depth(&d->sched));

@@ -131,6 +131,7 @@ static int req_gate(const Convd__Gate *g, const struct req_context *ctx, struct 
 int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, struct dreq *r,
                  char *why, size_t why_len)
 {
+    r->gate_region = NULL;
     if (pb->priority > CONVD_MAX_PRIORITY)
         return why_fail(why, why_len, CONVD_EINVAL,
                         "field priority is %u, must be 0 (highest) to %u (lowest)",
@@ -202,7 +203,6 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
                             (unsigned long long)views[i]->bytes);
     }
 
-    r->gate_region = NULL;
     if (pb->gate != NULL) {
         rc = req_gate(pb->gate, ctx, r, why, why_len);
         if (rc != 0)

@@ -60,7 +60,8 @@ struct req_context {
  * region, aligned, inside it, distinct and outside every tensor), an id not in flight
  * (CONVD_EEXIST) and the in-flight limit (CONVD_ELIMIT). On success fills r's id, job (problem and
  * views), regions and gate (no references taken yet), priority and timeout; on failure returns
- * the code with a sentence in why and leaves r's contents unspecified. */
+ * the code with a sentence in why and leaves r's contents unspecified but for gate_region: NULL,
+ * or set when the gate passed its checks (the caller may then store its done word). */
 int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, struct dreq *r,
                  char *why, size_t why_len);
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -389,6 +390,63 @@ static void test_daemon_refuses_bad_gates(void **state)
     close(fd);
 }
 
+/* A request refused after its gate passed the checks (here EEXIST: its id is in flight) has its
+ * done word written by the daemon, so that its stream goes on without waiting for its client to
+ * read the refusal; a refusal of the gate itself writes nothing. */
+static void test_refused_after_gate_check_releases(void **state)
+{
+    (void)state;
+    int fd = raw_connect(daemon_.sock);
+    raw_hello(fd);
+    struct convd_problem p;
+    small_problem(&p);
+    struct raw_conv rc;
+    uint64_t span = raw_conv_init(&rc, 1, &p, 1);
+    uint64_t words = (span + 63) & ~(uint64_t)63, size = words + 64;
+    int mfd = tu_memfd("convd-it-gate", size, F_SEAL_SHRINK | F_SEAL_GROW);
+    uint8_t *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    assert_true(map != MAP_FAILED);
+    char why[320];
+    int st = raw_register(fd, 1, size, &mfd, 1, why, sizeof(why));
+    close(mfd);
+    assert_int_equal(st, 0);
+    _Atomic uint32_t *w = (_Atomic uint32_t *)(void *)(map + words);
+    /* words: 0 ready of the first, 1 its done, 2 and 3 the duplicate's, 4 and 5 a bad gate's */
+    Convd__Gate gate = CONVD__GATE__INIT;
+    gate.region_id = 1;
+    gate.ready_offset = words;
+    gate.done_offset = words + 4;
+    gate.ready_value = 1;
+    gate.done_value = 11;
+    rc.req.gate = &gate;
+    rc.req.id = 300;
+    raw_conv_send(fd, &rc); /* waits on word 0 */
+    gate.ready_offset = words + 8;
+    gate.done_offset = words + 12;
+    gate.done_value = 22;
+    raw_conv_send(fd, &rc); /* the same id: EEXIST */
+    st = raw_expect_completion(fd, 300, why, sizeof(why));
+    if (st != CONVD_EEXIST)
+        fail_msg("a duplicate id: %s (%s), want EEXIST", convd_status_name(st), why);
+    assert_int_equal(atomic_load(&w[3]), 22);
+    assert_int_equal(atomic_load(&w[1]), 0);
+    gate.ready_offset = words + 16;
+    gate.done_offset = words + 18; /* misaligned: the gate fails its checks */
+    gate.done_value = 33;
+    rc.req.id = 301;
+    raw_conv_send(fd, &rc);
+    st = raw_expect_completion(fd, 301, why, sizeof(why));
+    assert_int_equal(st, CONVD_EINVAL);
+    assert_int_equal(atomic_load(&w[4]) | atomic_load(&w[5]), 0);
+    atomic_store(&w[0], 1);
+    st = raw_expect_completion(fd, 300, why, sizeof(why));
+    if (st != 0)
+        fail_msg("the gated request: %s (%s)", convd_status_name(st), why);
+    assert_int_equal(atomic_load(&w[1]), 11);
+    close(fd);
+    munmap(map, size);
+}
+
 /* A client that leaves with gated requests: they are cancelled, nothing is left gated, and the
  * daemon goes on serving. */
 static void test_client_leaves_with_gated_requests(void **state)
@@ -526,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_gate_timeouts),
         cmocka_unit_test(test_library_refuses_bad_gates),
         cmocka_unit_test(test_daemon_refuses_bad_gates),
+        cmocka_unit_test(test_refused_after_gate_check_releases),
         cmocka_unit_test(test_client_leaves_with_gated_requests),
         cmocka_unit_test(test_lost_daemon_releases_done_words),
         cmocka_unit_test(test_loop_sleeps_or_spins_while_gated),
