@@ -178,12 +178,25 @@ static uint64_t gpu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* "<runtime sentence> (<error name>)", or the name alone where the runtime's sentence is the
+ * name (HIP's often is: "hipErrorNoDevice (hipErrorNoDevice)" said nothing twice). */
+static const char *gpu_err_text(hipError_t e, char *buf, size_t len)
+{
+    const char *text = hipGetErrorString(e), *name = hipGetErrorName(e);
+    if (text == NULL || name == NULL || strcmp(text, name) == 0)
+        snprintf(buf, len, "%s", name != NULL ? name : "unknown error");
+    else
+        snprintf(buf, len, "%s (%s)", text, name);
+    return buf;
+}
+
 /* Writes "<what>: <runtime sentence> (<error name>)" and returns the status a caller reports:
  * CONVD_ENOMEM for an allocation failure, CONVD_EDEVICE for everything else. */
 static int gpu_fail(hipError_t e, char *why, size_t why_len, const char *what)
 {
-    return why_fail(why, why_len, e == hipErrorOutOfMemory ? CONVD_ENOMEM : CONVD_EDEVICE,
-                    "%s: %s (%s)", what, hipGetErrorString(e), hipGetErrorName(e));
+    char err[192];
+    return why_fail(why, why_len, e == hipErrorOutOfMemory ? CONVD_ENOMEM : CONVD_EDEVICE, "%s: %s",
+                    what, gpu_err_text(e, err, sizeof(err)));
 }
 
 /* Checks one runtime call inside a function that has `int rc`, `char *why`, `size_t why_len`
@@ -769,6 +782,17 @@ static void gpu_notice_run(void *p)
     nt.fn(nt.arg);
 }
 
+#if defined(__HIP_PLATFORM_AMD__)
+/* Debian's HIP 5.2 declares hipLaunchHostFunc but its libamdhip64 does not export it; a stream
+ * callback, which it does, runs at the same point of the stream. */
+static void gpu_notice_callback(hipStream_t stream, hipError_t status, void *p)
+{
+    (void)stream;
+    (void)status;
+    gpu_notice_run(p);
+}
+#endif
+
 static int gpu_notify(void *vctx, unsigned slot, void (*fn)(void *), void *arg)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
@@ -786,7 +810,11 @@ static int gpu_notify(void *vctx, unsigned slot, void (*fn)(void *), void *arg)
     nt->arg = arg;
     /* After the event in stream order: when fn runs, query reports the batch done. The runtime
      * does not call it once the context has failed; the daemon's fallback poll covers that. */
+#if defined(__HIP_PLATFORM_AMD__)
+    hipError_t e = hipStreamAddCallback(s->stream, gpu_notice_callback, nt, 0);
+#else
     hipError_t e = hipLaunchHostFunc(s->stream, gpu_notice_run, nt);
+#endif
     if (e != hipSuccess) {
         (void)hipGetLastError();
         free(nt);
@@ -962,10 +990,11 @@ static int gpu_import_host(struct gpu_mem *gm, struct convd_mem *m, char *why, s
     /* Pageable copies are slower (staged through the driver's own pinned buffers) but correct,
      * so a region that cannot be pinned (a locked-memory limit, a read-only mapping, memory
      * registered already) stays usable. Success with a sentence: the caller may log it. */
-    (void)why_fail(
-        why, why_len, 0,
-        "host region of %llu bytes not pinned (%s: %s); its copies will be pageable and slower",
-        (unsigned long long)m->size, hipGetErrorName(e), hipGetErrorString(e));
+    char err[192];
+    (void)why_fail(why, why_len, 0,
+                   "host region of %llu bytes not pinned (%s); its copies will be pageable and "
+                   "slower",
+                   (unsigned long long)m->size, gpu_err_text(e, err, sizeof(err)));
     return 0;
 }
 
@@ -1385,8 +1414,9 @@ static void gpu_say_no_runtime(hipError_t e, char *why, size_t why_len)
         return;
     }
 #endif
-    (void)why_fail(why, why_len, 0, "the GPU runtime cannot start: %s (%s)", hipGetErrorString(e),
-                   hipGetErrorName(e));
+    char err[192];
+    (void)why_fail(why, why_len, 0, "the GPU runtime cannot start: %s",
+                   gpu_err_text(e, err, sizeof(err)));
 }
 
 static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
