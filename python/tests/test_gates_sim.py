@@ -693,7 +693,7 @@ def test_fewer_slots_than_calls(sim, rng):
 @pytest.mark.parametrize("raised_by", ["synchronize", "next call", "future"])
 @pytest.mark.parametrize(
     "option, code",
-    [(("--max-inflight-per-user", "2"), "ELIMIT"), (("--gate-timeout-ms", "100"), "ETIMEDOUT")],
+    [(("--max-inflight-per-user", "2"), "ELIMIT"), (("--gate-timeout-ms", "500"), "ETIMEDOUT")],
     ids=["refused", "gate-timeout"],
 )
 def test_failure_after_sending_releases_the_stream(sim, rng, option, code, raised_by):

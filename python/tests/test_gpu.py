@@ -407,8 +407,8 @@ def test_failure_releases_the_stream(option, code, calls, poisoned):
     """Requests that fail after they were sent, while their stream is blocked: refused by the
     daemon (the user's in-flight share is 2, and two already wait for the stream) or timed out
     waiting for their ready words (the stream sleeps ten times gate_timeout_ms). The stream
-    still runs dry (their done words are written: by the library for a refusal, taken by the
-    client's own thread since nobody calls the client meanwhile, by the daemon for a timeout),
+    still runs dry (the daemon writes the done words, for a refusal after it read the gate as
+    for a timeout; the client's own thread takes the completions, since nobody calls it),
     and the error comes back as convd.Error with its code, from a later call or
     synchronize(). The client works on."""
     try:
