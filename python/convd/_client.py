@@ -991,20 +991,7 @@ class Client:
             plan.where = None
             segs = []
             try:
-                for t, ref, nbytes in (
-                    (x, a.input, plan.x_bytes),
-                    (w, a.weight, plan.w_bytes),
-                    (b, a.bias, plan.b_bytes),
-                    (out, a.output, plan.o_bytes),
-                ):
-                    if t is None:
-                        continue
-                    seg, off = cr.locate(t.data_ptr(), nbytes)
-                    # Counted at once: registering the next tensor's allocation may evict idle
-                    # ones, and this one must stay.
-                    seg.inflight += 1
-                    segs.append(seg)
-                    ref.region, ref.offset, ref.bytes = seg.region, off, nbytes
+                _locate_tensors(cr, plan, a, x, w, b, out, segs)
                 req = self._submit(a)
             except BaseException:
                 for s in segs:
@@ -1056,18 +1043,7 @@ class Client:
             plan.where = None
             segs = []
             try:
-                for t, ref, nbytes in (
-                    (x, a.input, plan.x_bytes),
-                    (w, a.weight, plan.w_bytes),
-                    (b, a.bias, plan.b_bytes),
-                    (out, a.output, plan.o_bytes),
-                ):
-                    if t is None:
-                        continue
-                    seg, off = cr.locate(t.data_ptr(), nbytes)
-                    seg.inflight += 1
-                    segs.append(seg)
-                    ref.region, ref.offset, ref.bytes = seg.region, off, nbytes
+                _locate_tensors(cr, plan, a, x, w, b, out, segs)
                 g = a.gate
                 g.region = gates.handle
                 g.ready_offset = 8 * slot
@@ -1473,6 +1449,24 @@ def _watch_gates(ref, event) -> None:
 
 
 _SYNC_PATH = object()  # _gated_request: serve this call synchronously
+
+
+def _locate_tensors(cr, plan, a, x, w, b, out, segs) -> None:
+    """Names the CUDA tensors in the args by their allocations' regions (cr: CudaRegions),
+    appending each allocation to segs as it is counted in flight: registering the next tensor's
+    allocation may evict idle ones, and these must stay. The caller uncounts segs on failure."""
+    for t, ref, nbytes in (
+        (x, a.input, plan.x_bytes),
+        (w, a.weight, plan.w_bytes),
+        (b, a.bias, plan.b_bytes),
+        (out, a.output, plan.o_bytes),
+    ):
+        if t is None:
+            continue
+        seg, off = cr.locate(t.data_ptr(), nbytes)
+        seg.inflight += 1
+        segs.append(seg)
+        ref.region, ref.offset, ref.bytes = seg.region, off, nbytes
 
 
 def _current_stream(device: int) -> int:
