@@ -1119,20 +1119,11 @@ class Client:
         """Waits for a gate slot: for completions while stream-ordered requests are out, else
         (every slot waits for a stream to write a ready word queued before) a little. Under the
         lock."""
-        lib, h = self._lib, self._h
         while True:
             got = gates.take()
             if got is not None:
                 return got
-            rc = _ETIMEDOUT
-            if self._gated:
-                rc = lib.convd_wait_any(h, _WAIT_SLICE_MS, self._comp_ref)
-                if rc == 0:
-                    self._dispatch(self._comp)
-                elif rc != _ETIMEDOUT:
-                    self._trouble(rc)
-                    if rc == _ECLOSED:
-                        raise self._error(rc)
+            rc = self._wait_any_slice() if self._gated else _ETIMEDOUT
             if rc != 0:
                 time.sleep(0.0005)
             self._after_wait()
@@ -1186,19 +1177,24 @@ class Client:
         """Waits until fewer than max_inflight requests are out (what the library counts in
         flight, submitted and not yet taken, is what _pending holds). Under the lock, before a
         plan's args are filled: completions handed out here may run callbacks that call in."""
-        lib, h = self._lib, self._h
         waited = False
         while len(self._pending) >= self._max_inflight:
             waited = True
-            rc = lib.convd_wait_any(h, _WAIT_SLICE_MS, self._comp_ref)
-            if rc == 0:
-                self._dispatch(self._comp)
-            elif rc != _ETIMEDOUT:
-                self._trouble(rc)
-                if rc == _ECLOSED:
-                    raise self._error(rc)
+            self._wait_any_slice()
         if waited:
             self._after_wait()
+
+    def _wait_any_slice(self) -> int:
+        """Waits up to one slice for any completion and hands it out. Returns the library's
+        code (0 or ETIMEDOUT; ECLOSED raises). Under the lock."""
+        rc = self._lib.convd_wait_any(self._h, _WAIT_SLICE_MS, self._comp_ref)
+        if rc == 0:
+            self._dispatch(self._comp)
+        elif rc != _ETIMEDOUT:
+            self._trouble(rc)
+            if rc == _ECLOSED:
+                raise self._error(rc)
+        return rc
 
     def _submit(self, a) -> _Request:
         """convd_conv_submit of filled args. Under the lock, after _room()."""
