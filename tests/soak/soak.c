@@ -604,8 +604,8 @@ static void h_case_check(const struct h_case *hc, const struct h_region *r)
         convd_problem_str(&hc->p, desc, sizeof(desc));
         snprintf(why, sizeof(why),
                  "raw request %llu (%s): relative error %g > %g (element %zu: got %g, want %g)",
-                 (unsigned long long)hc->rc.req.id, desc, err, tu_tolerance(hc->p.dtype), bad, (double)tu_load(hc->p.dtype, out, bad),
-                 (double)hc->ref[bad]);
+                 (unsigned long long)hc->rc.req.id, desc, err, tu_tolerance(hc->p.dtype), bad,
+                 (double)tu_load(hc->p.dtype, out, bad), (double)hc->ref[bad]);
         const struct raw_conv *rc = &hc->rc;
         if (!conditioned_ok(&hc->p, &hc->z, r->map + rc->in.offset, r->map + rc->w.offset,
                             r->map + rc->b.offset, out, hc->ref, why, sizeof(why)))
@@ -1094,7 +1094,8 @@ static void h_do_ring_entries(struct tu_rng *g)
             break;
         case 1:
             raw_ring_sqe_from_conv(&hc.rc, &e);
-            e.flags |= 8u << tu_rng_range(g, 0, 28);
+            /* A bit above CONVD_RING_F_ALL: every one of them is unknown. */
+            e.flags |= (CONVD_RING_F_ALL + 1u) << tu_rng_range(g, 0, 27);
             want = CONVD_EPROTO, word = "flags";
             break;
         case 2:
