@@ -212,10 +212,10 @@ struct convd_tensor {
  * completion, and for every gated request still in flight when the connection is lost or closed,
  * so that a stream waiting on the word is never left waiting (a request still running when its
  * client closes may then write its output after the stream went on: wait for gated requests'
- * completions before convd_close). The words must be 4-byte aligned,
- * distinct, inside the region and outside every tensor of the request. A request that waits on its
- * ready word longer than its timeout_us, or the daemon's gate_timeout_ms, fails with
- * CONVD_ETIMEDOUT. Needs a daemon of protocol 3 (CONVD_EUNSUPPORTED before). */
+ * completions before convd_close). The words must be 4-byte aligned, distinct, inside the region
+ * and outside every tensor of the request. A request that waits on its ready word longer than its
+ * timeout_us, or the daemon's gate_timeout_ms, fails with CONVD_ETIMEDOUT. Needs a daemon of
+ * protocol 3 (CONVD_EUNSUPPORTED before). */
 struct convd_gate {
     convd_region *region; /* NULL: no gate, the request may start at once */
     uint64_t ready_offset;
@@ -236,25 +236,22 @@ struct convd_conv_args {
     struct convd_tensor input, weight, bias, output;
     unsigned priority;      /* 0 (highest) .. 3 (lowest) */
     uint64_t timeout_us;    /* 0: none; else fail with CONVD_ETIMEDOUT if not started by then */
-    struct convd_gate gate; /* stream ordering; gate.region NULL: none (0.2) */
+    struct convd_gate gate; /* stream ordering; gate.region NULL: none */
 };
 /* C++ has no universal zero initialiser {0} that -Wextra accepts for a struct; {} is its own. */
+/* clang-format off */
 #ifdef __cplusplus
 #define CONVD_CONV_ARGS_INIT                                                                       \
     {                                                                                              \
-        sizeof(struct convd_conv_args), {}, {}, {}, {}, {}, 0, 0,                                  \
-        {                                                                                          \
-        }                                                                                          \
+        sizeof(struct convd_conv_args), {}, {}, {}, {}, {}, 0, 0, {}                               \
     }
 #else
 #define CONVD_CONV_ARGS_INIT                                                                       \
     {                                                                                              \
-        sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0,                             \
-        {                                                                                          \
-            0                                                                                      \
-        }                                                                                          \
+        sizeof(struct convd_conv_args), {0}, {0}, {0}, {0}, {0}, 0, 0, {0}                         \
     }
 #endif
+/* clang-format on */
 
 /* The outcome of one request. */
 struct convd_completion {
