@@ -4,6 +4,9 @@
 # only the build machine runs move to BUILD/hostbin so that they do not travel.
 #
 #   scripts/pack-gpu-build.sh [BUILD]      (default build-gpu)
+#
+# SKIP="convd-routes convd-bench-launch" leaves those binaries out of this pack (they stay in
+# BUILD/bin): with the base build's benchmark beside ours the full pack passes the 64 MiB carry.
 set -euo pipefail
 BUILD=${1:-build-gpu}
 keep="convd convctl test_gpu_kernels test_gpu_backend test_gpu_daemon fault_gpu convd-bench-kernels convd-bench-launch convd-routes convd-bench-kernels-base"
@@ -17,7 +20,9 @@ for f in "$BUILD"/bin/*; do
 done
 # The shared client library: fault_gpu and the Python package (CONVD_CLIENT_LIB) load it.
 # python/CTestTestfile.cmake: ctest -L gpu there runs python_gpu (python/tests/test_gpu.py).
-(cd "$BUILD" && tar czf pack.tgz bin tests CTestTestfile.cmake CMakeCache.txt lib/libconvd-client.so* \
+skip_args=()
+for name in ${SKIP:-}; do skip_args+=(--exclude "bin/$name"); done
+(cd "$BUILD" && tar czf pack.tgz "${skip_args[@]}" bin tests CTestTestfile.cmake CMakeCache.txt lib/libconvd-client.so* \
     python/CTestTestfile.cmake)
 ls -l "$BUILD/pack.tgz"
 # The device tool carries at most 64 MiB; every extra architecture (CONVD_CUDA_ARCH defaults to
