@@ -92,6 +92,10 @@ static const struct cfg_option cfg_options[] = {
     {"launch_threads", CFG_U32, OFF(launch_threads), 0, 1, "N",
      "threads that make the GPU (and null) backend's launch calls, beside the loop (0: the loop "
      "launches itself; default 1 with 8 or more CPUs)"},
+    {"launch_ahead", CFG_U32, OFF(launch_ahead), 0, 64, "N",
+     "with the launch thread, batches that may wait for or be in its launch at once; the queue "
+     "forms the next batch, up to max_batch, only when fewer are (0: no bound, the queue is "
+     "spread over the free slots)"},
     {"max_queue_delay_us", CFG_U64, OFF(max_queue_delay_us), 0, 10000000, "US",
      "time an idle worker may wait for a batch to fill (0: dispatch at once)", LIVE},
     {"queue_limit", CFG_U32, OFF(queue_limit), 1, 1048576, "N",
@@ -172,6 +176,7 @@ void config_defaults(struct convd_config *c)
      * loop, 16 clients x 1 did 1.32x the requests (H100, docs/benchmarks.md). Like the ringers,
      * it only competes with the clients on a small machine. */
     c->launch_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1 : 0;
+    c->launch_ahead = 0;
     c->max_queue_delay_us = 0;
     c->queue_limit = 4096;
     c->drain_timeout_ms = 10000;

@@ -53,6 +53,7 @@ struct convd_config {
     uint32_t max_batch;          /* requests per backend call */
     uint32_t slots;              /* asynchronous backends: batches in flight (0: the backend's) */
     uint32_t launch_threads;     /* asynchronous backends: 1 launches beside the loop */
+    uint32_t launch_ahead;       /* with the launch thread: batches not yet launched (0: any) */
     uint64_t max_queue_delay_us; /* how long an idle worker may wait for a batch to grow */
     uint32_t queue_limit;        /* requests waiting, all clients together */
     uint64_t drain_timeout_ms;   /* on SIGTERM, time for queued work before it is failed */

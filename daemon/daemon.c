@@ -177,10 +177,24 @@ static void dmn_on_delay(uv_poll_t *h, int status, int events)
  * so their clients come back at different times and the next batches keep the device busy,
  * where one big batch would make every client wait for all of them (16 clients at depth 1 went
  * in lock-step, one batch of 15 a round). */
+/* launch_ahead: with the launch thread, the next batch is formed only when fewer than
+ * launch_ahead batches wait for or are in a launch, and takes all that is queued (up to
+ * max_batch): requests that arrive during a launch ride in the next one together, instead of
+ * each free slot getting a small batch that queues behind the launch thread anyway. */
+static bool dmn_paced(const struct convd_daemon *d)
+{
+    return d->pool.launcher && d->cfg.launch_ahead > 0;
+}
+
+static bool dmn_launch_room(const struct convd_daemon *d)
+{
+    return !dmn_paced(d) || pool_unlaunched(&d->pool) < d->cfg.launch_ahead;
+}
+
 static size_t dmn_batch_cap(const struct convd_daemon *d)
 {
     size_t cap = d->cfg.max_batch;
-    if (!d->pool.slots)
+    if (!d->pool.slots || dmn_paced(d))
         return cap;
     size_t free_slots = d->pool.n - d->pool.busy;
     size_t queued = sched_depth(&d->sched);
@@ -199,7 +213,7 @@ void daemon_dispatch(struct convd_daemon *d)
     dmn_expire(d, now);
     while (sched_depth(&d->sched) > 0) {
         int w = pool_idle_worker(&d->pool);
-        if (w < 0)
+        if (w < 0 || !dmn_launch_room(d))
             break;
         if (d->cfg.max_queue_delay_us > 0 && !d->draining) {
             /* An idle worker may wait a little for the head's batch to fill. */
@@ -728,6 +742,13 @@ static bool dmn_poll(struct convd_daemon *d)
     if (d->pool_started) {
         unsigned done = pool_poll(&d->pool);
         work += done;
+        /* Paced: a launch that returned makes room for what queued meanwhile. */
+        if (dmn_paced(d) && sched_depth(&d->sched) > 0 && d->pool.busy < d->pool.n &&
+            dmn_launch_room(d)) {
+            const unsigned before = d->pool.busy;
+            daemon_dispatch(d);
+            work += d->pool.busy != before;
+        }
         if (done > 0)
             d->metrics.loop_done_ns += convd_now_ns() - t1;
     }

@@ -90,9 +90,10 @@ bool pool_arm(struct worker_pool *p)
         if (p->workers[i].busy &&
             (oldest == NULL || p->workers[i].running->seq < oldest->running->seq))
             oldest = &p->workers[i];
-    if (p->launcher && !__atomic_load_n(&oldest->launched, __ATOMIC_ACQUIRE)) {
-        /* The launch thread launches in order: nothing is on the device to be told about
-         * yet. Do not sleep; the launch takes microseconds. */
+    if (pool_unlaunched(p) > 0) {
+        /* A batch is still with the launch thread: nothing may be on the device to be told
+         * about yet, and the loop may have requests waiting for that launch to return (the
+         * daemon's launch_ahead). Do not sleep; a launch takes microseconds. */
         uv_async_send(&p->async);
         return true;
     }
@@ -239,6 +240,16 @@ int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns)
     }
     p->launcher = true;
     return 0;
+}
+
+unsigned pool_unlaunched(const struct worker_pool *p)
+{
+    unsigned n = 0;
+    if (!p->launcher)
+        return 0;
+    for (unsigned i = 0; i < p->n; i++)
+        n += p->workers[i].busy && !__atomic_load_n(&p->workers[i].launched, __ATOMIC_ACQUIRE);
+    return n;
 }
 
 int pool_idle_worker(const struct worker_pool *p)

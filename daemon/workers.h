@@ -92,6 +92,10 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
  * more than POOL_MAX_SLOTS) or CONVD_EINTERNAL; on failure the loop goes on launching itself. */
 int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns);
 
+/* With a launch thread: batches submitted whose launch has not returned yet (queued for the
+ * thread or in its launch call). 0 without one. Loop thread only. */
+unsigned pool_unlaunched(const struct worker_pool *p);
+
 /* Index of an idle worker, or -1 when all are busy. */
 int pool_idle_worker(const struct worker_pool *p);
 

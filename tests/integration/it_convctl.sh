@@ -340,10 +340,12 @@ pid=""
 if [[ $rc -eq 0 ]]; then ok "convd exits 0 on SIGTERM"; else bad "convd exited $rc on SIGTERM"; fi
 
 # The null backend, with and without the launch thread (launch_threads = 1, the default on 8 or
-# more CPUs: the backend's launch calls on a thread beside the loop) and with fewer slots: every request of a bench completes,
+# more CPUs: the backend's launch calls on a thread beside the loop), with fewer slots and with
+# batches formed only when the launch thread has room (launch_ahead): every request of a bench completes,
 # none fails, the loop's accounting is reported, and the daemon exits 0 on SIGTERM (the thread
 # stops).
-for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1"; do
+for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1" \
+    "--launch-threads 1 --launch-ahead 1"; do
     nsock=$tmp/null.sock
     # shellcheck disable=SC2086
     "$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 $args \

@@ -66,6 +66,7 @@ static void test_good_file(void **state)
                        "max_batch = 16\n"
                        "slots = 2\n"
                        "launch_threads = 1\n"
+                       "launch_ahead = 2\n"
                        "max_queue_delay_us = 250\n"
                        "queue_limit = 100\n"
                        "drain_timeout_ms = 0\n"
@@ -94,6 +95,7 @@ static void test_good_file(void **state)
     assert_int_equal(c.max_batch, 8);
     assert_int_equal(c.slots, 2);
     assert_int_equal(c.launch_threads, 1);
+    assert_int_equal(c.launch_ahead, 2);
     assert_int_equal(c.max_queue_delay_us, 250);
     assert_int_equal(c.queue_limit, 100);
     assert_int_equal(c.drain_timeout_ms, 0);
