@@ -313,7 +313,10 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
     bool lost = b->rc == CONVD_EDEVICE;
     free(b);
     d->activity++;
+    uint64_t t0 = convd_now_ns();
     conn_ring_doorbells(d);
+    uint64_t t1 = convd_now_ns();
+    d->metrics.loop_doorbell_ns += t1 - t0;
     if (lost && !d->device_lost) {
         /* The backend says its device is gone for good (a lost context): every later request
          * would fail the same way. Drain, failing what is queued with the backend's sentence,
@@ -325,6 +328,7 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
         dmn_begin_drain(d, "device lost");
     }
     daemon_dispatch(d);
+    d->metrics.loop_dispatch_ns += convd_now_ns() - t1;
     daemon_check_drained(d);
 }
 

@@ -293,13 +293,18 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_head(&o, "convd_loop_seconds_total", "counter",
              "Time the loop thread spent in each step: polling the rings and taking their "
              "submissions, idle polls included (rings), handling finished batches "
-             "(completions), asking the device whether batches are done (query), running libuv "
+             "(completions; of which waking sleeping clients, doorbells, and forming and "
+             "submitting the next batches, dispatch), asking the device whether batches are done (query), running libuv "
              "(uv); launches made inside rings and completions are counted there and in "
              "convd_launch_seconds.");
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"rings\"", 6,
                  (double)m->loop_rings_ns / 1e9);
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"completions\"", 6,
                  (double)m->loop_done_ns / 1e9);
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"doorbells\"", 6,
+                 (double)m->loop_doorbell_ns / 1e9);
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"dispatch\"", 6,
+                 (double)m->loop_dispatch_ns / 1e9);
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"query\"", 6, (double)g->query_ns / 1e9);
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"uv\"", 6, (double)m->loop_uv_ns / 1e9);
     if (g->loop_cpu_s >= 0) {

@@ -45,6 +45,7 @@ struct metrics {
      * completions are also in launch_seconds): taking ring submissions, handling finished
      * batches, running libuv. The pool counts its device queries itself. */
     uint64_t loop_rings_ns, loop_done_ns, loop_uv_ns;
+    uint64_t loop_doorbell_ns, loop_dispatch_ns; /* inside loop_done_ns, for finished batches */
     uint64_t start_ns;
     /* Configuration reloads (SIGHUP): applied, refused (a key that takes a restart changed),
      * failed (the file did not parse); whether the last one was applied, and when (wall clock,

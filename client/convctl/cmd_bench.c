@@ -327,8 +327,9 @@ finish:
 }
 
 /* The steps of convd_loop_seconds_total, as the daemon labels them. */
-#define BENCH_STEPS 4
-static const char *const bench_steps[BENCH_STEPS] = {"rings", "completions", "query", "uv"};
+#define BENCH_STEPS 6
+static const char *const bench_steps[BENCH_STEPS] = {"rings",    "completions", "query",
+                                                     "uv",       "doorbells",   "dispatch"};
 
 /* The daemon's counters and CPU time at one moment. */
 struct bench_snap {
@@ -740,9 +741,10 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     struct bench_loop_use u;
     if (bench_loop(s, &u))
         printf("  loop       busy %.0f%% of the time, its CPU %.0f%%; launching %.0f%%, rings "
-               "%.0f%%, completions %.0f%%, device queries %.0f%%, libuv %.0f%%\n",
+               "%.0f%%, completions %.0f%% (doorbells %.0f%%, dispatch %.0f%%), device "
+               "queries %.0f%%, libuv %.0f%%\n",
                u.busy * 100, u.cpu * 100, u.launch * 100, u.step[0] * 100, u.step[1] * 100,
-               u.step[2] * 100, u.step[3] * 100);
+               u.step[4] * 100, u.step[5] * 100, u.step[2] * 100, u.step[3] * 100);
     if (s->fair_max > 0)
         printf("  fairness   per-client requests/s from %+.1f%% to %+.1f%% of the mean\n",
                (s->fair_min - 1) * 100, (s->fair_max - 1) * 100);
