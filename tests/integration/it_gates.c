@@ -321,10 +321,15 @@ static void test_library_refuses_bad_gates(void **state)
     convd_close(c);
 }
 
-/* Registers a memfd of `size` bytes as region id on a raw connection; asserts success. */
-static void raw_region(int fd, uint64_t id, uint64_t size, unsigned extra_seals)
+/* Registers a memfd of `size` bytes as region id on a raw connection; asserts success. With
+ * map, the region is also mapped here and returned there. */
+static void raw_region(int fd, uint64_t id, uint64_t size, unsigned extra_seals, uint8_t **map)
 {
     int mfd = tu_memfd("convd-it-gate", size, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals);
+    if (map != NULL) {
+        *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+        assert_true(*map != MAP_FAILED);
+    }
     char why[256];
     int st = raw_register(fd, id, size, &mfd, 1, why, sizeof(why));
     close(mfd);
@@ -333,20 +338,44 @@ static void raw_region(int fd, uint64_t id, uint64_t size, unsigned extra_seals)
                  why);
 }
 
+/* A raw connection (Hello said) with a small problem's request in rc, its tensors in region 1
+ * from offset 0 and 64 bytes of gate words after them, from `words` on (mapped at map). */
+struct raw_gated {
+    int fd;
+    struct raw_conv rc;
+    uint64_t words, size;
+    uint8_t *map;
+};
+
+static void raw_gated_open(struct raw_gated *g)
+{
+    g->fd = raw_connect(daemon_.sock);
+    raw_hello(g->fd);
+    struct convd_problem p;
+    small_problem(&p);
+    uint64_t span = raw_conv_init(&g->rc, 1, &p, 1);
+    g->words = (span + 63) & ~(uint64_t)63;
+    g->size = g->words + 64;
+    raw_region(g->fd, 1, g->size, 0, &g->map);
+}
+
+static void raw_gated_close(struct raw_gated *g)
+{
+    close(g->fd);
+    munmap(g->map, g->size);
+}
+
 /* The daemon's own checks, reached with hand-built requests on the socket (a client of its own
  * might send anything): each refused with its code and sentence, the connection going on. */
 static void test_daemon_refuses_bad_gates(void **state)
 {
     (void)state;
-    int fd = raw_connect(daemon_.sock);
-    raw_hello(fd);
-    struct convd_problem p;
-    small_problem(&p);
-    struct raw_conv rc;
-    uint64_t span = raw_conv_init(&rc, 1, &p, 1);
-    uint64_t words = (span + 63) & ~(uint64_t)63;
-    raw_region(fd, 1, words + 64, 0);
-    raw_region(fd, 2, 4096, F_SEAL_WRITE);
+    struct raw_gated g;
+    raw_gated_open(&g);
+    const int fd = g.fd;
+    const uint64_t words = g.words;
+    struct raw_conv *rc = &g.rc;
+    raw_region(fd, 2, 4096, F_SEAL_WRITE, NULL);
     const struct {
         const char *what;
         uint64_t region, ready, done;
@@ -357,11 +386,11 @@ static void test_daemon_refuses_bad_gates(void **state)
         {"misaligned", 1, words + 1, words + 4, CONVD_EINVAL, "aligned"},
         {"past the end", 1, words, words + 64, CONVD_EBOUNDS, "past the end"},
         {"one word", 1, words + 8, words + 8, CONVD_EINVAL, "same word"},
-        {"in the weight", 1, words, rc.w.offset, CONVD_EINVAL, "weight tensor"},
+        {"in the weight", 1, words, rc->w.offset, CONVD_EINVAL, "weight tensor"},
         {"write-sealed", 2, 0, 4, CONVD_ESEAL, "sealed"},
     };
     Convd__Gate gate = CONVD__GATE__INIT;
-    rc.req.gate = &gate;
+    rc->req.gate = &gate;
     char why[320];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         gate.region_id = cases[i].region;
@@ -369,9 +398,9 @@ static void test_daemon_refuses_bad_gates(void **state)
         gate.done_offset = cases[i].done;
         gate.ready_value = 1;
         gate.done_value = 1;
-        rc.req.id = 100 + i;
-        raw_conv_send(fd, &rc);
-        int st = raw_expect_completion(fd, rc.req.id, why, sizeof(why));
+        rc->req.id = 100 + i;
+        raw_conv_send(fd, rc);
+        int st = raw_expect_completion(fd, rc->req.id, why, sizeof(why));
         if (st != cases[i].status || strstr(why, cases[i].says) == NULL)
             fail_msg("gate %s: %s (%s), want %s naming '%s'", cases[i].what, convd_status_name(st),
                      why, convd_status_name(cases[i].status), cases[i].says);
@@ -382,12 +411,12 @@ static void test_daemon_refuses_bad_gates(void **state)
     gate.done_offset = words + 4;
     gate.ready_value = 0;
     gate.done_value = 5;
-    rc.req.id = 200;
-    raw_conv_send(fd, &rc);
-    int st = raw_expect_completion(fd, rc.req.id, why, sizeof(why));
+    rc->req.id = 200;
+    raw_conv_send(fd, rc);
+    int st = raw_expect_completion(fd, rc->req.id, why, sizeof(why));
     if (st != 0)
         fail_msg("a good gate: %s (%s)", convd_status_name(st), why);
-    close(fd);
+    raw_gated_close(&g);
 }
 
 /* A request refused after its gate passed the checks (here EEXIST: its id is in flight) has its
@@ -396,21 +425,14 @@ static void test_daemon_refuses_bad_gates(void **state)
 static void test_refused_after_gate_check_releases(void **state)
 {
     (void)state;
-    int fd = raw_connect(daemon_.sock);
-    raw_hello(fd);
-    struct convd_problem p;
-    small_problem(&p);
-    struct raw_conv rc;
-    uint64_t span = raw_conv_init(&rc, 1, &p, 1);
-    uint64_t words = (span + 63) & ~(uint64_t)63, size = words + 64;
-    int mfd = tu_memfd("convd-it-gate", size, F_SEAL_SHRINK | F_SEAL_GROW);
-    uint8_t *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-    assert_true(map != MAP_FAILED);
+    struct raw_gated g;
+    raw_gated_open(&g);
+    const int fd = g.fd;
+    const uint64_t words = g.words;
+    struct raw_conv *rc = &g.rc;
     char why[320];
-    int st = raw_register(fd, 1, size, &mfd, 1, why, sizeof(why));
-    close(mfd);
-    assert_int_equal(st, 0);
-    _Atomic uint32_t *w = (_Atomic uint32_t *)(void *)(map + words);
+    int st;
+    _Atomic uint32_t *w = (_Atomic uint32_t *)(void *)(g.map + words);
     /* words: 0 ready of the first, 1 its done, 2 and 3 the duplicate's, 4 and 5 a bad gate's */
     Convd__Gate gate = CONVD__GATE__INIT;
     gate.region_id = 1;
@@ -418,13 +440,13 @@ static void test_refused_after_gate_check_releases(void **state)
     gate.done_offset = words + 4;
     gate.ready_value = 1;
     gate.done_value = 11;
-    rc.req.gate = &gate;
-    rc.req.id = 300;
-    raw_conv_send(fd, &rc); /* waits on word 0 */
+    rc->req.gate = &gate;
+    rc->req.id = 300;
+    raw_conv_send(fd, rc); /* waits on word 0 */
     gate.ready_offset = words + 8;
     gate.done_offset = words + 12;
     gate.done_value = 22;
-    raw_conv_send(fd, &rc); /* the same id: EEXIST */
+    raw_conv_send(fd, rc); /* the same id: EEXIST */
     st = raw_expect_completion(fd, 300, why, sizeof(why));
     if (st != CONVD_EEXIST)
         fail_msg("a duplicate id: %s (%s), want EEXIST", convd_status_name(st), why);
@@ -433,8 +455,8 @@ static void test_refused_after_gate_check_releases(void **state)
     gate.ready_offset = words + 16;
     gate.done_offset = words + 18; /* misaligned: the gate fails its checks */
     gate.done_value = 33;
-    rc.req.id = 301;
-    raw_conv_send(fd, &rc);
+    rc->req.id = 301;
+    raw_conv_send(fd, rc);
     st = raw_expect_completion(fd, 301, why, sizeof(why));
     assert_int_equal(st, CONVD_EINVAL);
     assert_int_equal(atomic_load(&w[4]) | atomic_load(&w[5]), 0);
@@ -443,8 +465,7 @@ static void test_refused_after_gate_check_releases(void **state)
     if (st != 0)
         fail_msg("the gated request: %s (%s)", convd_status_name(st), why);
     assert_int_equal(atomic_load(&w[1]), 11);
-    close(fd);
-    munmap(map, size);
+    raw_gated_close(&g);
 }
 
 /* A client that leaves with gated requests: they are cancelled, nothing is left gated, and the
