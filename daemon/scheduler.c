@@ -8,6 +8,7 @@ void sched_init(struct sched *s, uint32_t limit, uint32_t max_batch)
     s->queued = 0;
     s->limit = limit;
     s->max_batch = max_batch ? max_batch : 1;
+    s->deadline_floor = 0;
 }
 
 void sched_client_init(struct sched_client *c)
@@ -33,6 +34,8 @@ int sched_push(struct sched *s, struct sched_client *c, struct sched_item *it)
     list_add_tail(&c->fifo[l], &it->link);
     c->queued++;
     s->queued++;
+    if (it->deadline_ns != 0 && (s->deadline_floor == 0 || it->deadline_ns < s->deadline_floor))
+        s->deadline_floor = it->deadline_ns;
     return 0;
 }
 
@@ -146,7 +149,10 @@ size_t sched_peek(struct sched *s, const struct sched_item **ret_head)
 
 size_t sched_expire(struct sched *s, uint64_t now_ns, struct list_node *out)
 {
+    if (s->deadline_floor == 0 || now_ns < s->deadline_floor)
+        return 0;
     size_t n = 0;
+    uint64_t floor = 0; /* the earliest deadline left */
     for (int l = 0; l < SCHED_LEVELS; l++) {
         struct list_node *cpos, *ctmp;
         list_for_each_safe(cpos, ctmp, &s->ring[l])
@@ -160,10 +166,13 @@ size_t sched_expire(struct sched *s, uint64_t now_ns, struct list_node *out)
                     sched_unlink(s, it);
                     list_add_tail(out, &it->link);
                     n++;
+                } else if (it->deadline_ns != 0 && (floor == 0 || it->deadline_ns < floor)) {
+                    floor = it->deadline_ns;
                 }
             }
         }
     }
+    s->deadline_floor = floor;
     return n;
 }
 

@@ -47,6 +47,10 @@ struct sched {
     uint32_t queued;
     uint32_t limit;
     uint32_t max_batch;
+    /* At most the earliest deadline of a queued item (exact after sched_expire walked the
+     * queue), 0 when none has one: dispatch calls sched_expire for every batch, and this keeps
+     * that from walking the whole queue while nothing can have expired. */
+    uint64_t deadline_floor;
 };
 
 void sched_init(struct sched *s, uint32_t limit, uint32_t max_batch);
@@ -66,7 +70,7 @@ size_t sched_take(struct sched *s, struct sched_item **out, size_t cap);
 size_t sched_peek(struct sched *s, const struct sched_item **ret_head);
 
 /* Removes every item whose deadline is <= now and appends them (by their link) to `out`. Returns
- * how many. */
+ * how many. Looks at the items only when the earliest deadline may have passed. */
 size_t sched_expire(struct sched *s, uint64_t now_ns, struct list_node *out);
 
 /* Removes every item of client c and appends them to `out`. Returns how many. */

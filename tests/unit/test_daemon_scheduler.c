@@ -232,6 +232,7 @@ static void test_deadlines(void **state)
     assert_int_equal(sched_push(&s, &b, &it[2].si), 0);
     assert_int_equal(sched_push(&s, &b, &it[3].si), 0);
     assert_int_equal(sched_next_deadline(&s), 1000);
+    assert_int_equal(s.deadline_floor, 1000);
 
     struct list_node out;
     list_init(&out);
@@ -239,8 +240,10 @@ static void test_deadlines(void **state)
     assert_int_equal(sched_expire(&s, 1000, &out), 1); /* due exactly now counts as expired */
     assert_ptr_equal(out.next, &it[0].si.link);
     assert_int_equal(sched_next_deadline(&s), 2000);
+    assert_int_equal(s.deadline_floor, 2000); /* the walk left the earliest deadline */
     list_init(&out);
     assert_int_equal(sched_expire(&s, 5000, &out), 2);
+    assert_int_equal(s.deadline_floor, 0);
     assert_int_equal(list_length(&out), 2);
     assert_int_equal(sched_next_deadline(&s), 0);
     /* what is left is the one without a deadline */
@@ -370,6 +373,11 @@ static void test_random_workload(void **state)
         for (int c = 0; c < CLIENTS; c++)
             sum += cl[c].queued;
         assert_int_equal(sum, sched_depth(&s));
+        /* sched_expire skips its walk before deadline_floor: it must never pass a queued
+         * item's deadline */
+        uint64_t earliest = sched_next_deadline(&s);
+        if (earliest != 0)
+            assert_true(s.deadline_floor != 0 && s.deadline_floor <= earliest);
         now += (uint64_t)tu_rng_range(&g, 0, 3);
     }
     for (int i = 0; i < ITEMS; i++)
