@@ -633,16 +633,15 @@ static unsigned conn_poll_ring(struct conn *c)
     return taken;
 }
 
-static void conn_ring_doorbell(struct conn *c)
+/* Takes c off the notify list; true when it needs a doorbell (its client sleeps on the socket). */
+static bool conn_needs_doorbell(struct conn *c)
 {
     list_del(&c->notify_link);
     c->notify_queued = false;
     if (c->state != CONN_READY || !c->has_ring || !ring_client_waiting(&c->ring))
-        return;
+        return false;
     /* A full socket already has the client's attention; a doorbell is never queued. */
-    if (!list_empty(&c->outq))
-        return;
-    doorbell_ring(&c->d->doorbells, c->fd);
+    return list_empty(&c->outq);
 }
 
 /* --- regions ------------------------------------------------------------------------------ */
@@ -1297,8 +1296,18 @@ void conn_ring_doorbells(struct convd_daemon *d)
     if (list_empty(&d->conns.notify))
         return;
     ring_fence();
-    while (!list_empty(&d->conns.notify))
-        conn_ring_doorbell(list_entry(d->conns.notify.next, struct conn, notify_link));
+    int fds[64];
+    size_t n = 0;
+    while (!list_empty(&d->conns.notify)) {
+        struct conn *c = list_entry(d->conns.notify.next, struct conn, notify_link);
+        if (conn_needs_doorbell(c))
+            fds[n++] = c->fd;
+        if (n == sizeof(fds) / sizeof(fds[0])) {
+            doorbell_ring(&d->doorbells, fds, n);
+            n = 0;
+        }
+    }
+    doorbell_ring(&d->doorbells, fds, n);
 }
 
 void conn_request_started(struct dreq *r, uint64_t now_ns)

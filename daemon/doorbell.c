@@ -86,38 +86,49 @@ int doorbell_start(struct doorbells *db, unsigned nthreads)
     return db->nthreads == nthreads ? 0 : CONVD_EINTERNAL;
 }
 
-void doorbell_ring(struct doorbells *db, int fd)
+/* Queues fd under mu; false when there was no room (the caller then rings it itself). */
+static bool db_queue(struct doorbells *db, int fd)
 {
-    if (db->msg_len == 0)
+    for (size_t i = 0; i < db->n; i++)
+        if (db->queue[i] == fd)
+            return true;
+    if (db->n == db->cap) {
+        size_t cap = db->cap ? db->cap * 2 : 64;
+        int *q = realloc(db->queue, cap * sizeof(*q));
+        if (q == NULL)
+            return false;
+        db->queue = q;
+        db->cap = cap;
+    }
+    db->queue[db->n++] = fd;
+    return true;
+}
+
+void doorbell_ring(struct doorbells *db, const int *fds, size_t n)
+{
+    if (db->msg_len == 0 || n == 0)
         return;
     if (db->nthreads == 0) {
-        db_send(db, fd);
+        for (size_t i = 0; i < n; i++)
+            db_send(db, fds[i]);
         pthread_mutex_lock(&db->mu);
-        db->rung++;
+        db->rung += n;
         pthread_mutex_unlock(&db->mu);
         return;
     }
+    size_t queued = 0;
     pthread_mutex_lock(&db->mu);
-    bool queued = false;
-    for (size_t i = 0; i < db->n && !queued; i++)
-        queued = db->queue[i] == fd;
-    if (!queued) {
-        if (db->n == db->cap) {
-            size_t cap = db->cap ? db->cap * 2 : 64;
-            int *q = realloc(db->queue, cap * sizeof(*q));
-            if (q == NULL) {
-                /* No room to queue: ring it here rather than lose it. */
-                pthread_mutex_unlock(&db->mu);
-                db_send(db, fd);
-                return;
-            }
-            db->queue = q;
-            db->cap = cap;
-        }
-        db->queue[db->n++] = fd;
+    while (queued < n && db_queue(db, fds[queued]))
+        queued++;
+    /* One wake-up for the lot: a lone doorbell needs one ringer, several may use them all. */
+    if (queued > 1)
+        pthread_cond_broadcast(&db->work);
+    else if (queued == 1)
         pthread_cond_signal(&db->work);
-    }
     pthread_mutex_unlock(&db->mu);
+    /* No room to queue the rest: ring them here rather than lose them. */
+    for (size_t i = queued; i < n; i++)
+        db_send(db, fds[i]);
 }
 
 void doorbell_forget(struct doorbells *db, int fd)

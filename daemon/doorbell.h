@@ -37,8 +37,9 @@ struct doorbells {
  * CONVD_EINTERNAL when no thread could start (then it runs with none). */
 int doorbell_start(struct doorbells *db, unsigned nthreads);
 
-/* Queues a doorbell for the socket fd (loop thread); one already queued is not queued twice. */
-void doorbell_ring(struct doorbells *db, int fd);
+/* Queues doorbells for the sockets fds[0..n) (loop thread), under one lock and with one wake-up
+ * of the ringers; a descriptor already queued is not queued twice. */
+void doorbell_ring(struct doorbells *db, const int *fds, size_t n);
 
 /* Drops what is queued for fd and waits until no ringer is sending to it (loop thread, before
  * closing fd). */

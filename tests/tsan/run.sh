@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The daemon's threads under ThreadSanitizer: convd built with -fsanitize=thread (CPU backend
 # only, no GPU), driven by convctl bench on the null backend with the loop launching, with the
-# launch thread (launch_threads = 1) and with one slot, with clients killed mid-request, and on
-# the CPU backend's worker threads. Fails on any ThreadSanitizer report or lost request.
+# launch thread (launch_threads = 1), with one slot, with batches paced by the launch thread
+# (launch_ahead) and two doorbell threads, with clients killed mid-request, and on the CPU
+# backend's worker threads. Fails on any ThreadSanitizer report or lost request.
 #
 #   tests/tsan/run.sh [BUILD_DIR]        (default build-tsan; configured here when absent)
 set -euo pipefail
@@ -29,7 +30,9 @@ export TSAN_OPTIONS="halt_on_error=0 exitcode=66"
 ctl() { "$build/bin/convctl" --socket "$tmp/s.sock" --timeout 120000 "$@"; }
 failed=0
 for args in "--backend null --launch-threads 0" "--backend null --launch-threads 1" \
-    "--backend null --launch-threads 1 --slots 1" "--backend cpu --threads 2"; do
+    "--backend null --launch-threads 1 --slots 1" \
+    "--backend null --launch-threads 1 --launch-ahead 1 --doorbell-threads 2" \
+    "--backend cpu --threads 2"; do
     rm -f "$tmp/s.sock"
     # shellcheck disable=SC2086
     "$build/bin/convd" --socket "$tmp/s.sock" --spin-us 20 $args 2> "$tmp/d.log" &
