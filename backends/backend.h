@@ -41,6 +41,11 @@ struct convd_backend_config {
     /* GPU: device staging memory per slot (a batch that needs more runs in several
      * launches); 0: a quarter of the device's memory, shared by the slots. */
     uint64_t pool_bytes;
+    /* Null backend only: a model of a device's costs, so that the serving path's dynamics under
+     * a launch-bound load show on any machine. Each launch call busy-waits launch_ns plus
+     * launch_item_ns per job (the driver's host time); a batch is done exec_ns after its launch
+     * returned. 0 and 0 and 0: launches return at once and batches are done at the next query. */
+    uint64_t null_launch_ns, null_launch_item_ns, null_exec_ns;
 };
 
 struct convd_backend_info {

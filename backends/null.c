@@ -6,23 +6,30 @@
  * logs it at start; status and metrics name it.
  *
  * It is asynchronous like the GPU backend (launch, then query), so the daemon runs the same
- * loop for it as for a GPU; a launched batch is done by the next query.
+ * loop for it as for a GPU; a launched batch is done by the next query. With the daemon's
+ * null_launch_us, null_launch_item_us and null_exec_us it models a device instead: each launch
+ * call busy-waits the host time a driver's launch takes, and a batch is done null_exec_us after
+ * its launch returned (slots run side by side, as streams do). Its notify then wakes the daemon
+ * at once, so the loop polls while a modelled batch runs.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "clock.h"
 
 #define NULLB_SLOTS 4
 
 struct nullb_slot {
     struct convd_job *const *jobs;
     size_t n;
+    uint64_t done_ns; /* the modelled batch is done from then on */
 };
 
 struct nullb_ctx {
     struct nullb_slot slots[NULLB_SLOTS];
+    uint64_t launch_ns, launch_item_ns, exec_ns; /* the model; all 0: none */
 };
 
 static int nullb_why(char *why, size_t len, int code, const char *text)
@@ -40,11 +47,21 @@ static int nullb_init(const struct convd_backend_config *cfg, void **ret_ctx,
     struct nullb_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return nullb_why(why, why_len, CONVD_ENOMEM, "null backend: out of memory");
+    ctx->launch_ns = cfg->null_launch_ns;
+    ctx->launch_item_ns = cfg->null_launch_item_ns;
+    ctx->exec_ns = cfg->null_exec_ns;
     struct convd_backend_info info;
     memset(&info, 0, sizeof(info));
     snprintf(info.name, sizeof(info.name), "null");
-    snprintf(info.device, sizeof(info.device),
-             "null: completes requests without computing (serving-path benchmark only)");
+    if (ctx->launch_ns == 0 && ctx->launch_item_ns == 0 && ctx->exec_ns == 0)
+        snprintf(info.device, sizeof(info.device),
+                 "null: completes requests without computing (serving-path benchmark only)");
+    else
+        snprintf(info.device, sizeof(info.device),
+                 "null: a model, launches %u us + %u us a request, batches %u us; computes "
+                 "nothing (serving-path benchmark only)",
+                 (unsigned)(ctx->launch_ns / 1000), (unsigned)(ctx->launch_item_ns / 1000),
+                 (unsigned)(ctx->exec_ns / 1000));
     info.max_workers = 1;
     info.max_slots = NULLB_SLOTS;
     *ret_ctx = ctx;
@@ -111,6 +128,11 @@ static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs
     }
     ctx->slots[slot].jobs = jobs;
     ctx->slots[slot].n = n;
+    uint64_t now = convd_now_ns();
+    const uint64_t until = now + ctx->launch_ns + ctx->launch_item_ns * n;
+    while (now < until) /* the driver's host time: the calling thread is busy, as in a launch */
+        now = convd_now_ns();
+    ctx->slots[slot].done_ns = now + ctx->exec_ns;
     return 0;
 }
 
@@ -118,6 +140,8 @@ static int nullb_query(void *vctx, unsigned slot)
 {
     struct nullb_ctx *ctx = vctx;
     if (slot < NULLB_SLOTS && ctx->slots[slot].jobs != NULL) {
+        if (ctx->exec_ns != 0 && convd_now_ns() < ctx->slots[slot].done_ns)
+            return 0;
         nullb_complete(ctx->slots[slot].jobs, ctx->slots[slot].n);
         ctx->slots[slot].jobs = NULL;
         ctx->slots[slot].n = 0;

@@ -96,6 +96,12 @@ static const struct cfg_option cfg_options[] = {
      "with the launch thread, batches that may wait for or be in its launch at once; the queue "
      "forms the next batch, up to max_batch, only when fewer are (0: no bound, the queue is "
      "spread over the free slots)"},
+    {"null_launch_us", CFG_U64, OFF(null_launch_us), 0, 1000000, "US",
+     "null backend: host time each launch call takes (busy), modelling a driver's launch"},
+    {"null_launch_item_us", CFG_U64, OFF(null_launch_item_us), 0, 1000000, "US",
+     "null backend: host time each launch call takes per request, on top of null_launch_us"},
+    {"null_exec_us", CFG_U64, OFF(null_exec_us), 0, 1000000, "US",
+     "null backend: time from a launch's return to its batch being done, modelling a kernel"},
     {"max_queue_delay_us", CFG_U64, OFF(max_queue_delay_us), 0, 10000000, "US",
      "time an idle worker may wait for a batch to fill (0: dispatch at once)", LIVE},
     {"queue_limit", CFG_U32, OFF(queue_limit), 1, 1048576, "N",

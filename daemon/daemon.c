@@ -38,6 +38,9 @@ static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_op
         .threads = d->cfg.threads,
         .device = d->cfg.device,
         .max_batch = d->cfg.max_batch,
+        .null_launch_ns = d->cfg.null_launch_us * 1000u,
+        .null_launch_item_ns = d->cfg.null_launch_item_us * 1000u,
+        .null_exec_ns = d->cfg.null_exec_us * 1000u,
     };
     void *ctx = NULL;
     struct convd_backend_info info;

@@ -378,5 +378,39 @@ for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-thread
     rm -f "$nsock"
 done
 
+# launch_ahead against the null backend's model of a launch-bound device (each launch call
+# busy for 2 ms): with one batch at a time before the launch thread, what queues during a launch
+# goes in the next one together, so batches of more than four requests must appear (spread over
+# free slots they stay at four or fewer here); every request still completes.
+nsock=$tmp/paced.sock
+"$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 --launch-threads 1 \
+    --launch-ahead 1 --null-launch-us 2000 2> "$tmp/paced.log" &
+pid=$!
+for _ in $(seq 1 600); do
+    "$convctl" --socket "$nsock" ping > /dev/null 2>&1 && break
+    sleep 0.1
+done
+rc=0
+out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 --requests 600 \
+    2>&1) || rc=$?
+sizes=$(sed -n 's/.*batch sizes \(.*\) (mean.*/\1/p' <<< "$out")
+largest=$(tr ',' '\n' <<< "$sizes" | sed -n 's/^ *\([0-9][0-9]*\):.*/\1/p' | sort -n | tail -1)
+if [[ $rc -eq 0 ]] && grep -q "600 completed, 0 failed" <<< "$out" && [[ ${largest:-0} -gt 4 ]]; then
+    ok "launch_ahead 1 with 2 ms launches: 600 requests in batches of up to $largest"
+else
+    bad "launch_ahead 1 with 2 ms launches: bench exit $rc, batch sizes '${sizes}'"
+    printf '%s\n' "$out" | sed 's/^/       /'
+fi
+if ! grep -q "a model, launches 2000 us" "$tmp/paced.log"; then
+    bad "the null backend's model is not named in the daemon's log"
+    sed 's/^/       /' "$tmp/paced.log"
+fi
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+pid=""
+if [[ $rc -eq 0 ]]; then ok "paced null backend: exits 0 on SIGTERM"; else
+    bad "paced null backend: exited $rc on SIGTERM"; fi
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

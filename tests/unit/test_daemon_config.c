@@ -67,6 +67,9 @@ static void test_good_file(void **state)
                        "slots = 2\n"
                        "launch_threads = 1\n"
                        "launch_ahead = 2\n"
+                       "null_launch_us = 6\n"
+                       "null_launch_item_us = 1\n"
+                       "null_exec_us = 4\n"
                        "max_queue_delay_us = 250\n"
                        "queue_limit = 100\n"
                        "drain_timeout_ms = 0\n"
@@ -96,6 +99,9 @@ static void test_good_file(void **state)
     assert_int_equal(c.slots, 2);
     assert_int_equal(c.launch_threads, 1);
     assert_int_equal(c.launch_ahead, 2);
+    assert_int_equal(c.null_launch_us, 6);
+    assert_int_equal(c.null_launch_item_us, 1);
+    assert_int_equal(c.null_exec_us, 4);
     assert_int_equal(c.max_queue_delay_us, 250);
     assert_int_equal(c.queue_limit, 100);
     assert_int_equal(c.drain_timeout_ms, 0);
