@@ -344,17 +344,31 @@ if [[ $rc -eq 0 ]]; then ok "convd exits 0 on SIGTERM"; else bad "convd exited $
 # batches formed only when the launch thread has room (launch_ahead): every request of a bench completes,
 # none fails, the loop's accounting is reported, and the daemon exits 0 on SIGTERM (the thread
 # stops).
-for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1" \
-    "--launch-threads 1 --launch-ahead 1"; do
-    nsock=$tmp/null.sock
-    # shellcheck disable=SC2086
-    "$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 $args \
-        2> "$tmp/null.log" &
+nsock=$tmp/null.sock
+# null_start LOG ARGS...: a null-backend daemon on $nsock, its log in LOG, answering pings.
+null_start() {
+    local log=$1
+    shift
+    "$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 "$@" 2> "$log" &
     pid=$!
     for _ in $(seq 1 600); do
         "$convctl" --socket "$nsock" ping > /dev/null 2>&1 && break
         sleep 0.1
     done
+}
+# null_stop WHAT: SIGTERM to it, which must exit 0.
+null_stop() {
+    kill -TERM "$pid"
+    local rc=0
+    wait "$pid" || rc=$?
+    pid=""
+    if [[ $rc -eq 0 ]]; then ok "$1: exits 0 on SIGTERM"; else bad "$1: exited $rc on SIGTERM"; fi
+    rm -f "$nsock"
+}
+for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1" \
+    "--launch-threads 1 --launch-ahead 1"; do
+    # shellcheck disable=SC2086
+    null_start "$tmp/null.log" $args
     rc=0
     out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 \
         --requests 6000 2>&1) || rc=$?
@@ -369,27 +383,14 @@ for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-thread
         bad "null backend ($args): the daemon did not say it started the launch thread"
         sed 's/^/       /' "$tmp/null.log"
     fi
-    kill -TERM "$pid"
-    rc=0
-    wait "$pid" || rc=$?
-    pid=""
-    if [[ $rc -eq 0 ]]; then ok "null backend ($args): exits 0 on SIGTERM"; else
-        bad "null backend ($args): exited $rc on SIGTERM"; fi
-    rm -f "$nsock"
+    null_stop "null backend ($args)"
 done
 
 # launch_ahead against the null backend's model of a launch-bound device (each launch call
 # busy for 2 ms): with one batch at a time before the launch thread, what queues during a launch
 # goes in the next one together, so batches of more than four requests must appear (spread over
 # free slots they stay at four or fewer here); every request still completes.
-nsock=$tmp/paced.sock
-"$convd" --backend null --socket "$nsock" --log-level notice --spin-us 20 --launch-threads 1 \
-    --launch-ahead 1 --null-launch-us 2000 2> "$tmp/paced.log" &
-pid=$!
-for _ in $(seq 1 600); do
-    "$convctl" --socket "$nsock" ping > /dev/null 2>&1 && break
-    sleep 0.1
-done
+null_start "$tmp/paced.log" --launch-threads 1 --launch-ahead 1 --null-launch-us 2000
 rc=0
 out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 --requests 600 \
     2>&1) || rc=$?
@@ -405,12 +406,7 @@ if ! grep -q "a model, launches 2000 us" "$tmp/paced.log"; then
     bad "the null backend's model is not named in the daemon's log"
     sed 's/^/       /' "$tmp/paced.log"
 fi
-kill -TERM "$pid"
-rc=0
-wait "$pid" || rc=$?
-pid=""
-if [[ $rc -eq 0 ]]; then ok "paced null backend: exits 0 on SIGTERM"; else
-    bad "paced null backend: exited $rc on SIGTERM"; fi
+null_stop "paced null backend"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
