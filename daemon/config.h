@@ -49,11 +49,11 @@ struct convd_config {
     uint64_t max_mapped_bytes;     /* per client: bytes of registered regions */
     uint32_t max_regions_per_user; /* one uid's connections together */
     uint64_t max_mapped_bytes_per_user; /* one uid's connections together */
-    uint64_t max_pinned_bytes;   /* host-memory regions of all clients; 0: half the machine's RAM */
-    uint32_t max_batch;          /* requests per backend call */
-    uint32_t slots;              /* asynchronous backends: batches in flight (0: the backend's) */
-    uint32_t launch_threads;     /* asynchronous backends: 1 launches beside the loop */
-    uint32_t launch_ahead;       /* with the launch thread: batches not yet launched (0: any) */
+    uint64_t max_pinned_bytes; /* host-memory regions of all clients; 0: half the machine's RAM */
+    uint32_t max_batch;        /* requests per backend call */
+    uint32_t slots;            /* asynchronous backends: batches in flight (0: the backend's) */
+    uint32_t launch_threads;   /* asynchronous backends: 1 launches beside the loop */
+    uint32_t launch_ahead;     /* with the launch thread: batches not yet launched (0: any) */
     uint64_t null_launch_us, null_launch_item_us, null_exec_us; /* the null backend's model */
     uint64_t max_queue_delay_us; /* how long an idle worker may wait for a batch to grow */
     uint32_t queue_limit;        /* requests waiting, all clients together */

@@ -175,11 +175,6 @@ static void dmn_on_delay(uv_poll_t *h, int status, int events)
     daemon_dispatch(d);
 }
 
-/* How many requests the next batch may take. With slots free, what is queued is spread over
- * them rather than put in one batch: batches in flight side by side finish at different times,
- * so their clients come back at different times and the next batches keep the device busy,
- * where one big batch would make every client wait for all of them (16 clients at depth 1 went
- * in lock-step, one batch of 15 a round). */
 /* launch_ahead: with the launch thread, the next batch is formed only when fewer than
  * launch_ahead batches wait for or are in a launch, and takes all that is queued (up to
  * max_batch): requests that arrive during a launch ride in the next one together, instead of
@@ -194,6 +189,11 @@ static bool dmn_launch_room(const struct convd_daemon *d)
     return !dmn_paced(d) || pool_unlaunched(&d->pool) < d->cfg.launch_ahead;
 }
 
+/* How many requests the next batch may take. With slots free, what is queued is spread over
+ * them rather than put in one batch: batches in flight side by side finish at different times,
+ * so their clients come back at different times and the next batches keep the device busy,
+ * where one big batch would make every client wait for all of them (16 clients at depth 1 went
+ * in lock-step, one batch of 15 a round). */
 static size_t dmn_batch_cap(const struct convd_daemon *d)
 {
     size_t cap = d->cfg.max_batch;

@@ -294,7 +294,8 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
              "Time the loop thread spent in each step: polling the rings and taking their "
              "submissions, idle polls included (rings), handling finished batches "
              "(completions; of which waking sleeping clients, doorbells, and forming and "
-             "submitting the next batches, dispatch), asking the device whether batches are done (query), running libuv "
+             "submitting the next batches, dispatch), asking the device whether batches are done "
+             "(query), running libuv "
              "(uv); launches made inside rings and completions are counted there and in "
              "convd_launch_seconds.");
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"rings\"", 6,

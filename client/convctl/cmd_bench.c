@@ -328,8 +328,8 @@ finish:
 
 /* The steps of convd_loop_seconds_total, as the daemon labels them. */
 #define BENCH_STEPS 6
-static const char *const bench_steps[BENCH_STEPS] = {"rings",    "completions", "query",
-                                                     "uv",       "doorbells",   "dispatch"};
+static const char *const bench_steps[BENCH_STEPS] = {"rings", "completions", "query",
+                                                     "uv",    "doorbells",   "dispatch"};
 
 /* The daemon's counters and CPU time at one moment. */
 struct bench_snap {
