@@ -85,11 +85,6 @@ bool pool_arm(struct worker_pool *p)
 {
     if (!p->slots || p->busy == 0)
         return p->busy > 0;
-    struct worker *oldest = NULL;
-    for (unsigned i = 0; i < p->n; i++)
-        if (p->workers[i].busy &&
-            (oldest == NULL || p->workers[i].running->seq < oldest->running->seq))
-            oldest = &p->workers[i];
     if (pool_unlaunched(p) > 0) {
         /* A batch is still with the launch thread: nothing may be on the device to be told
          * about yet, and the loop may have requests waiting for that launch to return (the
@@ -97,6 +92,11 @@ bool pool_arm(struct worker_pool *p)
         uv_async_send(&p->async);
         return true;
     }
+    struct worker *oldest = NULL;
+    for (unsigned i = 0; i < p->n; i++)
+        if (p->workers[i].busy &&
+            (oldest == NULL || p->workers[i].running->seq < oldest->running->seq))
+            oldest = &p->workers[i];
     if (be_notify(p->backend, oldest->index, pool_wake, &p->async) != 0) {
         /* No way to be told: do not sleep past the batch. */
         uv_async_send(&p->async);
