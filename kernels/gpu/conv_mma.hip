@@ -1,5 +1,6 @@
 /*
- * Tensor-core implicit GEMM for fp16/bf16 (NVIDIA mma.sync m16n8k16, fp32 accumulation).
+ * Tensor-core implicit GEMM for fp16/bf16 (NVIDIA mma.sync m16n8k16, fp32 accumulation), and for
+ * fp32 with TF32 allowed as pairs of 16-bit units (m16n8k8 TF32; see mma_dt).
  *
  * Per group the convolution is a GEMM: M = output pixels, N = kpg, K = R*S*cpg. Groups whose cpg
  * or kpg is not a multiple of 8 are merged gm at a time (gm = 2 or 4) into a super-group with a
@@ -99,6 +100,88 @@ GPU_D void mma_tr(int ev)
 #define MMA_TR(ev)       ((void)0)
 #define MMA_TRACE_EV_END 0
 #endif
+
+/*
+ * The family's view of a dtype (DT: dt_f16, dt_bf16 or dt_tf32x2): T, the 16-bit unit the loaders
+ * stage and ldmatrix reads; OT, what the epilogue writes (OES bytes) and the bias is; the mma of
+ * one k16 step; TF32, whether fragment registers are rounded (mma_frag4) before it.
+ *
+ * fp32 with TF32 allowed runs as pairs of 16-bit units (dt_tf32x2): an fp32 channel is two units,
+ * so the halo, the weights, the octets and the ldmatrix fragments of a k16 step hold byte for byte
+ * what they hold for a 16-bit problem of twice the channels, and they are the fragments of one
+ * m16n8k8 TF32 mma: 32-bit word j of row r of an 8x8 b16 matrix is element (r, j) of the 8x4 fp32
+ * matrix in the same bytes, for A and B alike, and the k16 step's four (A) and two (B) matrices
+ * sit where the k8 step's do. The planner doubles C and cpg; K, the output and the bias stay
+ * fp32. Fragments are rounded to TF32 as cuBLAS and the fma family's TF32 tiles round (nearest,
+ * ties away), once per ldmatrix.
+ */
+struct dt_tf32x2 {
+};
+
+template <class DT> struct mma_dt {
+    typedef typename DT::T T;
+    typedef typename DT::T OT;
+    static constexpr int OES = 2;
+    static constexpr bool TF32 = false;
+    static GPU_D float bias(const OT *b, int k)
+    {
+        return DT::load(b[k]);
+    }
+    static GPU_D void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        gpu_mma_op<DT>::run(c, a, b0, b1);
+    }
+    /* Outputs n and n + 1 of a pixel, adjacent ([m][n] staging). */
+    static GPU_D void put_row(uint8_t *p, float lo, float hi)
+    {
+        *(uint32_t *)p = DT::store2(lo, hi);
+    }
+    /* The same outputs into two channel rows ([n][m] staging). */
+    static GPU_D void put_col(uint8_t *p0, uint8_t *p1, float lo, float hi)
+    {
+        const uint32_t v = DT::store2(lo, hi);
+        *(uint16_t *)p0 = (uint16_t)v;
+        *(uint16_t *)p1 = (uint16_t)(v >> 16);
+    }
+};
+
+template <> struct mma_dt<dt_tf32x2> {
+    typedef uint16_t T;
+    typedef float OT;
+    static constexpr int OES = 4;
+    static constexpr bool TF32 = true;
+    static GPU_D float bias(const OT *b, int k)
+    {
+        return b[k];
+    }
+    static GPU_D void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        gpu_mma_tf32(c, a, b0, b1);
+    }
+    static GPU_D void put_row(uint8_t *p, float lo, float hi)
+    {
+        *(float2 *)p = make_float2(lo, hi);
+    }
+    static GPU_D void put_col(uint8_t *p0, uint8_t *p1, float lo, float hi)
+    {
+        *(float *)p0 = lo;
+        *(float *)p1 = hi;
+    }
+};
+
+/* A TF32 fragment register rounded (mma_dt<dt_tf32x2>); four at once. */
+GPU_D uint32_t mma_tf32_bits(uint32_t r)
+{
+    return __float_as_uint(gpu_to_tf32(__uint_as_float(r)));
+}
+
+GPU_D void mma_frag4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+    r0 = mma_tf32_bits(r0);
+    r1 = mma_tf32_bits(r1);
+    r2 = mma_tf32_bits(r2);
+    r3 = mma_tf32_bits(r3);
+}
 
 /* Where a work item sits: problem, image/tile origin, output channels and input channels. */
 struct mma_item {
@@ -207,7 +290,7 @@ template <class DT, int NHWC>
 GPU_D void mma_load_a(const struct mma_args &a, const struct gpu_batch &b,
                       const struct mma_item &it, int c0, uint8_t *abuf, int tid, int nthr)
 {
-    typedef typename DT::T T;
+    typedef typename mma_dt<DT>::T T;
     const struct gpu_geom &g = a.g;
     const T *x = (const T *)b.x[it.prob];
     const int ihw = a.ih * a.iw;
@@ -314,7 +397,7 @@ template <class DT, int NHWC>
 GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
                       const struct mma_item &it, int c0, uint8_t *bbuf, int tid, int nthr)
 {
-    typedef typename DT::T T;
+    typedef typename mma_dt<DT>::T T;
     const struct gpu_geom &g = a.g;
     const T *w = (const T *)b.w[it.prob];
     const int rs = g.r * g.s;
@@ -375,7 +458,7 @@ GPU_D void mma_load_b(const struct mma_args &a, const struct gpu_batch &b,
  * plain epilogue is a conversion and a store per two values; bias and ReLU add an add, a compare
  * and a select per value). */
 template <class DT, int MT, int NT>
-GPU_D void mma_bias_act(float (&acc)[MT][NT][4], const typename DT::T *bias,
+GPU_D void mma_bias_act(float (&acc)[MT][NT][4], const typename mma_dt<DT>::OT *bias,
                         const struct mma_item &it, const struct gpu_geom &g, int wn, int lane)
 {
 #pragma unroll
@@ -383,8 +466,8 @@ GPU_D void mma_bias_act(float (&acc)[MT][NT][4], const typename DT::T *bias,
         const int k = it.k0 + wn * NT * 8 + nt * 8 + 2 * (lane & 3);
         float b0 = 0.0f, b1 = 0.0f;
         if (g.bias && k < it.kend) {
-            b0 = DT::load(bias[k]);
-            b1 = DT::load(bias[k + 1]);
+            b0 = mma_dt<DT>::bias(bias, k);
+            b1 = mma_dt<DT>::bias(bias, k + 1);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -397,14 +480,16 @@ GPU_D void mma_bias_act(float (&acc)[MT][NT][4], const typename DT::T *bias,
 /* The epilogue's first half: accumulators (bias and activation applied) -> rounding -> staging, as
  * [m][n] rows of `pitch` bytes (NHWC output: a pixel's channels are one run) or [n][m] (NCHW: a
  * channel's pixels are one run; rows n, n + 1 of a (bm + 8)-element pitch, so that the warp's 8 m
- * and 4 n pairs fall in distinct banks). smask (NHWC only): staging for a tensor store, whose
- * rows are bn * 2 bytes with their 16-byte units swizzled like the store's map (as in
+ * and 4 n pairs fall in distinct banks); elements of mma_dt<DT>::OES bytes. smask (NHWC only):
+ * staging for a tensor store, whose rows are bn * OES bytes with their 16-byte units swizzled
+ * like the store's map (as in
  * mma_mainloop), so the warp's 8 rows x 16 bytes land in distinct banks (plain rows of 96 or 160
  * bytes: two rows per bank group); 0 for the padded pitch of the cp.async kernel. */
 template <class DT, int MT, int NT, bool NCHW_OUT>
 GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int wn, int lane,
                      int pitch, int smask)
 {
+    constexpr int ES = mma_dt<DT>::OES;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
@@ -413,14 +498,15 @@ GPU_D void mma_stage(const float (&acc)[MT][NT][4], uint8_t *stage, int wm, int 
             const int m = wm * MT * 16 + mt * 16 + (lane >> 2);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t v = DT::store2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                const float lo = acc[mt][nt][2 * h], hi = acc[mt][nt][2 * h + 1];
                 if (NCHW_OUT) {
-                    *(uint16_t *)(stage + n * pitch + (m + 8 * h) * 2) = (uint16_t)v;
-                    *(uint16_t *)(stage + (n + 1) * pitch + (m + 8 * h) * 2) = (uint16_t)(v >> 16);
+                    const int mo = (m + 8 * h) * ES;
+                    mma_dt<DT>::put_col(stage + n * pitch + mo, stage + (n + 1) * pitch + mo, lo,
+                                        hi);
                 } else {
-                    uint32_t o = (uint32_t)((m + 8 * h) * pitch + n * 2);
+                    uint32_t o = (uint32_t)((m + 8 * h) * pitch + n * ES);
                     o ^= (o >> 3) & (uint32_t)smask;
-                    *(uint32_t *)(stage + o) = v;
+                    mma_dt<DT>::put_row(stage + o, lo, hi);
                 }
             }
         }
@@ -436,7 +522,7 @@ template <int MT, int NT> struct mma_stage_offs {
     uint32_t o[PRE ? MT : 1][PRE ? NT : 1][2];
 };
 
-template <int MT, int NT>
+template <int MT, int NT, int ES>
 GPU_D void mma_stage_offs_init(mma_stage_offs<MT, NT> &so, int wm, int wn, int lane, int pitch,
                                int smask)
 {
@@ -449,7 +535,7 @@ GPU_D void mma_stage_offs_init(mma_stage_offs<MT, NT> &so, int wm, int wn, int l
                 for (int h = 0; h < 2; h++) {
                     const int n = wn * NT * 8 + nt * 8 + 2 * (lane & 3);
                     const int m = wm * MT * 16 + mt * 16 + (lane >> 2) + 8 * h;
-                    uint32_t o = (uint32_t)(m * pitch + n * 2);
+                    uint32_t o = (uint32_t)(m * pitch + n * ES);
                     o ^= (o >> 3) & (uint32_t)smask;
                     asm volatile("" : "+r"(o)); /* kept, not recomputed (see mma_abase) */
                     so.o[mt][nt][h] = o;
@@ -470,23 +556,24 @@ GPU_D void mma_stage_pre(const float (&acc)[MT][NT][4], uint8_t *stage,
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    *(uint32_t *)(stage + so.o[mt][nt][h]) =
-                        DT::store2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                    mma_dt<DT>::put_row(stage + so.o[mt][nt][h], acc[mt][nt][2 * h],
+                                        acc[mt][nt][2 * h + 1]);
     } else {
         mma_stage<DT, MT, NT, false>(acc, stage, wm, wn, lane, pitch, smask);
     }
 }
 
-/* The NHWC copy-out of one item: each thread keeps VPT 8-channel columns (vpr / VPT apart, so a
- * warp's stores cover adjacent columns) and walks output pixels, one decode and address per
- * pixel for VPT 16-byte stores. */
+/* The NHWC copy-out of one item: each thread keeps VPT 16-byte columns (8 16-bit or 4 fp32
+ * outputs; vpr / VPT apart, so a warp's stores cover adjacent columns) and walks output pixels,
+ * one decode and address per pixel for VPT 16-byte stores. */
 template <class T, int VPT>
 GPU_D void mma_out_nhwc(const struct mma_args &a, const struct mma_item &it, T *y,
                         const uint8_t *stage, int pitch, int bm, int tid, int nthr)
 {
     const struct gpu_geom &g = a.g;
+    constexpr int EPV = 16 / (int)sizeof(T), EPV_LOG = EPV == 8 ? 3 : 2;
     const gpu_div_fast by_tpr{a.fd_tpr};
-    const int tpr = (a.bn >> 3) / VPT, m0 = by_tpr.div(tid), c80 = tid - m0 * tpr;
+    const int tpr = (a.bn >> EPV_LOG) / VPT, m0 = by_tpr.div(tid), c80 = tid - m0 * tpr;
     const int mstep = by_tpr.div(nthr);
     struct gpu_walk wk;
     gpu_walk_init_by(&wk, m0, mstep, a.th, a.tw, gpu_div_fast{a.fd_tplane}, gpu_div_fast{a.fd_tw});
@@ -499,8 +586,8 @@ GPU_D void mma_out_nhwc(const struct mma_args &a, const struct mma_item &it, T *
 #pragma unroll
         for (int j = 0; j < VPT; j++) {
             const int c8 = c80 + j * tpr;
-            if (it.k0 + c8 * 8 < it.kend)
-                *(uint4 *)(yp + c8 * 8) = *(const uint4 *)(sp + c8 * 16);
+            if (it.k0 + c8 * EPV < it.kend)
+                *(uint4 *)(yp + c8 * EPV) = *(const uint4 *)(sp + c8 * 16);
         }
     }
 }
@@ -552,6 +639,7 @@ template <class DT, int MT, int NT, bool SWZ>
 GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const int *oct,
                         uint32_t sa, const int (&abase)[MT], uint32_t sb, int khalf, int smask)
 {
+    typedef mma_dt<DT> M;
     for (int ks = 0; ks < a.nk16; ks++) {
         const int off = oct[2 * ks + khalf];
         uint32_t af[MT][4];
@@ -561,24 +649,32 @@ GPU_D void mma_mainloop(float (&acc)[MT][NT][4], const struct mma_args &a, const
             if (SWZ)
                 o ^= (o >> 3) & (uint32_t)smask;
             gpu_ldsm_x4(sa + o, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+            if constexpr (M::TF32)
+                mma_frag4(af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
         }
         const uint32_t sbk = sb + ks * 32;
 #pragma unroll
         for (int nt = 0; nt + 1 < NT; nt += 2) {
             uint32_t b0, b1, b2, b3;
             gpu_ldsm_x4(sbk + nt * 8 * a.brs, b0, b1, b2, b3);
+            if constexpr (M::TF32)
+                mma_frag4(b0, b1, b2, b3);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                gpu_mma_op<DT>::run(acc[mt][nt], af[mt], b0, b1);
-                gpu_mma_op<DT>::run(acc[mt][nt + 1], af[mt], b2, b3);
+                M::mma(acc[mt][nt], af[mt], b0, b1);
+                M::mma(acc[mt][nt + 1], af[mt], b2, b3);
             }
         }
         if (NT & 1) {
             uint32_t b0, b1;
             gpu_ldsm_x2(sbk + (NT - 1) * 8 * a.brs, b0, b1);
+            if constexpr (M::TF32) {
+                b0 = mma_tf32_bits(b0);
+                b1 = mma_tf32_bits(b1);
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                gpu_mma_op<DT>::run(acc[mt][NT - 1], af[mt], b0, b1);
+                M::mma(acc[mt][NT - 1], af[mt], b0, b1);
         }
     }
 }
@@ -594,7 +690,8 @@ __global__ void __launch_bounds__(WM *WN * 32,
 {
     convd_grid_dependency();
 #if defined(CONVD_DEVICE_SM80)
-    typedef typename DT::T T;
+    typedef typename mma_dt<DT>::OT OT;
+    constexpr int ES = mma_dt<DT>::OES, EPV = 16 / ES, EPV_LOG = EPV == 8 ? 3 : 2;
     extern __shared__ __align__(128) uint8_t mma_smem[];
     const struct gpu_geom &g = a.g;
     const int nthr = WM * WN * 32;
@@ -667,13 +764,13 @@ __global__ void __launch_bounds__(WM *WN * 32,
 
         if (chunk == a.nchunks - 1) {
             const struct mma_item it = mma_decode(a, item);
-            const T *bias = (const T *)b.b[it.prob];
-            T *y = (T *)b.y[it.prob];
+            const OT *bias = (const OT *)b.b[it.prob];
+            OT *y = (OT *)b.y[it.prob];
             uint8_t *stage = a.stage_sep ? mma_smem + a.off_stage : MMA_ABUF(ab);
             /* Staging [m][n] for NHWC output (a pixel's channels are one run), [n][m] for NCHW
              * (a channel's pixels are one run): the copy-out reads runs of 8 or 16 bytes. */
             const bool nchw_out = !NHWC || a.out_nchw;
-            const int pitch = (a.bn + 8) * 2, mpitch = (bm + 8) * 2;
+            const int pitch = (a.bn + 8) * ES, mpitch = (bm + 8) * ES;
             __syncthreads();
             /* Accumulators -> bias, activation, rounding -> staging; one branch on the layout
              * around the whole loop (inside it, both layouts' stores were issued, predicated). */
@@ -686,24 +783,24 @@ __global__ void __launch_bounds__(WM *WN * 32,
             __syncthreads();
             const int tslots = a.th * a.tw;
             if (NHWC && !a.out_nchw && a.out_vpt == 2) {
-                mma_out_nhwc<T, 2>(a, it, y, stage, pitch, bm, tid, nthr);
+                mma_out_nhwc<OT, 2>(a, it, y, stage, pitch, bm, tid, nthr);
             } else if (NHWC && !a.out_nchw && a.out_vpt == 1) {
-                mma_out_nhwc<T, 1>(a, it, y, stage, pitch, bm, tid, nthr);
+                mma_out_nhwc<OT, 1>(a, it, y, stage, pitch, bm, tid, nthr);
             } else if (NHWC && !a.out_nchw) {
-                const int vpr = a.bn >> 3;
+                const int vpr = a.bn >> EPV_LOG;
                 for (int v = tid; v < bm * vpr; v += nthr) {
                     const int m = gpu_div_fast{a.fd_vpr}.div(v), c8 = v - m * vpr;
                     const int img = gpu_div_fast{a.fd_tplane}.div(m), rem = m - img * tslots;
                     const int tr = gpu_div_fast{a.fd_tw}.div(rem), tc = rem - tr * a.tw;
                     const int n = it.n0 + img, oh = it.oh0 + tr, ow = it.ow0 + tc;
-                    const int k = it.k0 + c8 * 8;
+                    const int k = it.k0 + c8 * EPV;
                     if (img < a.imgs && n < g.n && oh < g.ho && ow < g.wo && k < it.kend)
                         *(uint4 *)(y + (size_t)(uint32_t)((n * g.ho + oh) * g.wo + ow) * g.k + k) =
                             *(const uint4 *)(stage + m * pitch + c8 * 16);
                 }
             } else {
-                /* NCHW: each thread writes V adjacent pixels of one output row (one 8-, 4- or
-                 * 2-byte store; V divides the tile width and the output width, so the run
+                /* NCHW: each thread writes V adjacent pixels of one output row (one store of
+                 * V * ES bytes; V divides the tile width and the output width, so the run
                  * stays in one row and is aligned), walking (channel, tile row, run) without
                  * divisions. */
                 const int V = (g.wo % 4 == 0 && a.tw % 4 == 0)   ? 4
@@ -721,14 +818,16 @@ __global__ void __launch_bounds__(WM *WN * 32,
                     if (n >= g.n || oh >= g.ho || ow >= g.wo || k >= it.kend)
                         continue;
                     /* m = row * tw + tc: the run is V adjacent staged elements. */
-                    const uint8_t *sp = stage + nl * mpitch + (row * a.tw + tc) * 2;
-                    T *yp = y + ((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow;
-                    if (V == 4)
+                    const uint8_t *sp = stage + nl * mpitch + (row * a.tw + tc) * ES;
+                    OT *yp = y + ((size_t)(n * g.k + k) * g.ho + oh) * g.wo + ow;
+                    if (ES == 4 && V == 4)
+                        *(uint4 *)yp = *(const uint4 *)sp;
+                    else if (V * ES == 8)
                         *(uint2 *)yp = *(const uint2 *)sp;
-                    else if (V == 2)
+                    else if (V * ES == 4)
                         *(uint32_t *)yp = *(const uint32_t *)sp;
                     else
-                        *yp = *(const T *)sp;
+                        *yp = *(const OT *)sp;
                 }
             }
         }
@@ -791,8 +890,9 @@ __global__ void __launch_bounds__(WM *WN * 32,
     const int brow = wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3);
     const int bko = (lane >> 3) & 1;
 
+    constexpr int ES = mma_dt<DT>::OES;
     mma_stage_offs<MT, NT> soffs;
-    mma_stage_offs_init<MT, NT>(soffs, wm, wn, lane, a.bn * 2, a.smask_s);
+    mma_stage_offs_init<MT, NT, ES>(soffs, wm, wn, lane, a.bn * ES, a.smask_s);
 
     const uint32_t bar0 = gpu_smem_addr(smem + a.off_bar);
 #define MMA_TMA_A(i)   (smem + a.off_a0 + (i)*a.a_stride)
@@ -808,7 +908,7 @@ __global__ void __launch_bounds__(WM *WN * 32,
     if (tid == 0 && a.prefetch) {
         gpu_tma_prefetch4(&tm.x[first.prob], first.ch0, first.ow0 * g.sw - g.pl,
                           first.oh0 * g.sh - g.pt, first.n0);
-        const size_t row = (size_t)g.r * g.s * g.cpg * sizeof(typename DT::T);
+        const size_t row = (size_t)g.r * g.s * g.cpg * sizeof(typename mma_dt<DT>::T);
         gpu_prefetch_l2((const uint8_t *)b.w[first.prob] + (size_t)first.k0 * row,
                         (size_t)(first.kend - first.k0) * row);
     }
@@ -864,9 +964,10 @@ __global__ void __launch_bounds__(WM *WN * 32,
         MMA_TR(4 + 3 * (item - it_begin));
         const struct mma_item it = mma_decode(a, item);
         if (g.bias || g.act)
-            mma_bias_act<DT, MT, NT>(acc, (const typename DT::T *)b.b[it.prob], it, g, wn, lane);
+            mma_bias_act<DT, MT, NT>(acc, (const typename mma_dt<DT>::OT *)b.b[it.prob], it, g, wn,
+                                     lane);
         uint8_t *stage = smem + (sbuf ? a.off_stage1 : a.off_stage);
-        mma_stage_pre<DT, MT, NT>(acc, stage, soffs, wm, wn, lane, a.bn * 2, a.smask_s);
+        mma_stage_pre<DT, MT, NT>(acc, stage, soffs, wm, wn, lane, a.bn * ES, a.smask_s);
         gpu_fence_async_smem();
         if (tid == 0)
             gpu_tma_store_wait<true>(); /* the previous item's store has read the other buffer */
@@ -916,9 +1017,18 @@ static const void *mma_tma_fn(int dtype, int cfg)
         (const void *)mma_tma_kernel<dt_bf16, 2, 4, 2, 2>,
         (const void *)mma_tma_kernel<dt_bf16, 4, 5, 2, 2>,
     };
+    static const void *tf32[MMA_NCFG] = {
+        (const void *)mma_tma_kernel<dt_tf32x2, 7, 1, 1, 8>,
+        (const void *)mma_tma_kernel<dt_tf32x2, 7, 1, 1, 4>,
+        (const void *)mma_tma_kernel<dt_tf32x2, 7, 2, 1, 4>,
+        (const void *)mma_tma_kernel<dt_tf32x2, 7, 3, 1, 2>,
+        (const void *)mma_tma_kernel<dt_tf32x2, 4, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_tf32x2, 2, 4, 2, 2>,
+        (const void *)mma_tma_kernel<dt_tf32x2, 4, 5, 2, 2>,
+    };
     if (cfg < 0 || cfg >= MMA_NCFG)
         return NULL;
-    return dtype == CONVD_DTYPE_BF16 ? bf16[cfg] : f16[cfg];
+    return dtype == CONVD_DTYPE_FP32 ? tf32[cfg] : dtype == CONVD_DTYPE_BF16 ? bf16[cfg] : f16[cfg];
 }
 
 /* Occupancy per (kernel, shared memory), computed once. */
@@ -1053,26 +1163,31 @@ int mma_swizzle_mask(int row)
 }
 
 /* A 4-D NHWC tensor map (dims innermost first: channels, columns, rows, images) with a box of
- * `box` elements per dimension, swizzled by the box's row bytes where that is 32, 64 or 128. */
+ * `box` elements per dimension, swizzled by the box's row bytes where that is 32, 64 or 128.
+ * dtype FP32 maps 4-byte elements (the TF32 output); the halo of a TF32 problem is mapped as
+ * FP16 units (the copies move bytes, and out-of-bounds fill is zero bits either way). */
 static int mma_map_encode(CUtensorMap *m, int dtype, void *base, int c, int w, int h, int n,
                           const cuuint32_t box[4])
 {
     const mma_encode_fn enc = mma_encoder();
     if (enc == NULL)
         return CONVD_EDEVICE;
+    const cuuint64_t es = dtype == CONVD_DTYPE_FP32 ? 4 : 2;
     const cuuint64_t dims[4] = {(cuuint64_t)c, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
-    const cuuint64_t strides[3] = {(cuuint64_t)c * 2, (cuuint64_t)c * w * 2,
-                                   (cuuint64_t)c * w * h * 2};
+    const cuuint64_t strides[3] = {(cuuint64_t)c * es, (cuuint64_t)c * w * es,
+                                   (cuuint64_t)c * w * h * es};
     const cuuint32_t one[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle swz = box[0] * 2 == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-                                   : box[0] * 2 == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                   : box[0] * 2 == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
-                                                      : CU_TENSOR_MAP_SWIZZLE_NONE;
-    const CUresult r = enc(m,
-                           dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                           4, base, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t row = box[0] * es;
+    const CUtensorMapSwizzle swz = row == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                   : row == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                   : row == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                               : CU_TENSOR_MAP_SWIZZLE_NONE;
+    const CUtensorMapDataType type = dtype == CONVD_DTYPE_FP32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                     : dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUresult r = enc(m, type, 4, base, dims, strides, box, one,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : CONVD_EDEVICE;
 }
 
@@ -1159,7 +1274,9 @@ static int mma_go_tma(const struct gpu_mma_plan *pl, struct mma_args *a, const s
             sub.w[i] = b->w[p0 + i];
             sub.b[i] = b->b[p0 + i];
             sub.y[i] = b->y[p0 + i];
-            rc = mma_map(&tm.x[i], pl->dtype, (void *)sub.x[i], g->c, g->w, g->h, g->n, xbox);
+            /* TF32: the halo in 16-bit units (g->c counts them), the output in fp32. */
+            const int xdt = pl->dtype == CONVD_DTYPE_FP32 ? CONVD_DTYPE_FP16 : pl->dtype;
+            rc = mma_map(&tm.x[i], xdt, (void *)sub.x[i], g->c, g->w, g->h, g->n, xbox);
             if (rc == 0)
                 rc = mma_map(&tm.y[i], pl->dtype, sub.y[i], g->k, g->wo, g->ho, g->n, ybox);
             if (rc != 0)
@@ -1239,8 +1356,11 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.stage_sep = pl->off_stage != pl->off_a0;
     a.fast_w = pl->fast_w;
     a.out_nchw = pl->out_nchw;
-    /* Channel vectors per halo pixel and per output pixel (at least 1 for the divisors). */
-    const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1, vpr = a.bn >> 3 > 0 ? a.bn >> 3 : 1;
+    /* Channel vectors per halo pixel and per output pixel (at least 1 for the divisors): 8 16-bit
+     * units, and 8 16-bit or 4 fp32 (TF32) outputs. */
+    const int oes = pl->dtype == CONVD_DTYPE_FP32 ? 4 : 2;
+    const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1;
+    const int vpr = a.bn * oes / 16 > 0 ? a.bn * oes / 16 : 1;
     a.fd_vpp = convd_math_fdiv_make((uint32_t)vpp);
     a.fd_kc8 = convd_math_fdiv_make((uint32_t)(a.kc >> 3 > 0 ? a.kc >> 3 : 1));
     a.fd_hplane = convd_math_fdiv_make((uint32_t)(a.ih * a.iw));
@@ -1270,15 +1390,20 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.off_bar = pl->off_bar;
     a.a_tx = pl->a_tx;
     a.smask_a = mma_swizzle_mask(a.ps);
-    a.smask_s = mma_swizzle_mask(a.bn * 2);
+    a.smask_s = mma_swizzle_mask(a.bn * oes);
     if (pl->tma) {
         if (pl->dtype == CONVD_DTYPE_FP16)
             return mma_launch_tma<dt_f16>(pl, &a, b, count, ln);
         if (pl->dtype == CONVD_DTYPE_BF16)
             return mma_launch_tma<dt_bf16>(pl, &a, b, count, ln);
+        if (pl->dtype == CONVD_DTYPE_FP32)
+            return mma_launch_tma<dt_tf32x2>(pl, &a, b, count, ln);
         return CONVD_EINVAL;
     }
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
+    /* TF32 pairs need NHWC tensors (the planner refuses NCHW in place). */
+    if (pl->dtype == CONVD_DTYPE_FP32)
+        return nhwc ? mma_launch_cfg<dt_tf32x2, 1>(pl, &a, b, count, ln) : CONVD_EINVAL;
     if (pl->dtype == CONVD_DTYPE_FP16)
         return nhwc ? mma_launch_cfg<dt_f16, 1>(pl, &a, b, count, ln)
                     : mma_launch_cfg<dt_f16, 0>(pl, &a, b, count, ln);
@@ -1315,18 +1440,29 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
         (const void *)mma_kernel<dt_f16, 1, 2, 4, 2, 2>,
         (const void *)mma_kernel<dt_f16, 1, 4, 5, 2, 2>,
     };
+    static const void *fns_tf32[] = {
+        (const void *)mma_kernel<dt_tf32x2, 1, 7, 1, 1, 8>,
+        (const void *)mma_kernel<dt_tf32x2, 1, 7, 1, 1, 4>,
+        (const void *)mma_kernel<dt_tf32x2, 1, 7, 2, 1, 4>,
+        (const void *)mma_kernel<dt_tf32x2, 1, 7, 3, 1, 2>,
+        (const void *)mma_kernel<dt_tf32x2, 1, 4, 4, 2, 2>,
+        (const void *)mma_kernel<dt_tf32x2, 1, 2, 4, 2, 2>,
+        (const void *)mma_kernel<dt_tf32x2, 1, 4, 5, 2, 2>,
+    };
     if (pl->cfg >= 0 && pl->cfg < MMA_NCFG) {
-        const void *fn = pl->tma ? mma_tma_fn(pl->dtype, pl->cfg) : fns[pl->cfg];
+        const void *fn = pl->tma                           ? mma_tma_fn(pl->dtype, pl->cfg)
+                         : pl->dtype == CONVD_DTYPE_FP32 ? fns_tf32[pl->cfg]
+                                                         : fns[pl->cfg];
         if (gpu_allow_smem(fn, pl->smem) == 0)
             (void)mma_blocks_per_sm(fn, pl->threads, pl->smem, &per_sm);
     }
 #endif
     snprintf(buf, len,
              "mma cfg %d gm %d bm %d bn %d sgb %d nsplit %d tile %dx%dx%d halo %dx%d kc %d/%d "
-             "k16 %d threads %d smem %d blocks/SM %d items %d%s",
+             "k16 %d threads %d smem %d blocks/SM %d items %d%s%s",
              pl->cfg, pl->gm, pl->bm, pl->bn, pl->sgb, pl->nsplit, pl->imgs, pl->th, pl->tw, pl->ih,
              pl->iw, pl->kc, pl->cpgm, pl->nk16, pl->threads, pl->smem, per_sm,
-             pl->tiles * pl->nblk,
+             pl->tiles * pl->nblk, pl->dtype == CONVD_DTYPE_FP32 ? " tf32" : "",
              pl->tma ? (pl->nst == 2   ? " tma"
                         : pl->nst == 1 ? " tma x1"
                         : pl->nst == 3 ? " tma x3"

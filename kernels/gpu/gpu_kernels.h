@@ -64,13 +64,17 @@ struct convd_gpu_policy {
     int direct_nhwc;  /* NHWC on the direct family through NCHW copies: -1 measured, 0, 1 */
     int direct_prefetch; /* direct family's next-plane prefetch: -1 planner, 0, 1 */
     int direct_outputs8; /* direct family's 8 outputs a thread: -1 fp32 only, 0 never, 1 always */
-    /* fp32 problems that allow TF32 on the tensor-core implicit GEMM: -1 where kpg >= 24, 0 never,
-     * 1 wherever the GEMM applies. */
+    /* fp32 problems that allow TF32 on the tensor-core implicit GEMM: -1 where kpg >= 24, 0 never
+     * (no TF32 anywhere, the mma family's included), 1 wherever the GEMM applies. */
     int tf32;
+    /* The same on the mma family (fp32 as pairs of 16-bit units, ahead of the GEMM's tiles): -1
+     * where kpg >= 24, 0 never (the default until the kernels have run on the H200), 1 wherever
+     * the family takes the problem. Asked for by name, the family takes TF32 whatever this says. */
+    int mma_tf32;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1                                        \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, 0                                     \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

@@ -95,12 +95,28 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
     snprintf(why, why_len, "mma: no tensor-core kernel for AMD yet (MFMA); FMA family used");
     return CONVD_EUNSUPPORTED;
 #else
-    if (p->dtype != CONVD_DTYPE_FP16 && p->dtype != CONVD_DTYPE_BF16) {
-        snprintf(why, why_len, "mma: fp16 and bf16 only");
+    /* fp32 runs as TF32 on pairs of 16-bit units (conv_mma.hip, mma_dt): NHWC tensors only. */
+    const bool tf32 = p->dtype == CONVD_DTYPE_FP32;
+    if (tf32 && (!p->allow_tf32 || pol->tf32 == 0)) {
+        snprintf(why, why_len, "mma: fp32 only as TF32 (allow_tf32)");
+        return CONVD_EUNSUPPORTED;
+    }
+    if (tf32 && p->layout != CONVD_LAYOUT_NHWC) {
+        snprintf(why, why_len, "mma: TF32 takes NCHW only on NHWC copies");
+        return CONVD_EUNSUPPORTED;
+    }
+    if (!tf32 && p->dtype != CONVD_DTYPE_FP16 && p->dtype != CONVD_DTYPE_BF16) {
+        snprintf(why, why_len, "mma: fp16, bf16 and TF32 only");
         return CONVD_EUNSUPPORTED;
     }
     struct gpu_geom g;
     gpu_geom_from_problem(p, &g);
+    /* TF32: input channels counted in 16-bit units from here on; outputs stay fp32 (oes bytes). */
+    const int oes = tf32 ? 4 : 2;
+    if (tf32) {
+        g.c *= 2;
+        g.cpg *= 2;
+    }
     int gm = 0;
     for (int f = 1; f <= 4; f *= 2)
         if ((f * g.cpg) % 8 == 0 && (f * g.kpg) % 8 == 0 && g.g % f == 0) {
@@ -109,8 +125,9 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
         }
     if (gm == 0) {
         snprintf(why, why_len,
-                 "mma: cpg=%d, kpg=%d do not reach multiples of 8 by merging 1, 2 or 4 groups",
-                 g.cpg, g.kpg);
+                 "mma: cpg=%d, kpg=%d do not reach multiples of %d and 8 by merging 1, 2 or 4 "
+                 "groups",
+                 p->c / p->groups, g.kpg, tf32 ? 4 : 8);
         return CONVD_EUNSUPPORTED;
     }
     /* A 1x1, stride-1, unpadded NHWC problem is one long row of pixels: no halo, no tile waste. */
@@ -194,10 +211,10 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
                 tma_cfg && ih <= 256 && iw <= 256 && t->imgs <= 256 && t->th <= 256 && t->tw <= 256;
             /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue); with tensor copies,
              * two dense [m][n] buffers. */
-            int stage_bytes = nchw_out ? bn * (bm + 8) * 2 : bm * (bn + 8) * 2;
+            int stage_bytes = nchw_out ? bn * (bm + 8) * oes : bm * (bn + 8) * oes;
             int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
             if (tma) {
-                stage_bytes = mma_round1k(bm * bn * 2);
+                stage_bytes = mma_round1k(bm * bn * oes);
                 smem = 2 * mma_round1k(a_bytes) + 2 * stage_bytes + b_bytes + oct_bytes + 16 + 1024;
             } else if (stage_bytes > a_bytes) {
                 smem += stage_bytes;
@@ -223,8 +240,8 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
              * measurements).
              * (NHWC writes whole pixels, the same bytes in every configuration.) */
             if (nchw_out) {
-                const double run = (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * 2.0;
-                cost += (double)g.n * g.ho * g.wo * g.k * 2.0 * (ceil(run / 32.0) + 1.0) * 32.0 /
+                const double run = (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * oes;
+                cost += (double)g.n * g.ho * g.wo * g.k * oes * (ceil(run / 32.0) + 1.0) * 32.0 /
                         run / dev.rate.nchw_write;
             }
             int per_sm = dev.smem_per_sm / (smem + 1024);

@@ -30,6 +30,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"direct_prefetch", pol->direct_prefetch, -1, 1, -9},
         {"direct_outputs8", pol->direct_outputs8, -1, 1, -9},
         {"tf32", pol->tf32, -1, 1, -9},
+        {"mma_tf32", pol->mma_tf32, -1, 1, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;
@@ -168,6 +169,28 @@ static int nchw_without_copies(const struct gpu_route_in *in)
     return nchw(in) && in->ws < GPU_WS_COPIES;
 }
 
+/* The 16-bit rules of the mma family: its planner takes fp32 too (as TF32), but only through the
+ * TF32 rules, which say so in their names. */
+static int half_dtype(const struct gpu_route_in *in)
+{
+    return in->p->dtype != CONVD_DTYPE_FP32;
+}
+
+static int nhwc_half(const struct gpu_route_in *in)
+{
+    return half_dtype(in) && nhwc(in);
+}
+
+static int nchw_with_copies_half(const struct gpu_route_in *in)
+{
+    return half_dtype(in) && nchw_with_copies(in);
+}
+
+static int nchw_without_copies_half(const struct gpu_route_in *in)
+{
+    return half_dtype(in) && nchw_without_copies(in);
+}
+
 static int padded_c(const struct gpu_route_in *in)
 {
     return in->ws >= GPU_WS_OUTPUT && gpu_pad_channels(in->p, in->pol) > 0;
@@ -195,6 +218,28 @@ static int tf32_copies(const struct gpu_route_in *in)
     return tf32_allowed(in) && fma_copies(in);
 }
 
+/* Where the mma family takes TF32 (policy mma_tf32 -1): the fma family's TF32 threshold (kpg >=
+ * 24) for the shapes the family plans (cpg a multiple of 4 and kpg of 8, merging up to 4
+ * groups), where its fp16 kernel at twice the bytes and half the multiply rate still projects
+ * 2-3x faster than the GEMM's tiles; 1: wherever it fits; 0 (the default policy until measured):
+ * never. */
+static int mma_tf32_routes(const struct gpu_route_in *in)
+{
+    if (in->pol->mma_tf32 >= 0)
+        return in->pol->mma_tf32;
+    return kpg_of(in->p) >= 24;
+}
+
+static int tf32_nhwc(const struct gpu_route_in *in)
+{
+    return tf32_allowed(in) && nhwc(in);
+}
+
+static int tf32_nchw_copies(const struct gpu_route_in *in)
+{
+    return tf32_allowed(in) && nchw_with_copies(in);
+}
+
 /* ---- the table ---- */
 
 #define N       GPU_VIEW_NATIVE
@@ -205,6 +250,12 @@ static const struct gpu_rule gpu_rules[] = {
      "tensors not 16-byte aligned: one thread per output"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
+    {"mma-tf32", CONVD_GPU_FAMILY_MMA, N, 0, tf32_nhwc, mma_tf32_routes,
+     "fp32 allowing TF32, NHWC, cpg % 4 == 0 and kpg % 8 == 0 (or made so by merging 2 or 4 "
+     "groups) with kpg >= 24, where the policy's mma_tf32 allows (not by default yet): the mma "
+     "kernels on pairs of 16-bit units (m16n8k8 TF32)"},
+    {"mma-tf32-nchw", CONVD_GPU_FAMILY_MMA, TO_NHWC, 0, tf32_nchw_copies, mma_tf32_routes,
+     "the same in NCHW, on NHWC copies of input and weights, NCHW out from the epilogue"},
     {"fma-tf32", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_TF32, tf32_in_place, tf32_routes,
      "fp32 allowing TF32 with kpg >= 24, in the implicit GEMM's shapes: its tiles on the tensor "
      "cores (mma m16n8k8 TF32, fp32 accumulation)"},
@@ -217,11 +268,11 @@ static const struct gpu_rule gpu_rules[] = {
      direct_routes_nhwc,
      "NHWC of the direct geometry on NCHW copies: 16-bit cpg <= 64 that mma cannot take; fp32 "
      "kpg < 24 at stride 2 or kpg not a multiple of 4 (odd multiples of 3 excepted)"},
-    {"mma", CONVD_GPU_FAMILY_MMA, N, 0, nhwc, always,
+    {"mma", CONVD_GPU_FAMILY_MMA, N, 0, nhwc_half, always,
      "NHWC fp16/bf16, cpg and kpg multiples of 8 (or made so by merging 2 or 4 groups)"},
-    {"mma-nchw", CONVD_GPU_FAMILY_MMA, TO_NHWC, 0, nchw_with_copies, always,
+    {"mma-nchw", CONVD_GPU_FAMILY_MMA, TO_NHWC, 0, nchw_with_copies_half, always,
      "the same in NCHW, on NHWC copies of input and weights, NCHW out from the epilogue"},
-    {"mma-nchw-gather", CONVD_GPU_FAMILY_MMA, N, 0, nchw_without_copies, always,
+    {"mma-nchw-gather", CONVD_GPU_FAMILY_MMA, N, 0, nchw_without_copies_half, always,
      "the same in NCHW without workspace, gathering NCHW in place"},
     {"mma-padded", CONVD_GPU_FAMILY_MMA, GPU_VIEW_PADDED_C, 0, padded_c, always,
      "dense fp16/bf16 with K a multiple of 8 and C not, on NHWC copies with C padded to 8"},
@@ -347,10 +398,13 @@ int gpu_route_plan(const struct gpu_route_in *in, enum convd_gpu_family family,
     }
     if (rc != 0)
         return rc;
-    snprintf(why, why_len, "%s: %s", convd_gpu_family_name(family),
-             family == CONVD_GPU_FAMILY_DIRECT && in->p->layout == CONVD_LAYOUT_NHWC
-                 ? "NHWC runs on NCHW copies in the workspace"
-                 : "no rule fits the problem's layout and workspace");
+    const char *what = "no rule fits the problem's layout and workspace";
+    if (family == CONVD_GPU_FAMILY_DIRECT && in->p->layout == CONVD_LAYOUT_NHWC)
+        what = "NHWC runs on NCHW copies in the workspace";
+    else if (family == CONVD_GPU_FAMILY_MMA && in->p->dtype == CONVD_DTYPE_FP32 &&
+             !tf32_allowed(in))
+        what = "fp32 runs on the tensor cores only as TF32 (allow_tf32)";
+    snprintf(why, why_len, "%s: %s", convd_gpu_family_name(family), what);
     return CONVD_EUNSUPPORTED;
 }
 

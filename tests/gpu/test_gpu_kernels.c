@@ -584,15 +584,42 @@ static void test_fma_gemm(void **state)
     assert_int_equal(convd_gpu_tune_fma_gemm(3), CONVD_EINVAL);
 }
 
-/* TF32 (fp32 problems with allow_tf32): routed to the implicit GEMM's tensor-core tiles where kpg
+/* Runs p (fp32, allow_tf32) on fam with the workspace: its result must meet the TF32 tolerance
+ * and, where the tensor cores ran it (tensor_cores), differ from the exact reference by more than
+ * fp32 arithmetic would (2e-5): proof that TF32, not exact fp32, computed it. */
+static void check_tf32_run(const struct convd_problem *p, enum convd_gpu_family fam,
+                           int tensor_cores, const char *what)
+{
+    char desc[160];
+    convd_problem_str(p, desc, sizeof(desc));
+    struct tcase c;
+    tc_init(&c, p);
+    tc_reference(&c);
+    const int rc = tc_run(&c, fam);
+    if (rc != 0) {
+        tc_free(&c);
+        fail_msg("%s [%s]: %s", desc, what, convd_strerror(rc));
+    }
+    size_t bad = 0;
+    const double err = tu_rel_error(CONVD_DTYPE_FP32, c.hy, c.ref, c.z.output_elems, &bad);
+    const double got = ((const float *)c.hy)[bad], want = c.ref[bad];
+    tc_free(&c);
+    if (!(err <= tu_tolerance_of(p)))
+        fail_msg("%s [%s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc, what, err,
+                 tu_tolerance_of(p), bad, got, want);
+    if (tensor_cores && !(err > 2e-5))
+        fail_msg("%s [%s]: rel error %.3g: exact fp32, not TF32", desc, what, err);
+    n_checked++;
+}
+
+/* TF32 (fp32 problems with allow_tf32): routed to the tensor cores (the mma family's TF32 rules
+ * or the implicit GEMM's tiles) where kpg
  * >= 24, in both layouts (NCHW on NHWC copies, or in place for 1x1), every loader (4-channel
  * gathers, pointwise channel by channel, NCHW pixel runs), with tails in pixels, outputs (kpg 40:
  * a half-empty second warp tile) and K (36 = 9 taps x cpg 4: a short last step), stride,
- * dilation and asymmetric padding, bias and activations. Each result must meet the TF32
- * tolerance and must also differ from the exact fp32 reference by more than fp32 arithmetic
- * would (2e-5): proof that the tensor cores computed it. Without allow_tf32 the same problems
- * stay off TF32; the policy's tf32 knob switches it off (0), also for the fma family asked for by
- * name, or forces it below kpg 24 (1). */
+ * dilation and asymmetric padding, bias and activations (check_tf32_run). Without allow_tf32 the
+ * same problems stay off TF32; the policy's tf32 knob switches it off (0), also for the fma
+ * family asked for by name, or forces it below kpg 24 (1). */
 static void test_tf32(void **state)
 {
     (void)state;
@@ -621,37 +648,29 @@ static void test_tf32(void **state)
     char why[160];
     const int tensor_cores =
         convd_gpu_family_check(&probe, CONVD_GPU_FAMILY_MMA, why, sizeof(why)) == 0;
-    for (size_t i = 0; i < np; i++)
-        for (int v = 0; v < 3; v++) {
-            struct convd_problem p = ps[i];
-            p.allow_tf32 = true;
-            p.has_bias = v > 0;
-            set_act(&p, v == 0 ? -1 : (int)(i + (size_t)v) % 6);
-            char desc[160];
-            convd_problem_str(&p, desc, sizeof(desc));
-            const char *rule = convd_gpu_kernel_name(&p);
-            if (tensor_cores && strncmp(rule, "fma-tf32", 8) != 0)
-                fail_msg("%s allows TF32 and went to %s", desc, rule);
-            if (!tensor_cores && strncmp(rule, "fma-tf32", 8) == 0)
-                fail_msg("%s went to %s on a GPU without TF32", desc, rule);
-            struct tcase c;
-            tc_init(&c, &p);
-            tc_reference(&c);
-            assert_int_equal(tc_run(&c, CONVD_GPU_FAMILY_AUTO), 0);
-            size_t bad = 0;
-            const double err = tu_rel_error(F32, c.hy, c.ref, c.z.output_elems, &bad);
-            const double got = ((const float *)c.hy)[bad], want = c.ref[bad];
-            tc_free(&c);
-            if (!(err <= tu_tolerance_of(&p)))
-                fail_msg("%s [%s]: rel error %.3g > %.3g (element %zu: got %g, want %g)", desc,
-                         rule, err, tu_tolerance_of(&p), bad, got, want);
-            if (tensor_cores && !(err > 2e-5))
-                fail_msg("%s [%s]: rel error %.3g: exact fp32, not TF32", desc, rule, err);
-            n_checked++;
-            p.allow_tf32 = false;
-            if (strncmp(convd_gpu_kernel_name(&p), "fma-tf32", 8) == 0)
-                fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_kernel_name(&p));
-        }
+    /* Routed with the mma family's TF32 rules off (the default) and on from kpg 24. */
+    for (int m = 0; m < 2; m++) {
+        assert_int_equal(convd_gpu_tune_mma_tf32(m ? -1 : 0), 0);
+        for (size_t i = 0; i < np; i++)
+            for (int v = 0; v < 3; v++) {
+                struct convd_problem p = ps[i];
+                p.allow_tf32 = true;
+                p.has_bias = v > 0;
+                set_act(&p, v == 0 ? -1 : (int)(i + (size_t)v) % 6);
+                char desc[160];
+                convd_problem_str(&p, desc, sizeof(desc));
+                const char *rule = convd_gpu_dev_rule(&p);
+                if (tensor_cores && strstr(rule, "tf32") == NULL)
+                    fail_msg("%s allows TF32 and went to %s", desc, rule);
+                if (!tensor_cores && strstr(rule, "tf32") != NULL)
+                    fail_msg("%s went to %s on a GPU without TF32", desc, rule);
+                check_tf32_run(&p, CONVD_GPU_FAMILY_AUTO, tensor_cores, rule);
+                p.allow_tf32 = false;
+                if (strstr(convd_gpu_dev_rule(&p), "tf32") != NULL)
+                    fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_dev_rule(&p));
+            }
+    }
+    assert_int_equal(convd_gpu_tune_mma_tf32(0), 0);
     /* The policy: off, and forced onto a 1x1 of kpg 8 (below the default's 24). */
     struct convd_problem p = mk(2, 9, 9, 64, 64, 1, 1, 8, 1, 0, 1, F32, H);
     p.allow_tf32 = true;
@@ -664,13 +683,103 @@ static void test_tf32(void **state)
     p = ps[0];
     p.allow_tf32 = true;
     assert_int_equal(convd_gpu_tune_tf32(-1), 0);
+    /* mma_tf32 0 (the default): the fma family's tiles; -1: the mma family's from kpg 24. */
     if (tensor_cores)
         assert_string_equal(convd_gpu_dev_rule(&p), "fma-tf32");
+    assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
+    if (tensor_cores)
+        assert_string_equal(convd_gpu_dev_rule(&p), "mma-tf32");
+    /* tf32 0: no TF32 anywhere, the mma family asked for by name included. */
     assert_int_equal(convd_gpu_tune_tf32(0), 0);
-    assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
+    assert_null(strstr(convd_gpu_dev_rule(&p), "tf32"));
     check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
     assert_false(described_as(&p, CONVD_GPU_FAMILY_FMA, "tf32"));
+    assert_int_not_equal(convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0), 0);
     assert_int_equal(convd_gpu_tune_tf32(2), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_mma_tf32(2), CONVD_EINVAL);
+}
+
+/* The mma family's TF32 kernels (fp32 as pairs of 16-bit units), asked for by name: every warp
+ * layout on a dense and a grouped problem, then, with and without sm_90 tensor copies and in
+ * both layouts (NCHW on NHWC copies, its epilogue writing NCHW), problems that reach each loader
+ * and epilogue path: channels in chunks (cpg 128: K 2304 units), groups merged 2 and 4 at a time
+ * (cpg 4, 2 and 1, including both block-diagonal fast loaders), kpg split over n-blocks (128),
+ * a partial last n-block, images per tile, the flattened 1x1, stride, dilation and asymmetric
+ * padding, bias and activations. Every result meets the TF32 tolerance and is not exact fp32
+ * (check_tf32_run). Without allow_tf32 the family refuses fp32 and says why. */
+static void require_mma(void);
+
+static void test_mma_tf32(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    require_mma();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
+    const enum convd_dtype F32 = CONVD_DTYPE_FP32;
+    const enum convd_layout H = CONVD_LAYOUT_NHWC, C = CONVD_LAYOUT_NCHW;
+    struct convd_problem asym = mk(2, 12, 13, 32, 32, 3, 3, 4, 1, 0, 1, F32, H);
+    asym.pad_top = 2;
+    asym.pad_bottom = 0;
+    asym.pad_left = 0;
+    asym.pad_right = 1;
+    asym.stride_h = 2;
+    const struct convd_problem probs[] = {
+        mk(2, 13, 11, 64, 64, 3, 3, 1, 1, 1, 1, F32, H),   /* dense, one chunk */
+        mk(1, 17, 15, 64, 64, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 8, kpg 8 */
+        mk(2, 9, 9, 128, 128, 3, 3, 1, 1, 1, 1, F32, H),   /* cpg 128: chunks */
+        mk(1, 17, 15, 32, 32, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 4: 2 merged */
+        mk(2, 12, 12, 16, 16, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 2, kpg 2: 4 merged */
+        mk(2, 11, 9, 16, 32, 3, 3, 8, 1, 1, 1, F32, H),    /* cpg 2, kpg 4: merged_w 4 */
+        mk(1, 10, 10, 8, 64, 3, 3, 8, 1, 1, 1, F32, H),    /* cpg 1, kpg 8: merged_w 2 */
+        mk(1, 9, 9, 64, 128, 3, 3, 1, 1, 1, 1, F32, H),    /* kpg 128: split */
+        mk(1, 10, 11, 96, 96, 3, 3, 12, 1, 1, 1, F32, H),  /* last n-block partial */
+        mk(3, 7, 7, 64, 64, 3, 3, 2, 1, 1, 1, F32, H),     /* images per tile */
+        mk(2, 9, 11, 96, 96, 1, 1, 2, 1, 0, 1, F32, H),    /* 1x1, flattened in NHWC */
+        mk(2, 15, 15, 64, 64, 3, 3, 8, 2, 1, 1, F32, H),   /* stride 2 */
+        mk(1, 13, 13, 32, 32, 3, 3, 4, 1, 2, 2, F32, H),   /* dilation 2 */
+        asym,
+    };
+    const size_t np = sizeof(probs) / sizeof(probs[0]);
+    /* Every warp layout, on the first two problems (each layout takes at least one). */
+    for (int cfg = 0; convd_gpu_tune_mma_cfg(cfg) == 0; cfg++) {
+        int ran = 0;
+        for (size_t i = 0; i < 2; i++) {
+            struct convd_problem p = probs[i];
+            p.allow_tf32 = true;
+            if (convd_gpu_family_check(&p, F, NULL, 0) != 0)
+                continue;
+            char what[32];
+            snprintf(what, sizeof(what), "mma cfg %d", cfg);
+            check_tf32_run(&p, F, 1, what);
+            ran++;
+        }
+        if (ran == 0)
+            fail_msg("mma configuration %d ran no TF32 problem", cfg);
+    }
+    assert_int_equal(convd_gpu_tune_mma_cfg(-1), 0);
+    for (int tma = 1; tma >= 0; tma--) {
+        assert_int_equal(convd_gpu_tune_mma_tma(tma ? -1 : 0), 0);
+        for (size_t i = 0; i < np; i++)
+            for (int l = 0; l < 2; l++) {
+                struct convd_problem p = probs[i];
+                p.layout = l ? C : H;
+                p.allow_tf32 = true;
+                p.has_bias = (i + (size_t)l) % 2 == 1;
+                set_act(&p, (int)(i + (size_t)l) % 4 == 0 ? -1 : (int)i);
+                char why[160] = "", desc[160];
+                if (convd_gpu_family_check(&p, F, why, sizeof(why)) != 0) {
+                    convd_problem_str(&p, desc, sizeof(desc));
+                    fail_msg("%s: mma refused TF32: %s", desc, why);
+                }
+                check_tf32_run(&p, F, 1, tma ? "mma tf32" : "mma tf32, no tensor copies");
+            }
+    }
+    assert_int_equal(convd_gpu_tune_mma_tma(-1), 0);
+    /* Exact fp32 is not the family's. */
+    struct convd_problem p = probs[0];
+    char why[160] = "";
+    assert_int_not_equal(convd_gpu_family_check(&p, F, why, sizeof(why)), 0);
+    assert_non_null(strstr(why, "TF32"));
 }
 
 /* Runs p in NCHW over every dtype, plain and with a bias and an activation. */
@@ -1593,6 +1702,7 @@ int main(void)
         cmocka_unit_test_teardown(test_fma, untune),
         cmocka_unit_test(test_fma_gemm),
         cmocka_unit_test_teardown(test_tf32, untune),
+        cmocka_unit_test_teardown(test_mma_tf32, untune),
         cmocka_unit_test_teardown(test_direct, untune),
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_padded, untune),
