@@ -61,6 +61,7 @@ struct opts {
     int sweep_dw;
     int sweep_nchw;
     int sweep_fma;
+    int sweep_tf32;
     int sweep_direct;
     int tf32; /* fp32 problems allow TF32, and cuDNN may use it too */
     enum convd_gpu_family family;
@@ -689,6 +690,30 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
         }
     }
 
+    /* --sweep-tf32: fp32 rows that allow TF32, on the mma family's TF32 kernels by name (whatever
+     * the policy's mma_tf32 says), same buffers, checked against cuDNN's output: for the routing. */
+    if (o->sweep_tf32 && p.allow_tf32 &&
+        convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0) {
+        const enum convd_gpu_family f0 = oc.fam;
+        oc.fam = CONVD_GPU_FAMILY_MMA;
+        char d2[200];
+        convd_gpu_describe(&p, CONVD_GPU_FAMILY_MMA, d2, sizeof(d2));
+        const double us = time_graph(ours_run, &oc, b.nbuf, 10);
+        double err = NAN;
+        if (out->cudnn_us > 0) { /* y_check holds cuDNN's output for buffer 0 */
+            CK(cudaMemsetAsync(b.y[0], 0xff, z.output_bytes, g_stream));
+            if (ours_run(&oc, 0) == 0) {
+                CK(cudaStreamSynchronize(g_stream));
+                err = rel_err_dev(dt, b.y[0], b.y_check, z.output_elems);
+            }
+        }
+        printf("sweep %s fp32 %s mma-tf32: %.1f us (default %.1f us, cuDNN %.1f us: %.2fx) "
+               "err %.1e %s\n",
+               sh->name, convd_layout_name(lay), us, out->ours_us, out->cudnn_us,
+               out->cudnn_us > 0 && us > 0 ? out->cudnn_us / us : 0.0, err, d2);
+        oc.fam = f0;
+    }
+
     /* --sweep-direct, NHWC: problems the direct family can run on NCHW copies, routed with and
      * without that route. */
     if (o->sweep_direct && lay == CONVD_LAYOUT_NHWC &&
@@ -873,7 +898,7 @@ static void usage(void)
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn] [--tf32]\n"
            "         [--sweep-mma] [--sweep-pdl] [--sweep-dw] [--sweep-nchw] [--sweep-fma] "
-           "[--sweep-direct]\n"
+           "[--sweep-direct] [--sweep-tf32]\n"
            "(the depthwise and direct sweeps reach every variant only in a build with\n"
            " -DCONVD_GPU_SWEEP_KERNELS=ON)\n");
 }
@@ -1050,6 +1075,8 @@ int main(int argc, char **argv)
             o.sweep_pdl = 1;
         } else if (strcmp(a, "--sweep-fma") == 0) {
             o.sweep_fma = 1;
+        } else if (strcmp(a, "--sweep-tf32") == 0) {
+            o.sweep_tf32 = 1;
         } else if (strcmp(a, "--sweep-dw") == 0) {
             o.sweep_dw = 1;
         } else if (strcmp(a, "--sweep-nchw") == 0) {
