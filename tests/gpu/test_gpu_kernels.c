@@ -224,6 +224,17 @@ static const enum convd_layout layouts[] = {CONVD_LAYOUT_NHWC, CONVD_LAYOUT_NCHW
 
 /* Sets p's activation to the i-th of the six that are not none (i < 0: none), so that the
  * variants of a sweep cover all of them. */
+/* NHWC, 4 groups of 8 channels, stride 2 in rows only, padding on two sides only: tiles that the
+ * image edges cut unevenly. */
+static struct convd_problem mk_asym(enum convd_dtype dt)
+{
+    struct convd_problem p = mk(2, 12, 13, 32, 32, 3, 3, 4, 1, 0, 1, dt, CONVD_LAYOUT_NHWC);
+    p.pad_top = 2;
+    p.pad_right = 1;
+    p.stride_h = 2;
+    return p;
+}
+
 static void set_act(struct convd_problem *p, int i)
 {
     tu_set_activation(p, i < 0 ? CONVD_ACT_NONE : (enum convd_activation)(1 + i % 6));
@@ -717,12 +728,7 @@ static void test_mma_tf32(void **state)
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
     const enum convd_dtype F32 = CONVD_DTYPE_FP32;
     const enum convd_layout H = CONVD_LAYOUT_NHWC, C = CONVD_LAYOUT_NCHW;
-    struct convd_problem asym = mk(2, 12, 13, 32, 32, 3, 3, 4, 1, 0, 1, F32, H);
-    asym.pad_top = 2;
-    asym.pad_bottom = 0;
-    asym.pad_left = 0;
-    asym.pad_right = 1;
-    asym.stride_h = 2;
+    const struct convd_problem asym = mk_asym(F32);
     const struct convd_problem probs[] = {
         mk(2, 13, 11, 64, 64, 3, 3, 1, 1, 1, 1, F32, H),   /* dense, one chunk */
         mk(1, 17, 15, 64, 64, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 8, kpg 8 */
@@ -1165,12 +1171,7 @@ static void test_mma_tma(void **state)
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_MMA;
     const enum convd_dtype H = CONVD_DTYPE_FP16;
     const enum convd_layout L = CONVD_LAYOUT_NHWC;
-    struct convd_problem asym = mk(2, 12, 13, 32, 32, 3, 3, 4, 1, 0, 1, H, L);
-    asym.pad_top = 2;
-    asym.pad_bottom = 0;
-    asym.pad_left = 0;
-    asym.pad_right = 1;
-    asym.stride_h = 2;
+    const struct convd_problem asym = mk_asym(H);
     const struct convd_problem probs[] = {
         mk(2, 13, 11, 64, 64, 3, 3, 8, 1, 1, 1, H, L),  /* cpg 8 */
         mk(1, 17, 15, 32, 32, 3, 3, 8, 1, 1, 1, H, L),  /* cpg 4, 2 merged */
