@@ -428,6 +428,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
                    const struct gpu_launch *ln);
 
+/* The mma family's plan. fp32 (TF32) problems are planned as 16-bit units: g.c, g.cpg and every
+ * channel count below count two units per fp32 channel; g.k and the outputs stay fp32. */
 struct gpu_mma_plan {
     struct gpu_geom g;
     int dtype, layout;
