@@ -691,7 +691,8 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     }
 
     /* --sweep-tf32: fp32 rows that allow TF32, on the mma family's TF32 kernels by name (whatever
-     * the policy's mma_tf32 says), same buffers, checked against cuDNN's output: for the routing. */
+     * the policy's mma_tf32 says), same buffers, checked against cuDNN's output: for the routing.
+     */
     if (o->sweep_tf32 && p.allow_tf32 &&
         convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0) {
         const enum convd_gpu_family f0 = oc.fam;

@@ -169,7 +169,8 @@ template <> struct mma_dt<dt_tf32x2> {
     }
 };
 
-/* A TF32 fragment register rounded (mma_dt<dt_tf32x2>); four at once. */
+/* A TF32 fragment register rounded to nearest, ties away (cvt.rna; mma_dt<dt_tf32x2>); four at
+ * once. */
 GPU_D uint32_t mma_tf32_bits(uint32_t r)
 {
     return __float_as_uint(gpu_to_tf32(__uint_as_float(r)));
@@ -1185,9 +1186,9 @@ static int mma_map_encode(CUtensorMap *m, int dtype, void *base, int c, int w, i
     const CUtensorMapDataType type = dtype == CONVD_DTYPE_FP32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                      : dtype == CONVD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const CUresult r = enc(m, type, 4, base, dims, strides, box, one,
-                           CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        enc(m, type, 4, base, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : CONVD_EDEVICE;
 }
 
@@ -1450,7 +1451,7 @@ void gpu_mma_describe(const struct gpu_mma_plan *pl, char *buf, size_t len)
         (const void *)mma_kernel<dt_tf32x2, 1, 4, 5, 2, 2>,
     };
     if (pl->cfg >= 0 && pl->cfg < MMA_NCFG) {
-        const void *fn = pl->tma                           ? mma_tma_fn(pl->dtype, pl->cfg)
+        const void *fn = pl->tma                         ? mma_tma_fn(pl->dtype, pl->cfg)
                          : pl->dtype == CONVD_DTYPE_FP32 ? fns_tf32[pl->cfg]
                                                          : fns[pl->cfg];
         if (gpu_allow_smem(fn, pl->smem) == 0)

@@ -711,7 +711,7 @@ static void test_tf32(void **state)
 }
 
 /* The mma family's TF32 kernels (fp32 as pairs of 16-bit units), asked for by name: every warp
- * layout on a dense and a grouped problem, then, with and without sm_90 tensor copies and in
+ * layout on problems of its output widths, then, with and without sm_90 tensor copies and in
  * both layouts (NCHW on NHWC copies, its epilogue writing NCHW), problems that reach each loader
  * and epilogue path: channels in chunks (cpg 128: K 2304 units), groups merged 2 and 4 at a time
  * (cpg 4, 2 and 1, including both block-diagonal fast loaders), kpg split over n-blocks (128),
@@ -730,27 +730,35 @@ static void test_mma_tf32(void **state)
     const enum convd_layout H = CONVD_LAYOUT_NHWC, C = CONVD_LAYOUT_NCHW;
     const struct convd_problem asym = mk_asym(F32);
     const struct convd_problem probs[] = {
-        mk(2, 13, 11, 64, 64, 3, 3, 1, 1, 1, 1, F32, H),   /* dense, one chunk */
-        mk(1, 17, 15, 64, 64, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 8, kpg 8 */
-        mk(2, 9, 9, 128, 128, 3, 3, 1, 1, 1, 1, F32, H),   /* cpg 128: chunks */
-        mk(1, 17, 15, 32, 32, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 4: 2 merged */
-        mk(2, 12, 12, 16, 16, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 2, kpg 2: 4 merged */
-        mk(2, 11, 9, 16, 32, 3, 3, 8, 1, 1, 1, F32, H),    /* cpg 2, kpg 4: merged_w 4 */
-        mk(1, 10, 10, 8, 64, 3, 3, 8, 1, 1, 1, F32, H),    /* cpg 1, kpg 8: merged_w 2 */
-        mk(1, 9, 9, 64, 128, 3, 3, 1, 1, 1, 1, F32, H),    /* kpg 128: split */
-        mk(1, 10, 11, 96, 96, 3, 3, 12, 1, 1, 1, F32, H),  /* last n-block partial */
-        mk(3, 7, 7, 64, 64, 3, 3, 2, 1, 1, 1, F32, H),     /* images per tile */
-        mk(2, 9, 11, 96, 96, 1, 1, 2, 1, 0, 1, F32, H),    /* 1x1, flattened in NHWC */
-        mk(2, 15, 15, 64, 64, 3, 3, 8, 2, 1, 1, F32, H),   /* stride 2 */
-        mk(1, 13, 13, 32, 32, 3, 3, 4, 1, 2, 2, F32, H),   /* dilation 2 */
+        mk(2, 13, 11, 64, 64, 3, 3, 1, 1, 1, 1, F32, H),  /* dense, one chunk */
+        mk(1, 17, 15, 64, 64, 3, 3, 8, 1, 1, 1, F32, H),  /* cpg 8, kpg 8 */
+        mk(2, 9, 9, 128, 128, 3, 3, 1, 1, 1, 1, F32, H),  /* cpg 128: chunks */
+        mk(1, 17, 15, 32, 32, 3, 3, 8, 1, 1, 1, F32, H),  /* cpg 4: 2 merged */
+        mk(2, 12, 12, 16, 16, 3, 3, 8, 1, 1, 1, F32, H),  /* cpg 2, kpg 2: 4 merged */
+        mk(2, 11, 9, 16, 32, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 2, kpg 4: merged_w 4 */
+        mk(1, 10, 10, 8, 64, 3, 3, 8, 1, 1, 1, F32, H),   /* cpg 1, kpg 8: merged_w 2 */
+        mk(1, 9, 9, 64, 128, 3, 3, 1, 1, 1, 1, F32, H),   /* kpg 128: split */
+        mk(1, 10, 11, 96, 96, 3, 3, 12, 1, 1, 1, F32, H), /* last n-block partial */
+        mk(3, 7, 7, 64, 64, 3, 3, 2, 1, 1, 1, F32, H),    /* images per tile */
+        mk(2, 9, 11, 96, 96, 1, 1, 2, 1, 0, 1, F32, H),   /* 1x1, flattened in NHWC */
+        mk(2, 15, 15, 64, 64, 3, 3, 8, 2, 1, 1, F32, H),  /* stride 2 */
+        mk(1, 13, 13, 32, 32, 3, 3, 4, 1, 2, 2, F32, H),  /* dilation 2 */
         asym,
     };
     const size_t np = sizeof(probs) / sizeof(probs[0]);
-    /* Every warp layout, on the first two problems (each layout takes at least one). */
+    /* Every warp layout on the problems of its output widths (kpg 8, 16, 24, 40, 64; each
+     * layout takes at least one). */
+    const struct convd_problem widths[] = {
+        probs[0],
+        probs[1],
+        mk(1, 9, 10, 64, 64, 3, 3, 4, 1, 1, 1, F32, H), /* kpg 16 */
+        mk(1, 10, 9, 32, 96, 3, 3, 4, 1, 1, 1, F32, H), /* kpg 24 */
+        mk(2, 9, 11, 80, 80, 1, 1, 2, 1, 0, 1, F32, H), /* kpg 40 */
+    };
     for (int cfg = 0; convd_gpu_tune_mma_cfg(cfg) == 0; cfg++) {
         int ran = 0;
-        for (size_t i = 0; i < 2; i++) {
-            struct convd_problem p = probs[i];
+        for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
+            struct convd_problem p = widths[i];
             p.allow_tf32 = true;
             if (convd_gpu_family_check(&p, F, NULL, 0) != 0)
                 continue;
