@@ -659,9 +659,10 @@ static void test_tf32(void **state)
     char why[160];
     const int tensor_cores =
         convd_gpu_family_check(&probe, CONVD_GPU_FAMILY_MMA, why, sizeof(why)) == 0;
-    /* Routed with the mma family's TF32 rules off (the default) and on from kpg 24. */
-    for (int m = 0; m < 2; m++) {
-        assert_int_equal(convd_gpu_tune_mma_tf32(m ? -1 : 0), 0);
+    /* Routed with the mma family's TF32 rules as measured (the default), off, and everywhere
+     * the family takes the problem. */
+    for (int m = -1; m <= 1; m++) {
+        assert_int_equal(convd_gpu_tune_mma_tf32(m), 0);
         for (size_t i = 0; i < np; i++)
             for (int v = 0; v < 3; v++) {
                 struct convd_problem p = ps[i];
@@ -681,7 +682,7 @@ static void test_tf32(void **state)
                     fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_dev_rule(&p));
             }
     }
-    assert_int_equal(convd_gpu_tune_mma_tf32(0), 0);
+    assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
     /* The policy: off, and forced onto a 1x1 of kpg 8 (below the default's 24). */
     struct convd_problem p = mk(2, 9, 9, 64, 64, 1, 1, 8, 1, 0, 1, F32, H);
     p.allow_tf32 = true;
@@ -694,12 +695,21 @@ static void test_tf32(void **state)
     p = ps[0];
     p.allow_tf32 = true;
     assert_int_equal(convd_gpu_tune_tf32(-1), 0);
-    /* mma_tf32 0 (the default): the fma family's tiles; -1: the mma family's from kpg 24. */
+    /* mma_tf32 -1 (the default): the mma family's in NHWC from kpg 24, the fma family's tiles in
+     * NCHW; 0: the fma family's; 1: the mma family's in NCHW too. */
+    struct convd_problem q = ps[1];
+    q.allow_tf32 = true;
+    if (tensor_cores) {
+        assert_string_equal(convd_gpu_dev_rule(&p), "mma-tf32");
+        assert_string_equal(convd_gpu_dev_rule(&q), "fma-tf32-nchw");
+    }
+    assert_int_equal(convd_gpu_tune_mma_tf32(0), 0);
     if (tensor_cores)
         assert_string_equal(convd_gpu_dev_rule(&p), "fma-tf32");
-    assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
+    assert_int_equal(convd_gpu_tune_mma_tf32(1), 0);
     if (tensor_cores)
-        assert_string_equal(convd_gpu_dev_rule(&p), "mma-tf32");
+        assert_string_equal(convd_gpu_dev_rule(&q), "mma-tf32-nchw");
+    assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
     /* tf32 0: no TF32 anywhere, the mma family asked for by name included. */
     assert_int_equal(convd_gpu_tune_tf32(0), 0);
     assert_null(strstr(convd_gpu_dev_rule(&p), "tf32"));
