@@ -218,17 +218,19 @@ static int tf32_copies(const struct gpu_route_in *in)
     return tf32_allowed(in) && fma_copies(in);
 }
 
-/* Where the mma family takes TF32 in NHWC (policy mma_tf32 -1, measured on the H200 against the
- * fma family's tiles and exact kernels, --sweep-tf32, bench/gpu/NOTES.md round 16): kpg >= 24
- * without merged groups (cpg % 4 == 0, kpg % 8 == 0), 1.0-3.8x faster on every such shape of both
- * CSVs but grouped stride 2 (rx50_l3_down: 121 against 113 us); 1: wherever it fits; 0: never. */
+/* Where the mma family takes TF32 in NHWC (policy mma_tf32 -1), measured on the H200 against the
+ * routes it replaces (--sweep-tf32 on both CSVs, bench/gpu/NOTES.md round 16): 1.07-5x faster on
+ * 40 of 44 shapes, merged groups included; slower where kpg of 6 or 12 is merged into 24-wide
+ * warp tiles (cpg12 0.95x, shufflenet_1x1_g8_in 0.62x) and on the grouped stride-2 shape with
+ * kpg 32 (rx50_l3_down 0.93x). 1: wherever it fits; 0: never. */
 static int mma_tf32_routes(const struct gpu_route_in *in)
 {
     const struct convd_problem *p = in->p;
     if (in->pol->mma_tf32 >= 0)
         return in->pol->mma_tf32;
-    return kpg_of(p) >= 24 && cpg_of(p) % 4 == 0 && kpg_of(p) % 8 == 0 &&
-           !(p->groups > 1 && (p->stride_h > 1 || p->stride_w > 1));
+    const int kpg = kpg_of(p);
+    return !(kpg % 8 != 0 && kpg > 4) &&
+           !(p->groups > 1 && kpg >= 32 && (p->stride_h > 1 || p->stride_w > 1));
 }
 
 /* NCHW on NHWC copies: only with mma_tf32 1 until its rows are measured. */
@@ -258,11 +260,12 @@ static const struct gpu_rule gpu_rules[] = {
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
     {"mma-tf32", CONVD_GPU_FAMILY_MMA, N, 0, tf32_nhwc, mma_tf32_routes,
-     "fp32 allowing TF32, NHWC, cpg % 4 == 0, kpg % 8 == 0 and kpg >= 24, not grouped at "
-     "stride 2: the mma kernels on pairs of 16-bit units (m16n8k8 TF32)"},
+     "fp32 allowing TF32, NHWC, cpg and kpg multiples of 4 and 8 or made so by merging groups, "
+     "but kpg 6 or 12 and grouped stride 2 with kpg >= 32: the mma kernels on pairs of 16-bit "
+     "units (m16n8k8 TF32)"},
     {"mma-tf32-nchw", CONVD_GPU_FAMILY_MMA, TO_NHWC, 0, tf32_nchw_copies, mma_tf32_nchw_routes,
-     "the same in NCHW on NHWC copies, NCHW out from the epilogue, and merged groups (cpg 1-3): "
-     "only with the policy's mma_tf32 1 until measured"},
+     "the same in NCHW on NHWC copies, NCHW out from the epilogue: only with the policy's "
+     "mma_tf32 1 until measured"},
     {"fma-tf32", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_TF32, tf32_in_place, tf32_routes,
      "fp32 allowing TF32 with kpg >= 24, in the implicit GEMM's shapes: its tiles on the tensor "
      "cores (mma m16n8k8 TF32, fp32 accumulation)"},

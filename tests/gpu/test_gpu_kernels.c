@@ -682,8 +682,9 @@ static void test_tf32(void **state)
                     fail_msg("%s without allow_tf32 went to %s", desc, convd_gpu_dev_rule(&p));
             }
     }
-    assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
-    /* The policy: off, and forced onto a 1x1 of kpg 8 (below the default's 24). */
+    /* The fma family's tiles (the mma family's rules off): forced onto a 1x1 of kpg 8, below
+     * their default's 24. */
+    assert_int_equal(convd_gpu_tune_mma_tf32(0), 0);
     struct convd_problem p = mk(2, 9, 9, 64, 64, 1, 1, 8, 1, 0, 1, F32, H);
     p.allow_tf32 = true;
     assert_string_not_equal(convd_gpu_dev_rule(&p), "fma-tf32");
@@ -692,10 +693,11 @@ static void test_tf32(void **state)
         assert_string_equal(convd_gpu_dev_rule(&p), "fma-tf32");
         check_problem(&p, CONVD_GPU_FAMILY_AUTO, 1);
     }
+    assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
     p = ps[0];
     p.allow_tf32 = true;
     assert_int_equal(convd_gpu_tune_tf32(-1), 0);
-    /* mma_tf32 -1 (the default): the mma family's in NHWC from kpg 24, the fma family's tiles in
+    /* mma_tf32 -1 (the default): the mma family's in NHWC, the fma family's tiles in
      * NCHW; 0: the fma family's; 1: the mma family's in NCHW too. */
     struct convd_problem q = ps[1];
     q.allow_tf32 = true;
