@@ -218,11 +218,10 @@ static int tf32_copies(const struct gpu_route_in *in)
     return tf32_allowed(in) && fma_copies(in);
 }
 
-/* Where the mma family takes TF32 in NHWC (policy mma_tf32 -1), measured on the H200 against the
- * routes it replaces (--sweep-tf32 on both CSVs, bench/gpu/NOTES.md round 16): 1.07-5x faster on
- * 40 of 44 shapes, merged groups included; slower where kpg of 6 or 12 is merged into 24-wide
- * warp tiles (cpg12 0.95x, shufflenet_1x1_g8_in 0.62x) and on the grouped stride-2 shape with
- * kpg 32 (rx50_l3_down 0.93x). 1: wherever it fits; 0: never. */
+/* Where the mma family takes TF32 in NHWC (policy mma_tf32 -1): where it measured faster than
+ * the routes it replaces (--sweep-tf32 on both CSVs; bench/gpu/NOTES.md, round 16), which is
+ * everywhere but kpg 6 or 12, merged into 24-wide warp tiles of poor occupancy, and grouped
+ * stride 2 with kpg >= 32. 1: wherever it fits; 0: never. */
 static int mma_tf32_routes(const struct gpu_route_in *in)
 {
     const struct convd_problem *p = in->p;
