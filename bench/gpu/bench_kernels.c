@@ -693,10 +693,11 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     /* --sweep-tf32: fp32 rows that allow TF32, on the mma family's TF32 kernels by name (whatever
      * the policy's mma_tf32 says), same buffers, checked against cuDNN's output: for the routing.
      */
-    if (o->sweep_tf32 && p.allow_tf32 &&
-        convd_gpu_family_check(&p, CONVD_GPU_FAMILY_MMA, NULL, 0) == 0) {
-        const enum convd_gpu_family f0 = oc.fam;
-        oc.fam = CONVD_GPU_FAMILY_MMA;
+    const enum convd_gpu_family fam0 = oc.fam;
+    oc.fam = CONVD_GPU_FAMILY_MMA;
+    /* A trial call decides, not convd_gpu_family_check: that offers no workspace, and NCHW rows
+     * run on NHWC copies in it. */
+    if (o->sweep_tf32 && p.allow_tf32 && ours_run(&oc, 0) == 0) {
         char d2[200];
         convd_gpu_describe(&p, CONVD_GPU_FAMILY_MMA, d2, sizeof(d2));
         const double us = time_graph(ours_run, &oc, b.nbuf, 10);
@@ -712,8 +713,8 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
                "err %.1e %s\n",
                sh->name, convd_layout_name(lay), us, out->ours_us, out->cudnn_us,
                out->cudnn_us > 0 && us > 0 ? out->cudnn_us / us : 0.0, err, d2);
-        oc.fam = f0;
     }
+    oc.fam = fam0;
 
     /* --sweep-direct, NHWC: problems the direct family can run on NCHW copies, routed with and
      * without that route. */
