@@ -1173,7 +1173,7 @@ static int mma_map_encode(CUtensorMap *m, int dtype, void *base, int c, int w, i
     const mma_encode_fn enc = mma_encoder();
     if (enc == NULL)
         return CONVD_EDEVICE;
-    const cuuint64_t es = dtype == CONVD_DTYPE_FP32 ? 4 : 2;
+    const cuuint64_t es = convd_dtype_size((enum convd_dtype)dtype);
     const cuuint64_t dims[4] = {(cuuint64_t)c, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
     const cuuint64_t strides[3] = {(cuuint64_t)c * es, (cuuint64_t)c * w * es,
                                    (cuuint64_t)c * w * h * es};
@@ -1359,7 +1359,7 @@ int gpu_mma_launch(const struct gpu_mma_plan *pl, const struct gpu_batch *b, int
     a.out_nchw = pl->out_nchw;
     /* Channel vectors per halo pixel and per output pixel (at least 1 for the divisors): 8 16-bit
      * units, and 8 16-bit or 4 fp32 (TF32) outputs. */
-    const int oes = pl->dtype == CONVD_DTYPE_FP32 ? 4 : 2;
+    const int oes = (int)convd_dtype_size((enum convd_dtype)pl->dtype);
     const int vpp = a.cbc >> 3 > 0 ? a.cbc >> 3 : 1;
     const int vpr = a.bn * oes / 16 > 0 ? a.bn * oes / 16 : 1;
     a.fd_vpp = convd_math_fdiv_make((uint32_t)vpp);

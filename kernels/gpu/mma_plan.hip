@@ -112,7 +112,7 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
     struct gpu_geom g;
     gpu_geom_from_problem(p, &g);
     /* TF32: input channels counted in 16-bit units from here on; outputs stay fp32 (oes bytes). */
-    const int oes = tf32 ? 4 : 2;
+    const int oes = (int)convd_dtype_size(p->dtype);
     if (tf32) {
         g.c *= 2;
         g.cpg *= 2;
