@@ -41,6 +41,9 @@ struct convd_backend_config {
     /* GPU: device staging memory per slot (a batch that needs more runs in several
      * launches); 0: a quarter of the device's memory, shared by the slots. */
     uint64_t pool_bytes;
+    /* GPU: learn that a batch is done from a word its stream writes to mapped host memory
+     * (where the driver allows it) rather than by querying an event. */
+    bool completion_flags;
     /* Null backend only: a model of a device's costs, so that the serving path's dynamics under
      * a launch-bound load show on any machine. Each launch call busy-waits launch_ns plus
      * launch_item_ns per job (the driver's host time); a batch is done exec_ns after its launch

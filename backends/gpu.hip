@@ -6,7 +6,8 @@
  * host outputs back) and returns; query and notify report its end. run_batch is launch, a wait
  * on the slot's event, and the same completion as query.
  *
- * A slot owns a stream, a completion event recorded after its batch's last operation, one device
+ * A slot owns a stream, a completion event recorded after its batch's last operation (or, with
+ * completion flags, a word of mapped host memory that the stream writes instead), one device
  * block for staged tensors and kernel workspace, and host scratch. The pool grows geometrically
  * when a batch needs more, is reused across batches, is capped by
  * convd_backend_config.pool_bytes (default: a quarter of the device across the slots), and trim
@@ -73,6 +74,12 @@ extern "C" {
 #define GPU_POOL_MIN_CAP ((size_t)64 << 20) /* a pool cap never below this */
 #define GPU_POOL_KEEP    ((size_t)64 << 20) /* trim frees pools larger than this */
 #define GPU_WHY          160                /* sizeof(convd_job.error) */
+/* With completion flags, how long query trusts the word alone before it asks the stream too:
+ * a failed batch never writes its word, and the stream's query is what reports the error. */
+#define GPU_PROBE_NS (1000 * 1000)
+/* Completion words, one cache line apart so that the device's writes to one slot's word do not
+ * touch the line the loop reads for another's. */
+#define GPU_FLAG_STRIDE 16
 
 static_assert(sizeof(hipIpcMemHandle_t) == CONVD_IPC_HANDLE_SIZE,
               "the wire's IPC handle size must match the runtime's");
@@ -133,6 +140,11 @@ struct gpu_slot {
     struct gpu_stage *stages;      /* at most three per job */
     struct gpu_chunk *chunks;
     struct convd_job **pending; /* the jobs whose work is on the stream */
+    /* Completion flags (gpu_ctx.flags): the stream writes seq to *flag after the batch. */
+    uint32_t *flag;    /* host address, read by query */
+    void *flag_dev;    /* the same word, as the device addresses it */
+    uint32_t seq;      /* the value of the batch in flight */
+    uint64_t probe_ns; /* when query asks the stream next */
     /* The batch in flight: set by launch, cleared when query (or run_batch) reports it. */
     int busy; /* the event is recorded and its batch not reported yet */
     size_t npending;
@@ -165,8 +177,12 @@ struct gpu_ctx {
     pthread_mutex_t broken_lock;
     int broken; /* read without the lock as a hint, decided under it */
     char broken_why[GPU_WHY];
+    /* Completion flags: GPU_SLOTS words of mapped host memory, or NULL where the driver refused
+     * (or the configuration asked for events). */
+    uint32_t *flags;
 #ifdef CONVD_GPU_NVIDIA
     PFN_cuMemGetAddressRange_v3020 get_range;
+    PFN_cuStreamWriteValue32_v11070 write_value;
     struct gpu_nvml nvml;
 #endif
 };
@@ -598,6 +614,25 @@ static void gpu_fail_rest(struct convd_job *const *jobs, size_t n, int status, c
             gpu_job_fail(jobs[i], status, why);
 }
 
+/* The stream's last operation of a batch: the completion word's new value, or the event. */
+static hipError_t gpu_mark_done(struct gpu_ctx *ctx, struct gpu_slot *s)
+{
+    if (!ctx->flags)
+        return hipEventRecord(s->done, s->stream);
+    s->seq++;
+    s->probe_ns = s->t_launch + GPU_PROBE_NS;
+#ifdef CONVD_GPU_NVIDIA
+    /* The default flags put a system-wide fence before the write: when the loop sees the word,
+     * the batch's outputs (host copies included) are visible. */
+    CUresult r =
+        ctx->write_value((CUstream)s->stream, (CUdeviceptr)(uintptr_t)s->flag_dev, s->seq, 0);
+    /* The driver's codes are the runtime's for the errors this call returns. */
+    return r == CUDA_SUCCESS ? cudaSuccess : (cudaError_t)r;
+#else
+    return hipStreamWriteValue32(s->stream, s->flag_dev, s->seq, 0);
+#endif
+}
+
 static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, size_t n)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
@@ -692,9 +727,11 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
                 gpu_job_fail(s->order[c->first + i], rc, why);
         }
         if (queued) {
-            hipError_t e = hipEventRecord(s->done, s->stream);
+            hipError_t e = gpu_mark_done(ctx, s);
             if (e != hipSuccess) {
-                gpu_fail(e, why, sizeof why, "recording the batch's completion event");
+                gpu_fail(e, why, sizeof why,
+                         ctx->flags ? "writing the batch's completion word"
+                                    : "recording the batch's completion event");
                 if (gpu_settle_after_error(ctx, s, why))
                     goto broken;
                 /* The stream is idle now, but nothing says whether its work succeeded. */
@@ -749,12 +786,33 @@ static bool gpu_slot_finish(struct gpu_ctx *ctx, struct gpu_slot *s, hipError_t 
     return broken;
 }
 
+/* With completion flags: a load while the word is behind, and the stream's own query once every
+ * GPU_PROBE_NS, which is what reports a batch that failed (its word is never written). */
+static int gpu_query_flag(struct gpu_ctx *ctx, struct gpu_slot *s)
+{
+    if (__atomic_load_n(s->flag, __ATOMIC_ACQUIRE) == s->seq)
+        return gpu_slot_finish(ctx, s, hipSuccess) ? CONVD_EDEVICE : 1;
+    uint64_t now = gpu_now_ns();
+    if (now < s->probe_ns)
+        return 0;
+    s->probe_ns = now + GPU_PROBE_NS;
+    hipError_t e = hipStreamQuery(s->stream);
+    if (e == hipErrorNotReady) {
+        (void)hipGetLastError();
+        return 0;
+    }
+    /* Idle without an error: the word was written, whatever this load raced with. */
+    return gpu_slot_finish(ctx, s, e) ? CONVD_EDEVICE : 1;
+}
+
 static int gpu_query(void *vctx, unsigned slot)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
     if (!ctx || slot >= GPU_SLOTS || !ctx->slots[slot].busy)
         return 1;
     struct gpu_slot *s = &ctx->slots[slot];
+    if (ctx->flags)
+        return gpu_query_flag(ctx, s);
     hipError_t e = hipEventQuery(s->done);
     if (e == hipErrorNotReady) {
         /* Not an error, but the runtime may keep it as the thread's last one, which the kernels'
@@ -868,7 +926,7 @@ static int gpu_run_batch(void *vctx, unsigned worker, struct convd_job *const *j
     struct gpu_slot *s = &ctx->slots[worker];
     if (rc != 0 || !s->busy)
         return rc;
-    hipError_t e = hipEventSynchronize(s->done);
+    hipError_t e = ctx->flags ? hipStreamSynchronize(s->stream) : hipEventSynchronize(s->done);
     return gpu_slot_finish(ctx, s, e) ? CONVD_EDEVICE : 0;
 }
 
@@ -1271,6 +1329,10 @@ static void gpu_close(struct gpu_ctx *ctx)
         gpu_scratch_free(s);
         memset(s, 0, sizeof *s);
     }
+    if (ctx->flags) {
+        (void)hipHostFree(ctx->flags);
+        ctx->flags = NULL;
+    }
     /* Regions the daemon forgot to release: close their handles, or the allocation's owner
      * cannot free it for real while we live. */
     while (ctx->ipcs) {
@@ -1286,7 +1348,59 @@ static void gpu_close(struct gpu_ctx *ctx)
 }
 
 /* Sets up ctx on one device and describes it in info. On failure the caller calls gpu_close. */
-static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
+/* Sets up the completion words and checks, with one write through slot 0's stream, that the
+ * device can write them; where anything refuses, the slots keep using their events. */
+static void gpu_flags_open(struct gpu_ctx *ctx)
+{
+    void *mem = NULL;
+#ifdef CONVD_GPU_NVIDIA
+    {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 11070, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            !fn || q != cudaDriverEntryPointSuccess)
+            goto refused;
+        ctx->write_value = (PFN_cuStreamWriteValue32_v11070)fn;
+    }
+    if (hipHostMalloc(&mem, GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t),
+                      hipHostMallocMapped | hipHostMallocPortable) != hipSuccess)
+        goto refused;
+#else
+    /* Coherent: the loop reads the word while the device writes it. */
+    if (hipHostMalloc(&mem, GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t),
+                      hipHostMallocMapped | hipHostMallocCoherent) != hipSuccess)
+        goto refused;
+#endif
+    memset(mem, 0, GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t));
+    ctx->flags = (uint32_t *)mem;
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        struct gpu_slot *s = &ctx->slots[i];
+        s->flag = ctx->flags + i * GPU_FLAG_STRIDE;
+        s->seq = 0;
+        if (hipHostGetDevicePointer(&s->flag_dev, s->flag, 0) != hipSuccess)
+            goto refused;
+    }
+    {
+        struct gpu_slot *s = &ctx->slots[0];
+        s->t_launch = gpu_now_ns();
+        if (gpu_mark_done(ctx, s) != hipSuccess || hipStreamSynchronize(s->stream) != hipSuccess ||
+            __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) != s->seq)
+            goto refused;
+    }
+    return;
+refused:
+    (void)hipGetLastError();
+    if (mem)
+        (void)hipHostFree(mem);
+    ctx->flags = NULL;
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        ctx->slots[i].flag = NULL;
+        ctx->slots[i].flag_dev = NULL;
+    }
+}
+
+static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool completion_flags,
                     struct convd_backend_info *info, char *why, size_t why_len)
 {
     int rc = 0;
@@ -1338,6 +1452,8 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
         ctx->get_range = (PFN_cuMemGetAddressRange_v3020)fn;
     }
 #endif
+    if (completion_flags)
+        gpu_flags_open(ctx);
     rc = gpu_warm(ctx, why, why_len);
     if (rc != 0)
         return rc;
@@ -1366,8 +1482,9 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes,
 #endif
         memset(info, 0, sizeof *info);
         snprintf(info->name, sizeof info->name, "gpu");
-        snprintf(info->device, sizeof info->device, "%.60s (%.12s, %d SMs, %u GiB)%s", prop.name,
-                 arch, prop.multiProcessorCount, (unsigned)(mem_total >> 30), mps);
+        snprintf(info->device, sizeof info->device, "%.60s (%.12s, %d SMs, %u GiB)%s%s", prop.name,
+                 arch, prop.multiProcessorCount, (unsigned)(mem_total >> 30), mps,
+                 completion_flags && !ctx->flags ? ", completion by events" : "");
         info->max_workers = GPU_WORKERS;
         info->max_slots = GPU_SLOTS;
     }
@@ -1453,7 +1570,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     size_t used = 0;
     for (int dev = first; dev <= last; dev++) {
         char one[GPU_WHY] = "";
-        rc = gpu_open(ctx, dev, cfg->pool_bytes, &info, one, sizeof one);
+        rc = gpu_open(ctx, dev, cfg->pool_bytes, cfg->completion_flags, &info, one, sizeof one);
         if (rc == 0)
             break;
         gpu_close(ctx);

@@ -96,6 +96,10 @@ static const struct cfg_option cfg_options[] = {
      "with the launch thread, batches that may wait for or be in its launch at once; the queue "
      "forms the next batch, up to max_batch, only when fewer are (0: no bound, the queue is "
      "spread over the free slots)"},
+    {"completion_flags", CFG_U32, OFF(completion_flags), 0, 1, "0|1",
+     "GPU backend: learn that a batch is done from a word its stream writes to mapped host "
+     "memory, read with a load (1, where the driver allows), rather than by querying an event "
+     "(0)"},
     {"null_launch_us", CFG_U64, OFF(null_launch_us), 0, 1000000, "US",
      "null backend: host time each launch call takes (busy), modelling a driver's launch"},
     {"null_launch_item_us", CFG_U64, OFF(null_launch_item_us), 0, 1000000, "US",
@@ -183,6 +187,7 @@ void config_defaults(struct convd_config *c)
      * it only competes with the clients on a small machine. */
     c->launch_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1 : 0;
     c->launch_ahead = 0;
+    c->completion_flags = 1;
     c->max_queue_delay_us = 0;
     c->queue_limit = 4096;
     c->drain_timeout_ms = 10000;

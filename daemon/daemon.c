@@ -41,6 +41,7 @@ static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_op
         .null_launch_ns = d->cfg.null_launch_us * 1000u,
         .null_launch_item_ns = d->cfg.null_launch_item_us * 1000u,
         .null_exec_ns = d->cfg.null_exec_us * 1000u,
+        .completion_flags = d->cfg.completion_flags != 0,
     };
     void *ctx = NULL;
     struct convd_backend_info info;

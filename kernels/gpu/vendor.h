@@ -85,6 +85,12 @@ typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
 #define hipEventQuery                 cudaEventQuery
 #define hipEventSynchronize           cudaEventSynchronize
 #define hipLaunchHostFunc             cudaLaunchHostFunc
+#define hipStreamQuery                cudaStreamQuery
+#define hipHostMalloc(p, size, flags) cudaHostAlloc(p, size, flags)
+#define hipHostMallocMapped           cudaHostAllocMapped
+#define hipHostMallocPortable         cudaHostAllocPortable
+#define hipHostFree                   cudaFreeHost
+#define hipHostGetDevicePointer       cudaHostGetDevicePointer
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define CONVD_DEVICE_SM80 1

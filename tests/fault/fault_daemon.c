@@ -223,7 +223,8 @@ static void test_gpu_context_lost(void **state)
     srv_ringers = 0;
     uint64_t seed = tu_seed();
     static const int ids[] = {FC_FIRST + FC_EVENT_QUERY, FC_FIRST + FC_LAST_ERROR,
-                              FC_FIRST + FC_MEMCPY, FC_FIRST + FC_STREAM_SYNC};
+                              FC_FIRST + FC_MEMCPY,      FC_FIRST + FC_STREAM_SYNC,
+                              FC_FIRST + FC_WRITE_VALUE, FC_FIRST + FC_STREAM_QUERY};
     int exits = 0;
     for (size_t k = 0; k < sizeof(ids) / sizeof(ids[0]); k++) {
         int id = ids[k];

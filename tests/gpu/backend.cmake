@@ -56,7 +56,8 @@ endif()
 if(CONVD_GPU_KIND STREQUAL "nvidia" AND TARGET convd_fault)
   set(CONVD_FAULT_CUDA_WRAPPED cudaMalloc cudaMemcpyAsync cudaMemsetAsync cudaHostRegister
       cudaStreamCreateWithFlags cudaEventCreateWithFlags cudaEventRecord cudaEventQuery
-      cudaStreamSynchronize cudaLaunchHostFunc cudaGetLastError)
+      cudaStreamSynchronize cudaLaunchHostFunc cudaGetLastError cudaStreamQuery
+      cudaGetDriverEntryPointByVersion)
   add_executable(fault_gpu ${PROJECT_SOURCE_DIR}/tests/fault/fault_daemon.c
                            ${CMAKE_CURRENT_LIST_DIR}/fault_cuda.c)
   target_compile_definitions(fault_gpu PRIVATE FAULT_GPU=1)

@@ -8,8 +8,10 @@
  * runtime does until the process exits.
  */
 #include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "fault.h"
 #include "fault_cuda.h"
@@ -87,6 +89,36 @@ FC_WRAP(cudaError_t, cudaEventQuery, FC_EVENT_QUERY, (cudaEvent_t ev), (ev))
 FC_WRAP(cudaError_t, cudaStreamSynchronize, FC_STREAM_SYNC, (cudaStream_t st), (st))
 FC_WRAP(cudaError_t, cudaLaunchHostFunc, FC_HOST_FUNC,
         (cudaStream_t st, cudaHostFn_t fn, void *arg), (st, fn, arg))
+FC_WRAP(cudaError_t, cudaStreamQuery, FC_STREAM_QUERY, (cudaStream_t st), (st))
+
+/* The backend writes its completion words through a driver entry point, which no linker wrap
+ * reaches: the lookup is wrapped instead, and hands out this function around the driver's. The
+ * runtime's codes are the driver's for the errors injected here. */
+static PFN_cuStreamWriteValue32_v11070 fc_real_write_value;
+
+static CUresult CUDAAPI fc_write_value(CUstream st, CUdeviceptr addr, cuuint32_t v, unsigned flags)
+{
+    cudaError_t e = fc_fail(FC_WRITE_VALUE);
+    return e != cudaSuccess ? (CUresult)e : fc_real_write_value(st, addr, v, flags);
+}
+
+cudaError_t __real_cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
+                                                    unsigned int version, unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *status);
+cudaError_t __wrap_cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
+                                                    unsigned int version, unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *status);
+cudaError_t __wrap_cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
+                                                    unsigned int version, unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *status)
+{
+    cudaError_t e = __real_cudaGetDriverEntryPointByVersion(symbol, fn, version, flags, status);
+    if (e == cudaSuccess && *fn != NULL && strcmp(symbol, "cuStreamWriteValue32") == 0) {
+        fc_real_write_value = (PFN_cuStreamWriteValue32_v11070)*fn;
+        *fn = (void *)fc_write_value;
+    }
+    return e;
+}
 /* Kernel launches are checked with cudaGetLastError right after them: failing it is a failed
  * launch as the backend sees one. */
 FC_WRAP(cudaError_t, cudaGetLastError, FC_LAST_ERROR, (void), ())

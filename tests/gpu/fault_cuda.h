@@ -20,6 +20,8 @@
     X(EVENT_QUERY, "cudaEventQuery", cudaErrorLaunchOutOfResources)                                \
     X(STREAM_SYNC, "cudaStreamSynchronize", cudaErrorLaunchOutOfResources)                         \
     X(HOST_FUNC, "cudaLaunchHostFunc", cudaErrorInvalidValue)                                      \
+    X(STREAM_QUERY, "cudaStreamQuery", cudaErrorLaunchOutOfResources)                              \
+    X(WRITE_VALUE, "cuStreamWriteValue32", cudaErrorInvalidValue)                                  \
     X(LAST_ERROR, "cudaGetLastError", cudaErrorLaunchOutOfResources)
 
 #define FC_FIRST FAULT_N
