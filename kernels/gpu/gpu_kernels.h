@@ -68,8 +68,8 @@ struct convd_gpu_policy {
      * (no TF32 anywhere, the mma family's included), 1 wherever the GEMM applies. */
     int tf32;
     /* The same on the mma family (fp32 as pairs of 16-bit units, ahead of the GEMM's tiles): -1
-     * NHWC where it measured faster (router.hip, mma_tf32_routes), 0 never, 1 wherever the family
-     * takes the problem, NCHW on copies too. Asked for by name, the family takes TF32 whatever
+     * where it measured faster (router.hip, mma_tf32_routes and mma_tf32_nchw_routes), 0 never,
+     * 1 wherever the family takes the problem, NCHW on copies too. Asked for by name, the family takes TF32 whatever
      * this says. */
     int mma_tf32;
 };
