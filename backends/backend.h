@@ -15,8 +15,9 @@
  *     hand-off.
  *
  * Threading: init, destroy, mem_import, mem_release, query and notify are called from the
- * daemon's loop thread; launch from the loop thread or from one launch thread beside it (the
- * daemon's launch_threads), never for a slot whose last launch has not returned, and query and
+ * daemon's loop thread; launch from the loop thread or from launch threads beside it (the
+ * daemon's launch_threads; several may be in launch at once, each for a different slot), never
+ * for a slot whose last launch has not returned, and query and
  * notify for a slot only after its launch returned (the thread publishes that with a release
  * store); run_batch from worker threads; supports from any thread. Memory that
  * a job references stays imported until its run_batch call returns, or until query has reported

@@ -23,7 +23,8 @@
  * HIP by hipcc. The daemon never sees this file's types: it talks to it through backend.h.
  *
  * Threading (backend.h): init, destroy, mem_import, mem_release, query, notify and trim run on
- * the daemon's loop thread, launch there or on its launch thread; run_batch runs on up to
+ * the daemon's loop thread, launch there or on its launch threads (several at once, each on
+ * its own slot); run_batch runs on up to
  * GPU_WORKERS worker threads at once, worker w on slot w, so everything a batch touches (stream,
  * event, pool, scratch) is per slot and needs no lock. A daemon uses either run_batch or
  * launch/query, never both on one slot at a time. The IPC cache has a lock anyway, because it is

@@ -89,9 +89,10 @@ static const struct cfg_option cfg_options[] = {
     {"max_batch", CFG_U32, OFF(max_batch), 1, 1024, "N", "requests per backend call"},
     {"slots", CFG_U32, OFF(slots), 0, 64, "N",
      "batches in flight at once on the GPU (and null) backend, at most its own number (0: all)"},
-    {"launch_threads", CFG_U32, OFF(launch_threads), 0, 1, "N",
-     "threads that make the GPU (and null) backend's launch calls, beside the loop (0: the loop "
-     "launches itself; default 1 with 8 or more CPUs)"},
+    {"launch_threads", CFG_U32, OFF(launch_threads), 0, 4, "N",
+     "threads that make the GPU (and null) backend's launch calls, beside the loop, each "
+     "launching a different slot's batch (0: the loop launches itself; default 1 with 8 or more "
+     "CPUs)"},
     {"launch_ahead", CFG_U32, OFF(launch_ahead), 0, 64, "N",
      "with the launch thread, batches that may wait for or be in its launch at once; the queue "
      "forms the next batch, up to max_batch, only when fewer are (0: no bound, the queue is "

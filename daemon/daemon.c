@@ -714,10 +714,14 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
                    d->backend.info.name, d->backend.info.device, config_backend_name(cfg->backend),
                    d->pool.n);
     if (cfg->launch_threads > 0 && be_async(&d->backend)) {
-        if (pool_start_launcher(&d->pool, cfg->spin_us * 1000u) == 0)
+        if (pool_start_launcher(&d->pool, cfg->launch_threads, cfg->spin_us * 1000u) != 0)
+            log_warn("cannot start a launch thread; the loop launches batches itself");
+        else if (d->pool.nlaunchers < cfg->launch_threads)
+            log_warn("started %u of %u launch threads", d->pool.nlaunchers, cfg->launch_threads);
+        else if (d->pool.nlaunchers == 1)
             log_notice("batches are launched on a thread of their own");
         else
-            log_warn("cannot start the launch thread; the loop launches batches itself");
+            log_notice("batches are launched on %u threads of their own", d->pool.nlaunchers);
     }
     if (doorbell_start(&d->doorbells, d->cfg.doorbell_threads) != 0)
         log_warn("started %u of %u doorbell thread(s); the loop sends the rest itself",

@@ -182,34 +182,40 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     return rc;
 }
 
-/* The launch thread: takes the loop's batches in order, launches each in its slot, and marks
- * the slot launched (release: the loop then sees what launch wrote into the batch and jobs).
- * Spins launcher_spin_ns after its last launch, then sleeps until the loop signals. */
+/* A launch thread: takes the oldest batch of the loop's queue that no other thread took,
+ * launches it in its slot, and marks the slot launched (release: the loop then sees what launch
+ * wrote into the batch and jobs). Spins launcher_spin_ns after its last launch, then sleeps
+ * until the loop signals. */
 static void *pool_launcher(void *arg)
 {
     struct worker_pool *p = arg;
     uint64_t last = convd_now_ns();
     for (;;) {
-        unsigned head = p->lq_head;
+        unsigned head = __atomic_load_n(&p->lq_head, __ATOMIC_ACQUIRE);
         if (head == __atomic_load_n(&p->lq_tail, __ATOMIC_ACQUIRE)) {
             if (convd_now_ns() - last < p->launcher_spin_ns) {
                 convd_cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
-            __atomic_store_n(&p->launcher_sleeping, 1, __ATOMIC_SEQ_CST);
-            while (!p->launcher_stop && head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST))
+            __atomic_add_fetch(&p->launchers_sleeping, 1, __ATOMIC_SEQ_CST);
+            while (!p->launcher_stop && __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST) ==
+                                            __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST))
                 pthread_cond_wait(&p->launch_wake, &p->mu);
-            __atomic_store_n(&p->launcher_sleeping, 0, __ATOMIC_RELAXED);
-            bool stop = p->launcher_stop && head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST);
+            __atomic_sub_fetch(&p->launchers_sleeping, 1, __ATOMIC_RELAXED);
+            bool stop = p->launcher_stop && __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST) ==
+                                                __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&p->mu);
             if (stop)
                 return NULL;
             last = convd_now_ns();
             continue;
         }
+        /* Read before the claim: once head moves past it, the entry may be reused. */
         struct batch *b = p->lq[head % POOL_MAX_SLOTS];
-        __atomic_store_n(&p->lq_head, head + 1, __ATOMIC_RELEASE);
+        if (!__atomic_compare_exchange_n(&p->lq_head, &head, head + 1, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue; /* another thread took it */
         const uint64_t t0 = convd_now_ns();
         const int rc = be_launch(p->backend, b->worker, b->jobs, b->n);
         last = convd_now_ns();
@@ -222,19 +228,24 @@ static void *pool_launcher(void *arg)
     }
 }
 
-int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns)
+int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns)
 {
-    if (!p->slots || p->launcher || p->n > POOL_MAX_SLOTS)
+    if (!p->slots || p->launcher || p->n > POOL_MAX_SLOTS || n == 0 || n > POOL_MAX_LAUNCHERS)
         return CONVD_EINVAL;
     p->launcher_spin_ns = spin_ns;
     p->launcher_stop = false;
+    p->nlaunchers = 0;
     pthread_cond_init(&p->launch_wake, NULL);
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&p->launch_thread, NULL, pool_launcher, p);
+    for (unsigned i = 0; i < n; i++) {
+        if (pthread_create(&p->launch_threads[i], NULL, pool_launcher, p) != 0)
+            break;
+        p->nlaunchers++;
+    }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
+    if (p->nlaunchers == 0) {
         pthread_cond_destroy(&p->launch_wake);
         return CONVD_EINTERNAL;
     }
@@ -275,7 +286,7 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
         /* At most n batches are queued (one per busy slot), so the ring never overflows. */
         p->lq[p->lq_tail % POOL_MAX_SLOTS] = b;
         __atomic_store_n(&p->lq_tail, p->lq_tail + 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&p->launcher_sleeping, __ATOMIC_SEQ_CST)) {
+        if (__atomic_load_n(&p->launchers_sleeping, __ATOMIC_SEQ_CST) > 0) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->launch_wake);
             pthread_mutex_unlock(&p->mu);
@@ -311,11 +322,13 @@ void pool_stop(struct worker_pool *p)
     if (p->launcher) {
         pthread_mutex_lock(&p->mu);
         p->launcher_stop = true;
-        pthread_cond_signal(&p->launch_wake);
+        pthread_cond_broadcast(&p->launch_wake);
         pthread_mutex_unlock(&p->mu);
-        pthread_join(p->launch_thread, NULL);
+        for (unsigned i = 0; i < p->nlaunchers; i++)
+            pthread_join(p->launch_threads[i], NULL);
         pthread_cond_destroy(&p->launch_wake);
         p->launcher = false;
+        p->nlaunchers = 0;
     }
     pthread_mutex_lock(&p->mu);
     p->stop = true;

@@ -46,8 +46,10 @@ struct worker {
 
 typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
 
-/* The most slots a pool with a launch thread queues for it (the config caps slots at 64). */
+/* The most slots a pool with launch threads queues for them (the config caps slots at 64). */
 #define POOL_MAX_SLOTS 64
+/* The most launch threads (the config's launch_threads). */
+#define POOL_MAX_LAUNCHERS 4
 
 struct worker_pool {
     struct convd_backend *backend;
@@ -64,14 +66,16 @@ struct worker_pool {
     void *data;
     uint64_t next_seq;
     uint64_t query_ns; /* asynchronous slots: host time spent asking whether batches are done */
-    /* Asynchronous slots with a launch thread (pool_start_launcher): the loop queues batches
-     * in lq, the thread launches them in order and marks each worker launched. */
+    /* Asynchronous slots with launch threads (pool_start_launcher): the loop queues batches in
+     * lq, each thread takes the oldest one not taken, launches it and marks its worker
+     * launched. Batches are in different slots, so launches run side by side. */
     bool launcher;
-    pthread_t launch_thread;
+    unsigned nlaunchers;
+    pthread_t launch_threads[POOL_MAX_LAUNCHERS];
     pthread_cond_t launch_wake; /* under mu */
     struct batch *lq[POOL_MAX_SLOTS];
-    unsigned lq_head, lq_tail; /* atomic: the thread advances head, the loop tail */
-    int launcher_sleeping;     /* atomic; set under mu */
+    unsigned lq_head, lq_tail; /* atomic: the threads advance head, the loop tail */
+    int launchers_sleeping;    /* atomic; changed under mu */
     bool launcher_stop;        /* under mu */
     uint64_t launcher_spin_ns;
 };
@@ -86,11 +90,13 @@ struct batch *batch_new(size_t n);
 int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
                pool_done_cb on_done, void *data);
 
-/* Asynchronous backends: starts a thread that makes the backend's launch calls, so that the
- * loop thread goes on taking submissions and posting completions meanwhile. It spins spin_ns
- * after its last launch before it sleeps. Returns 0, CONVD_EINVAL (not slots, already started,
- * more than POOL_MAX_SLOTS) or CONVD_EINTERNAL; on failure the loop goes on launching itself. */
-int pool_start_launcher(struct worker_pool *p, uint64_t spin_ns);
+/* Asynchronous backends: starts n threads (1 to POOL_MAX_LAUNCHERS) that make the backend's
+ * launch calls, so that the loop goes on taking submissions while the driver launches; each
+ * spins spin_ns after its last launch before it sleeps. Returns 0, CONVD_EINVAL (not slots,
+ * already started, n out of range, more than POOL_MAX_SLOTS) or CONVD_EINTERNAL (no thread
+ * started); on failure the loop goes on launching itself. Fewer threads than asked may start:
+ * p->nlaunchers says how many. */
+int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns);
 
 /* With a launch thread: batches submitted whose launch has not returned yet (queued for the
  * thread or in its launch call). 0 without one. Loop thread only. */

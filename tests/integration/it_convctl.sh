@@ -366,7 +366,7 @@ null_stop() {
     rm -f "$nsock"
 }
 for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1" \
-    "--launch-threads 1 --launch-ahead 1"; do
+    "--launch-threads 1 --launch-ahead 1" "--launch-threads 2"; do
     # shellcheck disable=SC2086
     null_start "$tmp/null.log" $args
     rc=0
@@ -407,6 +407,26 @@ if ! grep -q "a model, launches 2000 us" "$tmp/paced.log"; then
     sed 's/^/       /' "$tmp/paced.log"
 fi
 null_stop "paced null backend"
+
+# Several launch threads (launch_threads 3) on the same model: each takes a different slot's
+# batch, so launches are in their calls at the same time, and the threads' launch time adds up
+# to more than the wall time (one thread at a time could reach at most all of it).
+null_start "$tmp/threads.log" --launch-threads 3 --null-launch-us 2000
+rc=0
+out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 --requests 600 \
+    2>&1) || rc=$?
+share=$(sed -n 's/.*; launching \([0-9][0-9]*\)%.*/\1/p' <<< "$out")
+if [[ $rc -eq 0 ]] && grep -q "600 completed, 0 failed" <<< "$out" && [[ ${share:-0} -gt 100 ]]; then
+    ok "launch_threads 3 with 2 ms launches: 600 requests, launching ${share}% of the wall time"
+else
+    bad "launch_threads 3 with 2 ms launches: bench exit $rc, launching '${share}'%"
+    printf '%s\n' "$out" | sed 's/^/       /'
+fi
+if ! grep -q "launched on 3 threads of their own" "$tmp/threads.log"; then
+    bad "the daemon did not say it started 3 launch threads"
+    sed 's/^/       /' "$tmp/threads.log"
+fi
+null_stop "null backend with 3 launch threads"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

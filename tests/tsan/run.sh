@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The daemon's threads under ThreadSanitizer: convd built with -fsanitize=thread (CPU backend
 # only, no GPU), driven by convctl bench on the null backend with the loop launching, with the
-# launch thread (launch_threads = 1), with one slot, with batches paced by the launch thread
+# launch thread (launch_threads = 1) and with three, with one slot, with batches paced by the launch thread
 # (launch_ahead) and two doorbell threads, with clients killed mid-request, and on the CPU
 # backend's worker threads. Fails on any ThreadSanitizer report or lost request.
 #
@@ -30,6 +30,7 @@ export TSAN_OPTIONS="halt_on_error=0 exitcode=66"
 ctl() { "$build/bin/convctl" --socket "$tmp/s.sock" --timeout 120000 "$@"; }
 failed=0
 for args in "--backend null --launch-threads 0" "--backend null --launch-threads 1" \
+    "--backend null --launch-threads 3" \
     "--backend null --launch-threads 1 --slots 1" \
     "--backend null --launch-threads 1 --launch-ahead 1 --doorbell-threads 2" \
     "--backend cpu --threads 2"; do
