@@ -722,6 +722,18 @@ extern "C" int convd_gpu_plan_check(const struct convd_problem *p, enum convd_gp
                           why != NULL ? why_len : sizeof(spare));
 }
 
+extern "C" int convd_gpu_code_arch(int *ret_cc)
+{
+    if (ret_cc == NULL)
+        return CONVD_EINVAL;
+    struct gpu_device_info dev;
+    const int rc = gpu_device_info_get(&dev);
+    if (rc != 0)
+        return rc;
+    *ret_cc = dev.code_cc;
+    return 0;
+}
+
 extern "C" int convd_gpu_sweep_kernels(void)
 {
 #if defined(CONVD_GPU_SWEEP_KERNELS)

@@ -69,8 +69,8 @@ struct convd_gpu_policy {
     int tf32;
     /* The same on the mma family (fp32 as pairs of 16-bit units, ahead of the GEMM's tiles): -1
      * where it measured faster (router.hip, mma_tf32_routes and mma_tf32_nchw_routes), 0 never,
-     * 1 wherever the family takes the problem, NCHW on copies too. Asked for by name, the family takes TF32 whatever
-     * this says. */
+     * 1 wherever the family takes the problem, NCHW on copies too. Asked for by name, the family
+     * takes TF32 whatever this says. */
     int mma_tf32;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
@@ -88,6 +88,11 @@ int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *why, size_t
  * *ret_family when not NULL. p must be valid. */
 const char *convd_gpu_rule(const struct convd_problem *p, const struct convd_gpu_policy *pol,
                            enum convd_gpu_family *ret_family);
+
+/* The architecture of the code the current device runs, as 10 * major + minor (90 for sm_90
+ * code): a compute_80 PTX build on an H100 runs sm_80 code, 80, and takes the sm_80 paths
+ * (no tensor copies). 0 on AMD. Returns 0 or CONVD_EDEVICE. */
+int convd_gpu_code_arch(int *ret_cc);
 
 /* 0 when `family` can run p under pol (AUTO: always for a valid problem), else
  * CONVD_EUNSUPPORTED with the reason in why. Plans without workspace, except the direct family

@@ -697,20 +697,29 @@ static void test_tf32(void **state)
     p = ps[0];
     p.allow_tf32 = true;
     assert_int_equal(convd_gpu_tune_tf32(-1), 0);
-    /* mma_tf32 -1 (the default): the mma family's in NHWC, the fma family's tiles in
-     * NCHW; 0: the fma family's; 1: the mma family's in NCHW too. */
-    struct convd_problem q = ps[1];
-    q.allow_tf32 = true;
+    /* mma_tf32 -1 (the default): the mma family's in NHWC, and in NCHW where the problem would
+     * go to NHWC copies anyway (W 11: not the direct kernel's), not where the direct kernel (W
+     * 12) or the implicit GEMM (pointwise) takes it in place; 0: the fma family's; 1: the mma
+     * family's in NCHW too. */
+    struct convd_problem q = ps[1], qd = ps[1], qp = ps[6];
+    q.allow_tf32 = qd.allow_tf32 = qp.allow_tf32 = true;
+    qd.w = 12;
     if (tensor_cores) {
         assert_string_equal(convd_gpu_dev_rule(&p), "mma-tf32");
-        assert_string_equal(convd_gpu_dev_rule(&q), "fma-tf32-nchw");
+        assert_string_equal(convd_gpu_dev_rule(&q), "mma-tf32-nchw");
+        assert_string_equal(convd_gpu_dev_rule(&qd), "direct");
+        assert_string_equal(convd_gpu_dev_rule(&qp), "fma-tf32");
     }
     assert_int_equal(convd_gpu_tune_mma_tf32(0), 0);
-    if (tensor_cores)
+    if (tensor_cores) {
         assert_string_equal(convd_gpu_dev_rule(&p), "fma-tf32");
+        assert_string_equal(convd_gpu_dev_rule(&q), "fma-tf32-nchw");
+    }
     assert_int_equal(convd_gpu_tune_mma_tf32(1), 0);
-    if (tensor_cores)
+    if (tensor_cores) {
         assert_string_equal(convd_gpu_dev_rule(&q), "mma-tf32-nchw");
+        assert_string_equal(convd_gpu_dev_rule(&qd), "mma-tf32-nchw");
+    }
     assert_int_equal(convd_gpu_tune_mma_tf32(-1), 0);
     /* tf32 0: no TF32 anywhere, the mma family asked for by name included. */
     assert_int_equal(convd_gpu_tune_tf32(0), 0);
@@ -1164,13 +1173,13 @@ static void test_mma_configs(void **state)
     assert_true(cfgs >= 7);
 }
 
-/* Whether the device has sm_90's tensor copies (NVIDIA compute capability 9 or later). */
+/* Whether the code running takes the tensor copies: sm_90 code, which a compute_80 PTX build
+ * is not even on an sm_90 device. */
 static int device_has_tma(void)
 {
-    char name[160];
-    assert_int_equal(convd_gpu_device_name(name, sizeof(name)), 0);
-    const char *sm = strstr(name, "(sm_");
-    return sm != NULL && atoi(sm + 4) >= 90;
+    int cc = 0;
+    assert_int_equal(convd_gpu_code_arch(&cc), 0);
+    return cc >= 90;
 }
 
 /* The tensor-core kernel with sm_90 tensor copies (the halo in as one box per item, padding
