@@ -232,17 +232,18 @@ static int mma_tf32_routes(const struct gpu_route_in *in)
            !(p->groups > 1 && kpg >= 32 && (p->stride_h > 1 || p->stride_w > 1));
 }
 
-/* NCHW on NHWC copies where the fp32 routes would take copies too (fma-tf32-nchw, fma-nchw):
- * there mma won 3 of the 5 suite rows (1.24-1.68x), tied one and lost one (0.90x); where the
- * direct kernel or the implicit GEMM takes the problem in place, they stayed 1.04-3.6x faster
- * (--sweep-tf32; bench/gpu/NOTES.md, round 17). */
+/* NCHW on NHWC copies where the rules after this one would take copies too: fma-tf32-nchw
+ * (kpg >= 24, ahead of the direct kernel), or fma-nchw where the direct kernel cannot take the
+ * problem. There mma won 3 of the 5 suite rows (1.24-1.68x), tied one and lost one (0.90x);
+ * where the direct kernel (kpg < 24) or the implicit GEMM (pointwise) takes the problem in place,
+ * they stayed 1.04-3.6x faster (--sweep-tf32; bench/gpu/NOTES.md, round 17). */
 static int mma_tf32_nchw_routes(const struct gpu_route_in *in)
 {
     if (in->pol->mma_tf32 >= 0)
         return in->pol->mma_tf32;
     if (!mma_tf32_routes(in) || gpu_pw_applies(in->p, in->pol))
         return 0;
-    if (!direct_routes(in))
+    if (tf32_routes(in) || !direct_routes(in))
         return 1;
     struct gpu_gd_plan gp;
     char why[160];
@@ -274,8 +275,8 @@ static const struct gpu_rule gpu_rules[] = {
      "but kpg 6 or 12 and grouped stride 2 with kpg >= 32: the mma kernels on pairs of 16-bit "
      "units (m16n8k8 TF32)"},
     {"mma-tf32-nchw", CONVD_GPU_FAMILY_MMA, TO_NHWC, 0, tf32_nchw_copies, mma_tf32_nchw_routes,
-     "the same in NCHW on NHWC copies, NCHW out from the epilogue, where neither the direct "
-     "kernel nor the implicit GEMM takes the problem in place"},
+     "the same in NCHW on NHWC copies, NCHW out from the epilogue, but where the direct kernel "
+     "(kpg < 24) or the implicit GEMM (pointwise) takes the problem in place"},
     {"fma-tf32", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_TF32, tf32_in_place, tf32_routes,
      "fp32 allowing TF32 with kpg >= 24, in the implicit GEMM's shapes: its tiles on the tensor "
      "cores (mma m16n8k8 TF32, fp32 accumulation)"},

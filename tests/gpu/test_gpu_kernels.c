@@ -698,15 +698,18 @@ static void test_tf32(void **state)
     p.allow_tf32 = true;
     assert_int_equal(convd_gpu_tune_tf32(-1), 0);
     /* mma_tf32 -1 (the default): the mma family's in NHWC, and in NCHW where the problem would
-     * go to NHWC copies anyway (W 11: not the direct kernel's), not where the direct kernel (W
-     * 12) or the implicit GEMM (pointwise) takes it in place; 0: the fma family's; 1: the mma
-     * family's in NCHW too. */
-    struct convd_problem q = ps[1], qd = ps[1], qp = ps[6];
-    q.allow_tf32 = qd.allow_tf32 = qp.allow_tf32 = true;
-    qd.w = 12;
+     * go to NHWC copies anyway (W 11: not the direct kernel's; kpg 64 at W 12: the fma family's
+     * TF32 tiles come before the direct kernel), not where the direct kernel (kpg 16 at W 12) or
+     * the implicit GEMM (pointwise) takes it in place; 0: the fma family's; 1: the mma family's
+     * in NCHW too. */
+    struct convd_problem q = ps[1], q12 = ps[1], qd = ps[1], qp = ps[6];
+    q.allow_tf32 = q12.allow_tf32 = qd.allow_tf32 = qp.allow_tf32 = true;
+    q12.w = qd.w = 12;
+    qd.groups = 4;
     if (tensor_cores) {
         assert_string_equal(convd_gpu_dev_rule(&p), "mma-tf32");
         assert_string_equal(convd_gpu_dev_rule(&q), "mma-tf32-nchw");
+        assert_string_equal(convd_gpu_dev_rule(&q12), "mma-tf32-nchw");
         assert_string_equal(convd_gpu_dev_rule(&qd), "direct");
         assert_string_equal(convd_gpu_dev_rule(&qp), "fma-tf32");
     }
