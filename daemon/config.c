@@ -91,8 +91,8 @@ static const struct cfg_option cfg_options[] = {
      "batches in flight at once on the GPU (and null) backend, at most its own number (0: all)"},
     {"launch_threads", CFG_U32, OFF(launch_threads), 0, 4, "N",
      "threads that make the GPU (and null) backend's launch calls, beside the loop, each "
-     "launching a different slot's batch (0: the loop launches itself; default 1 with 8 or more "
-     "CPUs)"},
+     "launching a different slot's batch (0: the loop launches itself; default 3 with 16 or more "
+     "CPUs, 1 with 8 to 15)"},
     {"launch_ahead", CFG_U32, OFF(launch_ahead), 0, 64, "N",
      "with the launch thread, batches that may wait for or be in its launch at once; the queue "
      "forms the next batch, up to max_batch, only when fewer are (0: no bound, the queue is "
@@ -184,9 +184,12 @@ void config_defaults(struct convd_config *c)
     c->max_batch = 32;
     c->slots = 0;
     /* Under many clients the loop thread is the ceiling and launching was 45% of it: off the
-     * loop, 16 clients x 1 did 1.32x the requests (H100, docs/benchmarks.md). Like the ringers,
-     * it only competes with the clients on a small machine. */
-    c->launch_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1 : 0;
+     * loop, 16 clients x 1 did 1.32x the requests (H100, docs/benchmarks.md). With completion
+     * words the one launch thread became the ceiling, and three took 64 x 1 from 520k to 628k
+     * images/s and 16 x 4 from 569k to 683k (H100, 2026-12-06). Like the ringers, they only
+     * compete with the clients on a small machine. */
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    c->launch_threads = ncpu >= 16 ? 3 : ncpu >= 8 ? 1 : 0;
     c->launch_ahead = 0;
     c->completion_flags = 1;
     c->max_queue_delay_us = 0;
