@@ -390,10 +390,21 @@ done
 # busy for 2 ms): with one batch at a time before the launch thread, what queues during a launch
 # goes in the next one together, so batches of more than four requests must appear (spread over
 # free slots they stay at four or fewer here); every request still completes.
+# model_bench: 600 requests from 3 clients x 4 on the daemon of $nsock; sets out and rc.
+model_bench() {
+    rc=0
+    out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 --requests 600 \
+        2>&1) || rc=$?
+}
+# log_says LOG TEXT WHAT: fails WHAT, with the log, unless LOG has TEXT.
+log_says() {
+    if ! grep -q "$2" "$1"; then
+        bad "$3"
+        sed 's/^/       /' "$1"
+    fi
+}
 null_start "$tmp/paced.log" --launch-threads 1 --launch-ahead 1 --null-launch-us 2000
-rc=0
-out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 --requests 600 \
-    2>&1) || rc=$?
+model_bench
 sizes=$(sed -n 's/.*batch sizes \(.*\) (mean.*/\1/p' <<< "$out")
 largest=$(tr ',' '\n' <<< "$sizes" | sed -n 's/^ *\([0-9][0-9]*\):.*/\1/p' | sort -n | tail -1)
 if [[ $rc -eq 0 ]] && grep -q "600 completed, 0 failed" <<< "$out" && [[ ${largest:-0} -gt 4 ]]; then
@@ -402,19 +413,15 @@ else
     bad "launch_ahead 1 with 2 ms launches: bench exit $rc, batch sizes '${sizes}'"
     printf '%s\n' "$out" | sed 's/^/       /'
 fi
-if ! grep -q "a model, launches 2000 us" "$tmp/paced.log"; then
-    bad "the null backend's model is not named in the daemon's log"
-    sed 's/^/       /' "$tmp/paced.log"
-fi
+log_says "$tmp/paced.log" "a model, launches 2000 us" \
+    "the null backend's model is not named in the daemon's log"
 null_stop "paced null backend"
 
 # Several launch threads (launch_threads 3) on the same model: each takes a different slot's
 # batch, so launches are in their calls at the same time, and the threads' launch time adds up
 # to more than the wall time (one thread at a time could reach at most all of it).
 null_start "$tmp/threads.log" --launch-threads 3 --null-launch-us 2000
-rc=0
-out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 3 --depth 4 --requests 600 \
-    2>&1) || rc=$?
+model_bench
 share=$(sed -n 's/.*; launching \([0-9][0-9]*\)%.*/\1/p' <<< "$out")
 if [[ $rc -eq 0 ]] && grep -q "600 completed, 0 failed" <<< "$out" && [[ ${share:-0} -gt 100 ]]; then
     ok "launch_threads 3 with 2 ms launches: 600 requests, launching ${share}% of the wall time"
@@ -422,10 +429,8 @@ else
     bad "launch_threads 3 with 2 ms launches: bench exit $rc, launching '${share}'%"
     printf '%s\n' "$out" | sed 's/^/       /'
 fi
-if ! grep -q "launched on 3 threads of their own" "$tmp/threads.log"; then
-    bad "the daemon did not say it started 3 launch threads"
-    sed 's/^/       /' "$tmp/threads.log"
-fi
+log_says "$tmp/threads.log" "launched on 3 threads of their own" \
+    "the daemon did not say it started 3 launch threads"
 null_stop "null backend with 3 launch threads"
 
 echo "$passed passed, $failed failed"
