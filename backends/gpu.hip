@@ -4,7 +4,7 @@
  * and asynchronous execution: launch enqueues a batch on one of GPU_SLOTS slots (staging copies
  * of host tensors, every group of same-geometry jobs in one convd_gpu_conv() call, copies of
  * host outputs back) and returns; query and notify report its end. run_batch is launch, a wait
- * on the slot's event, and the same completion as query.
+ * on the slot's event (or stream), and the same completion as query.
  *
  * A slot owns a stream, a completion event recorded after its batch's last operation (or, with
  * completion flags, a word of mapped host memory that the stream writes instead), one device
@@ -1348,7 +1348,6 @@ static void gpu_close(struct gpu_ctx *ctx)
     (void)hipGetLastError();
 }
 
-/* Sets up ctx on one device and describes it in info. On failure the caller calls gpu_close. */
 /* Sets up the completion words and checks, with one write through slot 0's stream, that the
  * device can write them; where anything refuses, the slots keep using their events. */
 static void gpu_flags_open(struct gpu_ctx *ctx)
@@ -1401,6 +1400,7 @@ refused:
     }
 }
 
+/* Sets up ctx on one device and describes it in info. On failure the caller calls gpu_close. */
 static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool completion_flags,
                     struct convd_backend_info *info, char *why, size_t why_len)
 {
