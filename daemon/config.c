@@ -133,6 +133,9 @@ static const struct cfg_option cfg_options[] = {
     {"doorbell_threads", CFG_U32, OFF(doorbell_threads), 0, 8, "N",
      "threads that send doorbells to ring clients asleep on their sockets (0: the loop does; "
      "default 2 with 8 or more CPUs, else 0)"},
+    {"doorbell_spin_us", CFG_U64, OFF(doorbell_spin_us), 0, 1000000, "US",
+     "time a doorbell thread keeps polling its queue after its last send before it sleeps, so "
+     "that the loop need not wake it (0: it sleeps at once)"},
     {"ring_stall_timeout_ms", CFG_U64, OFF(ring_stall_timeout_ms), 10, 3600000, "MS",
      "time a client's completion ring may stay full and unread before it is disconnected", LIVE},
     {"gate_timeout_ms", CFG_U64, OFF(gate_timeout_ms), 1, 3600000, "MS",
@@ -203,6 +206,7 @@ void config_defaults(struct convd_config *c)
     /* Ringers pay off where clients have CPUs of their own to sleep and wake on; on a small
      * machine they only compete with the clients and the loop (measured on 2 CPUs). */
     c->doorbell_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2 : 0;
+    c->doorbell_spin_us = 0;
     c->ring_stall_timeout_ms = 10000;
     c->gate_timeout_ms = 10000;
     c->gate_poll_us = 100;

@@ -723,7 +723,8 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         else
             log_notice("batches are launched on %u threads of their own", d->pool.nlaunchers);
     }
-    if (doorbell_start(&d->doorbells, d->cfg.doorbell_threads) != 0)
+    if (doorbell_start(&d->doorbells, d->cfg.doorbell_threads, d->cfg.doorbell_spin_us * 1000u) !=
+        0)
         log_warn("started %u of %u doorbell thread(s); the loop sends the rest itself",
                  d->doorbells.nthreads, d->cfg.doorbell_threads);
     rc = listener_start(&d->listener, &d->loop, dmn_on_accept, d);

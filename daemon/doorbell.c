@@ -4,10 +4,12 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "clock.h"
 #include "convd.pb-c.h"
 #include "convd/status.h"
 #include "doorbell.h"
 #include "log.h"
+#include "ring_layout.h"
 #include "sock.h"
 #include "wire.h"
 
@@ -35,13 +37,21 @@ static void *db_thread(void *arg)
     while (me < db->nthreads && !pthread_equal(db->threads[me], pthread_self()))
         me++;
     for (;;) {
+        if (db->n == 0 && !db->stop && db->spin_ns > 0) {
+            pthread_mutex_unlock(&db->mu);
+            const uint64_t until = convd_now_ns() + db->spin_ns;
+            while (__atomic_load_n(&db->n, __ATOMIC_RELAXED) == 0 &&
+                   !__atomic_load_n(&db->stop, __ATOMIC_RELAXED) && convd_now_ns() < until)
+                convd_cpu_relax();
+            pthread_mutex_lock(&db->mu);
+        }
         while (db->n == 0 && !db->stop)
             pthread_cond_wait(&db->work, &db->mu);
         if (db->stop)
             break;
         int fd = db->queue[0];
         memmove(db->queue, db->queue + 1, (db->n - 1) * sizeof(db->queue[0]));
-        db->n--;
+        __atomic_store_n(&db->n, db->n - 1, __ATOMIC_RELAXED);
         db->busy[me] = fd;
         pthread_mutex_unlock(&db->mu);
         db_send(db, fd);
@@ -54,9 +64,10 @@ static void *db_thread(void *arg)
     return NULL;
 }
 
-int doorbell_start(struct doorbells *db, unsigned nthreads)
+int doorbell_start(struct doorbells *db, unsigned nthreads, uint64_t spin_ns)
 {
     memset(db, 0, sizeof(*db));
+    db->spin_ns = spin_ns;
     Convd__ServerMessage m = CONVD__SERVER_MESSAGE__INIT;
     Convd__Doorbell bell = CONVD__DOORBELL__INIT;
     m.msg_case = CONVD__SERVER_MESSAGE__MSG_DOORBELL;
@@ -100,7 +111,8 @@ static bool db_queue(struct doorbells *db, int fd)
         db->queue = q;
         db->cap = cap;
     }
-    db->queue[db->n++] = fd;
+    db->queue[db->n] = fd;
+    __atomic_store_n(&db->n, db->n + 1, __ATOMIC_RELAXED);
     return true;
 }
 
@@ -139,7 +151,7 @@ void doorbell_forget(struct doorbells *db, int fd)
     for (size_t i = 0; i < db->n; i++)
         if (db->queue[i] == fd) {
             memmove(db->queue + i, db->queue + i + 1, (db->n - i - 1) * sizeof(db->queue[0]));
-            db->n--;
+            __atomic_store_n(&db->n, db->n - 1, __ATOMIC_RELAXED);
             break;
         }
     for (;;) {
@@ -166,7 +178,7 @@ void doorbell_stop(struct doorbells *db)
     if (db->msg_len == 0 && db->nthreads == 0 && db->queue == NULL)
         return;
     pthread_mutex_lock(&db->mu);
-    db->stop = true;
+    __atomic_store_n(&db->stop, true, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&db->work);
     pthread_mutex_unlock(&db->mu);
     for (unsigned i = 0; i < db->nthreads; i++)

@@ -23,19 +23,22 @@ struct doorbells {
     pthread_cond_t work; /* descriptors queued, or stop */
     pthread_cond_t idle; /* a ringer finished a send */
     int *queue;          /* descriptors to ring, oldest first; each at most once */
-    size_t n, cap;
+    size_t n, cap;       /* n written under mu, atomically: spinning ringers read it without */
     int busy[DOORBELL_MAX_THREADS]; /* what each ringer is sending to, -1 */
     pthread_t threads[DOORBELL_MAX_THREADS];
     unsigned nthreads; /* 0: doorbell_ring sends on the caller's thread */
-    bool stop;
-    uint8_t msg[16]; /* the packed Doorbell */
+    uint64_t spin_ns;  /* a ringer polls the queue this long after its last send, then sleeps */
+    bool stop;         /* written under mu, atomically: spinning ringers read it without */
+    uint8_t msg[16];   /* the packed Doorbell */
     size_t msg_len;
     uint64_t rung; /* doorbells sent (under mu) */
 };
 
-/* Packs the message and starts nthreads ringers (0: none; sends happen inline). Returns 0, or
+/* Packs the message and starts nthreads ringers (0: none; sends happen inline), each polling the
+ * queue for spin_ns after its last send before it sleeps on the condition variable, so that a
+ * doorbell queued meanwhile costs the loop no wake-up of a sleeping thread. Returns 0, or
  * CONVD_EINTERNAL when no thread could start (then it runs with none). */
-int doorbell_start(struct doorbells *db, unsigned nthreads);
+int doorbell_start(struct doorbells *db, unsigned nthreads, uint64_t spin_ns);
 
 /* Queues doorbells for the sockets fds[0..n) (loop thread), under one lock and with one wake-up
  * of the ringers; a descriptor already queued is not queued twice. */

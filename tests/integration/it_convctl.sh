@@ -366,7 +366,8 @@ null_stop() {
     rm -f "$nsock"
 }
 for args in "--slots 2 --launch-threads 0" "--launch-threads 1" "--launch-threads 1 --slots 1" \
-    "--launch-threads 1 --launch-ahead 1" "--launch-threads 2"; do
+    "--launch-threads 1 --launch-ahead 1" "--launch-threads 2" \
+    "--launch-threads 1 --doorbell-threads 2 --doorbell-spin-us 50"; do
     # shellcheck disable=SC2086
     null_start "$tmp/null.log" $args
     rc=0

@@ -30,7 +30,7 @@ export TSAN_OPTIONS="halt_on_error=0 exitcode=66"
 ctl() { "$build/bin/convctl" --socket "$tmp/s.sock" --timeout 120000 "$@"; }
 failed=0
 for args in "--backend null --launch-threads 0" "--backend null --launch-threads 1" \
-    "--backend null --launch-threads 3" \
+    "--backend null --launch-threads 3 --doorbell-threads 2 --doorbell-spin-us 50" \
     "--backend null --launch-threads 1 --slots 1" \
     "--backend null --launch-threads 1 --launch-ahead 1 --doorbell-threads 2" \
     "--backend cpu --threads 2"; do
