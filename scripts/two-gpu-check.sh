@@ -17,14 +17,15 @@
 # Prints ok/bad lines and exits non-zero when a check failed.
 set -uo pipefail
 BUILD=${1:-build-gpu}
-. bench/serving/gpu-env.sh
-convd=$BUILD/bin/convd
-convctl=$BUILD/bin/convctl
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 if [ "${ngpu:-0}" -lt 2 ]; then
     echo "skip: this machine has ${ngpu:-0} NVIDIA GPU(s); the check needs two"
     exit 77
 fi
+# shellcheck source=bench/serving/gpu-env.sh
+. bench/serving/gpu-env.sh
+convd=$BUILD/bin/convd
+convctl=$BUILD/bin/convctl
 tmp=$(mktemp -d /tmp/convd-two-gpu.XXXXXX)
 export CONVD_SOCKET_DIR=$tmp
 pids=()
