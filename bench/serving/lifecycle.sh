@@ -45,6 +45,25 @@ convd_stop() {
 
 mps_on=0
 
+# P PyTorch processes running the serving shape (bench/serving/torch_clients.py; TORCH_SECONDS
+# and TORCH_WARMUP, default 2 and 1): their JSON row appended to $OUT/torch.jsonl, the trace to
+# $OUT/torch.log, one line printed. MODE is the row's label (alone, batch, mps).
+torch_run() { # MODE PROCS BATCH TIMEOUT
+    printf 'torch %s procs=%s batch=%s: ' "$1" "$2" "$3"
+    echo "### mode $1 procs $2 batch $3" >>"$OUT/torch.log"
+    local line rc=0
+    line=$(timeout "$4" python3 bench/serving/torch_clients.py --procs "$2" --batch "$3" \
+        --seconds "${TORCH_SECONDS:-2}" --warmup "${TORCH_WARMUP:-1}" --mps-note "$1" \
+        2>>"$OUT/torch.log") ||
+        rc=$?
+    if [ -z "$line" ]; then
+        line=$(printf '{"mode": "%s", "procs": %s, "batch": %s, "images_per_s": null, "error": "no result (exit %s; see torch.log)"}' \
+            "$1" "$2" "$3" "$rc")
+    fi
+    printf '%s\n' "$line" | tee -a "$OUT/torch.log" >>"$OUT/torch.jsonl"
+    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("%s images/s, p50 %s us, p99 %s us%s" % (d.get("images_per_s"), d.get("p50_us"), d.get("p99_us"), ", error: " + d["error"] if d.get("error") else ""))' "$line" 2>/dev/null || echo "$line"
+}
+
 # Starts MPS with pipes and logs under $tmp. Returns non-zero (and starts nothing) when it fails.
 mps_start() {
     export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log

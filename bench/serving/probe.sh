@@ -10,7 +10,7 @@
 #                                     "nice=N " to run that daemon at nice value N, e.g.
 #                                     VARIANTS=";nice=-10 " for the defaults at -10 after them;
 #                                     MPS_PROCS="16 64": then that many PyTorch processes under
-#                                     MPS, the baseline in the same call)
+#                                     MPS, the baseline in the same call, in OUTDIR/torch.jsonl)
 set -uo pipefail
 OUT=${1:?usage: bench/serving/probe.sh OUTDIR}
 BUILD=${BUILD:-build-gpu}
@@ -58,16 +58,12 @@ done
 if [ -n "${MPS_PROCS:-}" ]; then
     # The same convolution from P PyTorch processes under MPS (bench/serving/lifecycle.sh's
     # control daemon, private folders), after the daemons above have exited.
-    here=bench/serving sock=$tmp/none.sock dpid=""
+    sock=$tmp/none.sock dpid=""
     # shellcheck source=bench/serving/lifecycle.sh
     . bench/serving/lifecycle.sh
     if mps_start; then
         for p in $MPS_PROCS; do
-            line=$(timeout 150 python3 "$here/torch_clients.py" --procs "$p" --batch 1 --seconds "$DURATION" \
-                --warmup 1 --mps-note mps 2>>"$OUT/errors.log")
-            printf '%s\n' "$line" >>"$OUT/mps.jsonl"
-            python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("MPS P=%s: %.0f img/s p50 %.1f p99 %.1f%s" % (d["procs"], d["images_per_s"] or 0, d["p50_us"] or 0, d["p99_us"] or 0, " error: " + d["error"][:80] if d.get("error") else ""))' \
-                "$line" 2>/dev/null || echo "MPS P=$p: failed"
+            TORCH_SECONDS=$DURATION TORCH_WARMUP=1 torch_run mps "$p" 1 150
         done
         mps_stop
     fi

@@ -137,21 +137,8 @@ else:
     cat "$OUT/copy-bw.json"
 fi
 
-# b. PyTorch processes: alone, one process with batch P, then under MPS.
-torch_run() { # MODE PROCS BATCH TIMEOUT
-    printf 'torch %s procs=%s batch=%s: ' "$1" "$2" "$3"
-    echo "### mode $1 procs $2 batch $3" >>"$OUT/torch.log"
-    local line rc=0
-    line=$(timeout "$4" python3 "$here/torch_clients.py" --procs "$2" --batch "$3" \
-        --seconds "$TORCH_SECONDS" --warmup "$TORCH_WARMUP" --mps-note "$1" 2>>"$OUT/torch.log") ||
-        rc=$?
-    if [ -z "$line" ]; then
-        line=$(printf '{"mode": "%s", "procs": %s, "batch": %s, "images_per_s": null, "error": "no result (exit %s; see torch.log)"}' \
-            "$1" "$2" "$3" "$rc")
-    fi
-    printf '%s\n' "$line" | tee -a "$OUT/torch.log" >>"$OUT/torch.jsonl"
-    python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("%s images/s, p50 %s us, p99 %s us%s" % (d.get("images_per_s"), d.get("p50_us"), d.get("p99_us"), ", error: " + d["error"] if d.get("error") else ""))' "$line" 2>/dev/null || echo "$line"
-}
+# b. PyTorch processes: alone, one process with batch P, then under MPS (torch_run:
+# lifecycle.sh).
 if [ "$have_torch" = 1 ]; then
     : >"$OUT/torch.jsonl"
     step "PyTorch processes alone (time-sliced)"
