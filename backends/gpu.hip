@@ -1352,6 +1352,7 @@ static void gpu_close(struct gpu_ctx *ctx)
  * device can write them; where anything refuses, the slots keep using their events. */
 static void gpu_flags_open(struct gpu_ctx *ctx)
 {
+    const size_t bytes = GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t);
     void *mem = NULL;
 #ifdef CONVD_GPU_NVIDIA
     {
@@ -1363,16 +1364,14 @@ static void gpu_flags_open(struct gpu_ctx *ctx)
             goto refused;
         ctx->write_value = (PFN_cuStreamWriteValue32_v11070)fn;
     }
-    if (hipHostMalloc(&mem, GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t),
-                      hipHostMallocMapped | hipHostMallocPortable) != hipSuccess)
+    if (hipHostMalloc(&mem, bytes, hipHostMallocMapped | hipHostMallocPortable) != hipSuccess)
         goto refused;
 #else
     /* Coherent: the loop reads the word while the device writes it. */
-    if (hipHostMalloc(&mem, GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t),
-                      hipHostMallocMapped | hipHostMallocCoherent) != hipSuccess)
+    if (hipHostMalloc(&mem, bytes, hipHostMallocMapped | hipHostMallocCoherent) != hipSuccess)
         goto refused;
 #endif
-    memset(mem, 0, GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t));
+    memset(mem, 0, bytes);
     ctx->flags = (uint32_t *)mem;
     for (int i = 0; i < GPU_SLOTS; i++) {
         struct gpu_slot *s = &ctx->slots[i];
