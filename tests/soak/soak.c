@@ -59,7 +59,7 @@
 static const char usage[] =
     "Usage: convd-soak [--seconds S] [--clients N] [--hostile H] [--csv FILE]\n"
     "                  [--daemon-log FILE] [--warmup S] [--rss-bound-mb M] [--kill-ms MS]\n"
-    "                  [--threads T]\n"
+    "                  [--threads T] [--replay SEED | --replay-hostile SEED]\n"
     "\n"
     "Starts convd (CPU backend) and keeps N client processes and H hostile processes running\n"
     "against it for S seconds, checking every output and every answer; samples the daemon every\n"
@@ -76,6 +76,9 @@ static const char usage[] =
     "  --rss-bound-mb M  how far the RSS may be above the warm-up's at the end (default 32)\n"
     "  --kill-ms MS      mean interval between SIGKILLs of a random process (default 1000)\n"
     "  --threads T       the daemon's CPU backend threads (default 2)\n"
+    "  --replay SEED     run only the client process of this seed (as a failure prints it),\n"
+    "                    once, with no kills, then the end's checks; --seconds caps it\n"
+    "  --replay-hostile SEED  the same for a hostile process\n"
     "The seed comes from $CONVD_TEST_SEED (printed at the start).\n";
 
 struct soak_opts {
@@ -88,6 +91,9 @@ struct soak_opts {
     int rss_bound_mb;
     int kill_ms;
     const char *threads;
+    bool replay;          /* one process of a given seed, once */
+    bool replay_hostile;  /* that process is a hostile one */
+    uint64_t replay_seed; /* its seed */
 };
 
 #define SOAK_MAX_CLIENTS 64
@@ -230,7 +236,7 @@ static bool conditioned_ok(const struct convd_problem *p, const struct convd_pro
     if (mag == NULL)
         abort();
     struct convd_problem pa = *p;
-    pa.activation = CONVD_ACT_NONE;
+    tu_set_activation(&pa, CONVD_ACT_NONE); /* and its bounds: NONE with a clamp's is invalid */
     tu_ref_conv(&pa, ain, aw, ab, mag);
     const double tol = tu_tolerance(p->dtype);
     const double floor_abs = p->dtype == CONVD_DTYPE_FP16 ? 6e-8 : 1e-30;
@@ -1736,6 +1742,8 @@ static void parse_opts(int argc, char **argv, struct soak_opts *o)
                                              {"rss-bound-mb", required_argument, NULL, 'r'},
                                              {"kill-ms", required_argument, NULL, 'k'},
                                              {"threads", required_argument, NULL, 't'},
+                                             {"replay", required_argument, NULL, 'p'},
+                                             {"replay-hostile", required_argument, NULL, 'P'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     int ch;
@@ -1769,6 +1777,21 @@ static void parse_opts(int argc, char **argv, struct soak_opts *o)
             parse_int(optarg, 1, 1024, "--threads");
             o->threads = optarg;
             break;
+        case 'p':
+        case 'P': {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (errno != 0 || end == optarg || *end != '\0') {
+                fprintf(stderr, "convd-soak: %s wants a seed (a decimal number), got '%s'\n",
+                        ch == 'p' ? "--replay" : "--replay-hostile", optarg);
+                exit(2);
+            }
+            o->replay = true;
+            o->replay_hostile = ch == 'P';
+            o->replay_seed = v;
+            break;
+        }
         case 'h':
             fputs(usage, stdout);
             exit(0);
@@ -1850,6 +1873,9 @@ int main(int argc, char **argv)
            "bound +%d MB, a SIGKILL every %d ms on average, seed CONVD_TEST_SEED=%llu\n",
            (int)daemon_.pid, daemon_.sock, o.daemon_log, o.seconds, o.clients, o.hostile, o.warmup,
            o.rss_bound_mb, o.kill_ms, (unsigned long long)seed);
+    if (o.replay)
+        printf("soak: replaying the %s process of seed %llu, once, without kills\n",
+               o.replay_hostile ? "hostile" : "client", (unsigned long long)o.replay_seed);
 
     /* Warm up once (workers, lazily opened resources), then take the baseline with only the
      * monitor connected and nothing registered (it_daemon_start, without its asserts). */
@@ -1882,10 +1908,11 @@ int main(int argc, char **argv)
            base.rss_kb, base.anon_kb, base.fds, base.memfd_maps, base.ring_maps, base.regions,
            base.clients);
 
-    /* The load. */
-    nprocs = o.clients + o.hostile;
+    /* The load; or, replaying, one process of the given seed. */
+    nprocs = o.replay ? 1 : o.clients + o.hostile;
     for (int i = 0; i < nprocs; i++)
-        procs[i].hostile = i >= o.clients;
+        procs[i].hostile = o.replay ? o.replay_hostile : i >= o.clients;
+    bool replay_forked = false;
     const uint64_t end_ms = t0_ms + (uint64_t)o.seconds * 1000u;
     const uint64_t warm_ms = t0_ms + (uint64_t)o.warmup * 1000u;
     uint64_t next_sample = t0_ms + 1000, next_report = t0_ms + 10000;
@@ -1898,10 +1925,18 @@ int main(int argc, char **argv)
         soak_reap();
         if (daemon_.stopped)
             break;
-        for (int i = 0; i < nprocs; i++)
-            if (procs[i].pid == 0)
-                soak_fork(&procs[i], procs[i].hostile, tu_rng_next(&g));
-        if (o.kill_ms > 0 && tu_rng_range(&g, 0, o.kill_ms / tick_ms) == 0)
+        if (o.replay) {
+            if (replay_forked && procs[0].pid == 0)
+                break; /* it ended, and soak_reap judged how */
+            if (!replay_forked)
+                soak_fork(&procs[0], o.replay_hostile, o.replay_seed);
+            replay_forked = true;
+        } else {
+            for (int i = 0; i < nprocs; i++)
+                if (procs[i].pid == 0)
+                    soak_fork(&procs[i], procs[i].hostile, tu_rng_next(&g));
+        }
+        if (!o.replay && o.kill_ms > 0 && tu_rng_range(&g, 0, o.kill_ms / tick_ms) == 0)
             soak_kill_one(&g);
         uint64_t now = tu_now_ms();
         if (now >= next_sample) {
@@ -1923,7 +1958,7 @@ int main(int argc, char **argv)
             if (s.checked != last_checked) {
                 last_checked = s.checked;
                 last_progress_ms = now;
-            } else if (o.clients > 0 && now - last_progress_ms > 60000) {
+            } else if (!o.replay && o.clients > 0 && now - last_progress_ms > 60000) {
                 parent_fail("no request completed for %llu s",
                             (unsigned long long)(now - last_progress_ms) / 1000);
                 break;
