@@ -45,6 +45,9 @@ struct convd_backend_config {
     /* GPU: learn that a batch is done from a word its stream writes to mapped host memory
      * (where the driver allows it) rather than by querying an event. */
     bool completion_flags;
+    /* Time each batch on the device: the GPU records timing events around the batch's work on
+     * its stream, the null backend reports its model's batch time; job->device_ns carries it. */
+    bool device_timing;
     /* Null backend only: a model of a device's costs, so that the serving path's dynamics under
      * a launch-bound load show on any machine. Each launch call busy-waits launch_ns plus
      * launch_item_ns per job (the driver's host time); a batch is done exec_ns after its launch
@@ -99,7 +102,7 @@ struct convd_tensor_view {
 };
 
 /* One convolution to run. The daemon fills problem and the views; run_batch fills status (0 or
- * a CONVD_E* code), error (a sentence, on failure) and exec_ns.
+ * a CONVD_E* code), error (a sentence, on failure), exec_ns and, with device_timing, device_ns.
  *
  * A job reaches a backend admitted, validated once where the request came in (daemon/request.c):
  * the problem passed convd_problem_check() and the backend's supports(); every view's memory was
@@ -113,6 +116,9 @@ struct convd_job {
     int status;
     char error[160];
     uint64_t exec_ns;
+    /* With device_timing, on success: the device time of the job's batch, from its first to its
+     * last operation on the stream (waits for the device's SMs included); 0 when not measured. */
+    uint64_t device_ns;
     void *owner; /* the daemon's own; backends leave it alone */
 };
 

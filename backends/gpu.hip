@@ -146,6 +146,9 @@ struct gpu_slot {
     void *flag_dev;    /* the same word, as the device addresses it */
     uint32_t seq;      /* the value of the batch in flight */
     uint64_t probe_ns; /* when query asks the stream next */
+    /* Device timing (gpu_ctx.timing): events around the batch's work on the stream. */
+    hipEvent_t t_start, t_end;
+    bool timed; /* both were recorded for the batch in flight */
     /* The batch in flight: set by launch, cleared when query (or run_batch) reports it. */
     int busy; /* the event is recorded and its batch not reported yet */
     size_t npending;
@@ -181,6 +184,7 @@ struct gpu_ctx {
     /* Completion flags: GPU_SLOTS words of mapped host memory, or NULL where the driver refused
      * (or the configuration asked for events). */
     uint32_t *flags;
+    bool timing; /* the configuration's device_timing */
 #ifdef CONVD_GPU_NVIDIA
     PFN_cuMemGetAddressRange_v3020 get_range;
     PFN_cuStreamWriteValue32_v11070 write_value;
@@ -648,6 +652,7 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
         jobs[i]->status = CONVD_EINTERNAL;
         jobs[i]->error[0] = '\0';
         jobs[i]->exec_ns = 0;
+        jobs[i]->device_ns = 0;
     }
     if (!s) {
         snprintf(why, sizeof why, "slot %u out of range (the GPU backend has %d)", slot, GPU_SLOTS);
@@ -710,6 +715,11 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
             gpu_fail_rest(jobs, n, rc, why);
             return 0;
         }
+        /* Timing is a diagnostic: an event that cannot be recorded leaves the batch untimed,
+         * and a context that is broken says so at the batch's own operations. */
+        s->timed = ctx->timing && hipEventRecord(s->t_start, s->stream) == hipSuccess;
+        if (ctx->timing && !s->timed)
+            (void)hipGetLastError();
         bool queued = false;
         for (size_t ci = 0; ci < nchunks; ci++) {
             const struct gpu_chunk *c = &s->chunks[ci];
@@ -728,6 +738,10 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
                 gpu_job_fail(s->order[c->first + i], rc, why);
         }
         if (queued) {
+            if (s->timed && hipEventRecord(s->t_end, s->stream) != hipSuccess) {
+                s->timed = false;
+                (void)hipGetLastError();
+            }
             hipError_t e = gpu_mark_done(ctx, s);
             if (e != hipSuccess) {
                 gpu_fail(e, why, sizeof why,
@@ -772,9 +786,19 @@ static bool gpu_slot_finish(struct gpu_ctx *ctx, struct gpu_slot *s, hipError_t 
         (void)hipSetDevice(ctx->device);
         broken = gpu_settle_after_error(ctx, s, why);
     }
+    uint64_t device_ns = 0;
+    float ms = 0;
+    /* The end event precedes the completion word or event on the stream: it has completed. */
+    if (e == hipSuccess && s->timed) {
+        if (hipEventElapsedTime(&ms, s->t_start, s->t_end) == hipSuccess && ms > 0)
+            device_ns = (uint64_t)((double)ms * 1e6);
+        (void)hipGetLastError();
+    }
+    s->timed = false;
     for (size_t i = 0; i < s->npending; i++) {
         struct convd_job *j = s->pending[i];
         j->exec_ns = dt;
+        j->device_ns = device_ns;
         if (e == hipSuccess) {
             j->status = 0;
             j->error[0] = '\0';
@@ -1326,6 +1350,10 @@ static void gpu_close(struct gpu_ctx *ctx)
         }
         if (s->done)
             (void)hipEventDestroy(s->done);
+        if (s->t_start)
+            (void)hipEventDestroy(s->t_start);
+        if (s->t_end)
+            (void)hipEventDestroy(s->t_end);
         gpu_pool_free(s);
         gpu_scratch_free(s);
         memset(s, 0, sizeof *s);
@@ -1427,6 +1455,10 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
         /* No timing: exec_ns is host time, and a timing event costs more to record. */
         GPU_TRY(hipEventCreateWithFlags(&ctx->slots[i].done, hipEventDisableTiming),
                 "creating an event");
+        if (ctx->timing) {
+            GPU_TRY(hipEventCreate(&ctx->slots[i].t_start), "creating a timing event");
+            GPU_TRY(hipEventCreate(&ctx->slots[i].t_end), "creating a timing event");
+        }
     }
     /* By default the pools together may take a quarter of the device: clients of the daemon
      * allocate on the same GPU (IPC regions), and staging beyond that buys nothing. A batch
@@ -1562,6 +1594,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     }
     pthread_mutex_init(&ctx->ipc_lock, NULL);
     pthread_mutex_init(&ctx->broken_lock, NULL);
+    ctx->timing = cfg->device_timing;
     struct convd_backend_info info;
     int rc = CONVD_EDEVICE;
     int first = cfg->device >= 0 ? cfg->device : 0;

@@ -10,7 +10,9 @@
  * null_launch_us, null_launch_item_us and null_exec_us it models a device instead: each launch
  * call busy-waits the host time a driver's launch takes, and a batch is done null_exec_us after
  * its launch returned (slots run side by side, as streams do). Its notify then wakes the daemon
- * at once, so the loop polls while a modelled batch runs.
+ * at once, so the loop polls while a modelled batch runs. With device_timing each job reports
+ * the model's batch time (null_exec_us) as its device time, which is how the daemon's timing
+ * metric is tested without a GPU.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +32,7 @@ struct nullb_slot {
 struct nullb_ctx {
     struct nullb_slot slots[NULLB_SLOTS];
     uint64_t launch_ns, launch_item_ns, exec_ns; /* the model; all 0: none */
+    bool timing;                                 /* report exec_ns as device_ns */
 };
 
 static int nullb_why(char *why, size_t len, int code, const char *text)
@@ -50,6 +53,7 @@ static int nullb_init(const struct convd_backend_config *cfg, void **ret_ctx,
     ctx->launch_ns = cfg->null_launch_ns;
     ctx->launch_item_ns = cfg->null_launch_item_ns;
     ctx->exec_ns = cfg->null_exec_ns;
+    ctx->timing = cfg->device_timing;
     struct convd_backend_info info;
     memset(&info, 0, sizeof(info));
     snprintf(info.name, sizeof(info.name), "null");
@@ -98,12 +102,13 @@ static void nullb_mem_release(void *ctx, struct convd_mem *m)
     (void)m;
 }
 
-static void nullb_complete(struct convd_job *const *jobs, size_t n)
+static void nullb_complete(struct convd_job *const *jobs, size_t n, uint64_t device_ns)
 {
     for (size_t i = 0; i < n; i++) {
         jobs[i]->status = 0;
         jobs[i]->error[0] = '\0';
         jobs[i]->exec_ns = 0;
+        jobs[i]->device_ns = device_ns;
     }
 }
 
@@ -111,7 +116,7 @@ static int nullb_run_batch(void *ctx, unsigned worker, struct convd_job *const *
 {
     (void)ctx;
     (void)worker;
-    nullb_complete(jobs, n);
+    nullb_complete(jobs, n, 0); /* no model here: nothing was timed */
     return 0;
 }
 
@@ -142,7 +147,7 @@ static int nullb_query(void *vctx, unsigned slot)
     if (slot < NULLB_SLOTS && ctx->slots[slot].jobs != NULL) {
         if (ctx->exec_ns != 0 && convd_now_ns() < ctx->slots[slot].done_ns)
             return 0;
-        nullb_complete(ctx->slots[slot].jobs, ctx->slots[slot].n);
+        nullb_complete(ctx->slots[slot].jobs, ctx->slots[slot].n, ctx->timing ? ctx->exec_ns : 0);
         ctx->slots[slot].jobs = NULL;
         ctx->slots[slot].n = 0;
     }

@@ -101,6 +101,10 @@ static const struct cfg_option cfg_options[] = {
      "GPU backend: learn that a batch is done from a word its stream writes to mapped host "
      "memory, read with a load (1, where the driver allows), rather than by querying an event "
      "(0)"},
+    {"batch_timing", CFG_U32, OFF(batch_timing), 0, 1, "0|1",
+     "GPU (and null) backend: time each batch on the device, from its first to its last "
+     "operation on its stream, into the histogram convd_device_seconds (a diagnostic: two timing "
+     "events a batch)"},
     {"null_launch_us", CFG_U64, OFF(null_launch_us), 0, 1000000, "US",
      "null backend: host time each launch call takes (busy), modelling a driver's launch"},
     {"null_launch_item_us", CFG_U64, OFF(null_launch_item_us), 0, 1000000, "US",

@@ -55,6 +55,7 @@ struct convd_config {
     uint32_t launch_threads;   /* asynchronous backends: 1 launches beside the loop */
     uint32_t launch_ahead;     /* with the launch thread: batches not yet launched (0: any) */
     uint32_t completion_flags; /* GPU: batches report done through host words (0: events) */
+    uint32_t batch_timing;     /* time each batch on the device (convd_device_seconds) */
     uint64_t doorbell_spin_us; /* ringers poll their queue this long before they sleep */
     uint64_t null_launch_us, null_launch_item_us, null_exec_us; /* the null backend's model */
     uint64_t max_queue_delay_us; /* how long an idle worker may wait for a batch to grow */

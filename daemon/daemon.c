@@ -42,6 +42,7 @@ static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_op
         .null_launch_item_ns = d->cfg.null_launch_item_us * 1000u,
         .null_exec_ns = d->cfg.null_exec_us * 1000u,
         .completion_flags = d->cfg.completion_flags != 0,
+        .device_timing = d->cfg.batch_timing != 0,
     };
     void *ctx = NULL;
     struct convd_backend_info info;
@@ -245,6 +246,7 @@ void daemon_dispatch(struct convd_daemon *d)
             r->job.status = 0;
             r->job.error[0] = '\0';
             r->job.exec_ns = 0;
+            r->job.device_ns = 0;
             b->jobs[i] = &r->job;
         }
         pool_submit(&d->pool, (unsigned)w, b);
@@ -299,6 +301,9 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
     metrics_hist_observe(&d->metrics.batch_size, (double)b->n);
     if (p->slots)
         metrics_hist_observe(&d->metrics.launch_seconds, (double)b->launch_ns / 1e9);
+    /* batch_timing: the jobs of a batch share its device time; 0 where nothing was timed. */
+    if (b->n > 0 && b->jobs[0]->device_ns > 0)
+        metrics_hist_observe(&d->metrics.device_seconds, (double)b->jobs[0]->device_ns / 1e9);
     if (b->rc != 0)
         log_err("%s backend: a batch of %zu failed as a whole: %s", d->backend.info.name, b->n,
                 convd_strerror(b->rc));

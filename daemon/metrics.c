@@ -37,6 +37,7 @@ void metrics_init(struct metrics *m, uint64_t now_ns)
     memset(m, 0, sizeof(*m));
     met_hist_init(&m->queue_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->exec_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
+    met_hist_init(&m->device_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->launch_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->batch_size, met_batch_bounds, ARRAY_LEN(met_batch_bounds));
     met_hist_init(&m->gate_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
@@ -372,6 +373,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_hist(&o, "convd_queue_seconds", "Time from receipt to start of execution.",
              &m->queue_seconds);
     met_hist(&o, "convd_exec_seconds", "Wall time of each batch.", &m->exec_seconds);
+    met_hist(&o, "convd_device_seconds",
+             "Device time of each batch, from its first to its last operation on its stream "
+             "(with batch_timing; empty otherwise).",
+             &m->device_seconds);
     met_hist(&o, "convd_launch_seconds",
              "Host time the loop spent launching each batch (asynchronous backends).",
              &m->launch_seconds);

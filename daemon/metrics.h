@@ -35,6 +35,7 @@ struct metrics {
     uint64_t region_failures;
     struct met_hist queue_seconds;  /* receipt to start of execution */
     struct met_hist exec_seconds;   /* wall time of the batch */
+    struct met_hist device_seconds; /* batch_timing: its time on the device */
     struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
     struct met_hist batch_size;     /* requests per backend call */
     struct met_hist gate_seconds;   /* gated requests: receipt to their ready word */

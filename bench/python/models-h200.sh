@@ -33,7 +33,9 @@
 # Environment: BUILD; DTYPE (fp16, bf16 or fp32; default fp16); SECONDS_PER_ROW (measured
 # seconds per model and row, default 2); WARMUP (default 1); MODELS (comma-separated, default
 # the four); PROCS (default "1 4 16"); TESTS=0 skips step 0; PHASES (default
-# "convd plain mps convd-mps convd-mps-sync") picks the rows: a, b, c, d and e.
+# "convd plain mps convd-mps convd-mps-sync") picks the rows: a, b, c, d and e; DAEMON_ARGS,
+# more options for each daemon started (bench/serving/lifecycle.sh): "--batch-timing 1" puts
+# each batch's device time in the metrics files and cuda_call.py's "daemon device" column.
 set -uo pipefail
 
 OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}

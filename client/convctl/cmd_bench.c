@@ -342,6 +342,8 @@ struct bench_snap {
     bool have_loop;
     double uptime_s, loop_busy_s, loop_cpu_s, launch_s;
     double step_s[BENCH_STEPS]; /* convd_loop_seconds_total by step, in bench_steps' order */
+    /* convd_device_seconds (the daemon's batch_timing): its sum and count; 0 without it. */
+    double device_s, device_n;
 };
 
 /* Totals over the children, and the daemon's counters around the measured window. */
@@ -396,6 +398,8 @@ static void bench_snap_take(convd_client *c, struct bench_snap *s, bool metrics_
             int rc = convd_metrics_get(c, &text);
             if (rc == 0) {
                 s->have_cpu = bench_metric(text, "process_cpu_seconds_total", &s->cpu_s);
+                (void)bench_metric(text, "convd_device_seconds_sum", &s->device_s);
+                (void)bench_metric(text, "convd_device_seconds_count", &s->device_n);
                 s->have_loop = bench_metric(text, "convd_uptime_seconds", &s->uptime_s) &&
                                bench_metric(text, "convd_loop_busy_seconds_total", &s->loop_busy_s);
                 if (s->have_loop) {
@@ -438,6 +442,18 @@ static bool bench_cpu_per_req(const struct bench_sum *s, double *ret_us, uint64_
     if (!a->have_cpu || !b->have_cpu || *ret_requests == 0 || b->cpu_s < a->cpu_s)
         return false;
     *ret_us = (b->cpu_s - a->cpu_s) * 1e6 / (double)*ret_requests;
+    return true;
+}
+
+/* The mean device time of the batches timed between the snapshots (the daemon's batch_timing),
+ * in nanoseconds; false when none was. */
+static bool bench_device(const struct bench_sum *s, double *ret_ns)
+{
+    const struct bench_snap *a = &s->before, *b = &s->after;
+    const double n = b->device_n - a->device_n;
+    if (n < 1 || b->device_s < a->device_s)
+        return false;
+    *ret_ns = (b->device_s - a->device_s) * 1e9 / n;
     return true;
 }
 
@@ -726,6 +742,10 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
                ctl_fmt_ns((double)s->queue_ns / (double)s->completed, b1, sizeof(b1)),
                ctl_fmt_ns((double)s->exec_ns / (double)s->completed, b2, sizeof(b2)), hist,
                mean_batch);
+    double device_ns;
+    if (bench_device(s, &device_ns))
+        printf("  device     %s per batch on the device (mean; the daemon's batch_timing)\n",
+               ctl_fmt_ns(device_ns, b1, sizeof(b1)));
     if (have_cpu)
         printf("  daemon cpu  %.1f us per request (user+sys, all threads; %llu requests)\n", cpu_us,
                (unsigned long long)cpu_reqs);
@@ -789,6 +809,8 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
     ctl_json_num(&j, "exec_us",
                  s->completed > 0 ? (double)s->exec_ns / (double)s->completed / 1e3 : 0);
     ctl_json_u64(&j, "batches", bench_batch_count(s));
+    double device_ns;
+    ctl_json_num(&j, "device_us", bench_device(s, &device_ns) ? device_ns / 1e3 : NAN);
     ctl_json_num(&j, "daemon_cpu_us_per_req", have_cpu ? cpu_us : NAN);
     struct bench_loop_use u;
     const bool have_loop = bench_loop(s, &u);

@@ -78,7 +78,9 @@ typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
 #define hipIpcCloseMemHandle          cudaIpcCloseMemHandle
 #define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
 #define hipErrorNotReady              cudaErrorNotReady
+#define hipEventCreate                cudaEventCreate
 #define hipEventCreateWithFlags       cudaEventCreateWithFlags
+#define hipEventElapsedTime           cudaEventElapsedTime
 #define hipEventDisableTiming         cudaEventDisableTiming
 #define hipEventDestroy               cudaEventDestroy
 #define hipEventRecord                cudaEventRecord

@@ -432,7 +432,28 @@ else
 fi
 log_says "$tmp/threads.log" "launched on 3 threads of their own" \
     "the daemon did not say it started 3 launch threads"
+if grep -q "per batch on the device" <<< "$out"; then
+    bad "without batch_timing, bench reported a device time"
+    printf '%s\n' "$out" | sed 's/^/       /'
+fi
 null_stop "null backend with 3 launch threads"
+
+# batch_timing: the null backend reports its model's batch time (300 us) as each batch's device
+# time; the daemon's convd_device_seconds holds every batch, and bench reports their mean.
+null_start "$tmp/timing.log" --null-exec-us 300 --batch-timing 1
+model_bench
+metrics=$("$convctl" --socket "$nsock" metrics 2>&1) || true
+count=$(sed -n 's/^convd_device_seconds_count \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
+batches=$(sed -n 's/^convd_batches_total \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
+if [[ $rc -eq 0 ]] && grep -q "device  *300.0 us per batch on the device" <<< "$out" &&
+    [[ -n $count && $count -gt 0 && $count == "$batches" ]]; then
+    ok "batch_timing: 300 us per batch on the device, $count batches timed"
+else
+    bad "batch_timing: bench exit $rc, $count batches timed of '${batches}'"
+    printf '%s\n' "$out" | sed 's/^/       /'
+    grep "^convd_device_seconds\|^convd_batches" <<< "$metrics" | sed 's/^/       /'
+fi
+null_stop "null backend with batch_timing"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
