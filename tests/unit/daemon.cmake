@@ -6,6 +6,8 @@ if(NOT TARGET convd_daemon OR NOT TARGET convd_cpu)
 endif()
 
 convd_unit_test(test_daemon_config SOURCES test_daemon_config.c LIBS convd_daemon)
+# It reads what convd.conf(5) and docs/operations.md say SIGHUP applies.
+target_compile_definitions(test_daemon_config PRIVATE CONVD_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 convd_unit_test(test_daemon_scheduler SOURCES test_daemon_scheduler.c
                 LIBS convd_daemon convd_testutil)
 convd_unit_test(test_daemon_regions SOURCES test_daemon_regions.c LIBS convd_daemon convd_testutil)

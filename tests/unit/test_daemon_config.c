@@ -465,6 +465,105 @@ static void test_diff_and_live_keys(void **state)
     assert_false(config_key_live(NULL));
 }
 
+/* The file at CONVD_SOURCE_DIR/rel, whole and NUL-terminated. */
+static char *read_source(const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", CONVD_SOURCE_DIR, rel);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        fail_msg("cannot read %s", path);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    assert_non_null(m);
+    int ch;
+    while ((ch = fgetc(f)) != EOF)
+        fputc(ch, m);
+    fclose(f);
+    fclose(m);
+    return buf;
+}
+
+/* The text of doc from the end of the first `from` to the next `to`, copied; fails without. */
+static char *doc_span(const char *doc, const char *from, const char *to, const char *what)
+{
+    const char *a = strstr(doc, from);
+    const char *b = a != NULL ? strstr(a + strlen(from), to) : NULL;
+    if (b == NULL)
+        fail_msg("%s: no text between '%s' and '%s'", what, from, to);
+    a += strlen(from);
+    char *span = strndup(a, (size_t)(b - a));
+    assert_non_null(span);
+    return span;
+}
+
+/* Whether the span names key between two q's ("*key*", "`key`"). */
+static bool span_names(const char *span, char q, const char *key)
+{
+    char tok[80];
+    snprintf(tok, sizeof(tok), "%c%s%c", q, key, q);
+    return strstr(span, tok) != NULL;
+}
+
+/* How many names the span quotes with q. */
+static size_t span_count(const char *span, char q)
+{
+    size_t n = 0;
+    for (const char *p = span; *p != '\0'; p++)
+        n += *p == q;
+    return n / 2;
+}
+
+/* What the docs say SIGHUP applies and what takes a restart is what config_key_live says, for
+ * every key --check-config prints: the list of restart keys in convd.conf(5), and both lists in
+ * docs/operations.md, name each key on its side and nothing else. */
+static void test_reload_docs(void **state)
+{
+    (void)state;
+    struct convd_config c;
+    config_defaults(&c);
+    char *printed = NULL;
+    size_t plen = 0;
+    FILE *m = open_memstream(&printed, &plen);
+    assert_non_null(m);
+    config_print(&c, m);
+    fclose(m);
+    char *man = read_source("man/convd.conf.5.scd"), *ops = read_source("docs/operations.md");
+    char *man_restart = doc_span(man, "These keys take a restart:", ". If", "convd.conf.5");
+    char *ops_live = doc_span(ops, "). Live:", ". They count", "operations.md");
+    char *ops_restart =
+        doc_span(ops, "takes a restart differs (", ": they shaped", "operations.md");
+    size_t n_live = 0, n_restart = 0;
+    for (char *line = strtok(printed, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char key[64];
+        if (sscanf(line, "%63[a-z_] =", key) != 1)
+            continue;
+        const bool live = config_key_live(key);
+        n_live += live;
+        n_restart += !live;
+        if (span_names(man_restart, '*', key) == live)
+            fail_msg("convd.conf.5 %s %s among the keys that take a restart",
+                     live ? "lists" : "omits", key);
+        if (span_names(ops_restart, '`', key) == live)
+            fail_msg("operations.md %s %s among the keys that take a restart",
+                     live ? "lists" : "omits", key);
+        if (span_names(ops_live, '`', key) != live)
+            fail_msg("operations.md %s %s among the live keys", live ? "omits" : "lists", key);
+    }
+    assert_true(n_live >= 10 && n_restart >= 10);
+    /* and no name that is not a key of its side */
+    assert_int_equal(span_count(man_restart, '*'), n_restart);
+    assert_int_equal(span_count(ops_restart, '`'), n_restart);
+    assert_int_equal(span_count(ops_live, '`'), n_live);
+    free(man_restart);
+    free(ops_live);
+    free(ops_restart);
+    free(man);
+    free(ops);
+    free(printed);
+}
+
 static void test_allow_list(void **state)
 {
     (void)state;
@@ -491,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_bad_lines),        cmocka_unit_test(test_command_line),
         cmocka_unit_test(test_print_round_trip), cmocka_unit_test(test_allow_list),
         cmocka_unit_test(test_textfile_keys),    cmocka_unit_test(test_diff_and_live_keys),
+        cmocka_unit_test(test_reload_docs),
     };
     return cmocka_run_group_tests_name("daemon config", tests, NULL, NULL);
 }
