@@ -353,6 +353,10 @@ static void raw_gated_open(struct raw_gated *g)
     raw_hello(g->fd);
     struct convd_problem p;
     small_problem(&p);
+    /* fp32: raw_conv_init lays the tensors out back to back, and only 4-byte elements start every
+     * tensor on a word boundary, where a gate word placed in one meets the overlap check rather
+     * than the alignment check (an fp16 weight at offset 4410 did). */
+    p.dtype = CONVD_DTYPE_FP32;
     uint64_t span = raw_conv_init(&g->rc, 1, &p, 1);
     g->words = (span + 63) & ~(uint64_t)63;
     g->size = g->words + 64;
