@@ -546,6 +546,7 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .draining = d->draining,
         .loop_cpu_s = -1,
         .query_ns = d->pool.query_ns,
+        .launch_peak = __atomic_load_n(&d->pool.launch_peak, __ATOMIC_RELAXED),
     };
     /* Metrics are rendered on the loop thread: its own rusage is the loop's. */
     struct rusage ru;
@@ -692,6 +693,9 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         goto fail;
     }
     d->loop_open = true;
+    /* The time libuv sleeps in epoll, so that work handled on waking counts as the loop's busy
+     * time (daemon_run); without it, a loop that sleeps between requests reported none. */
+    d->uv_idle_time = uv_loop_configure(&d->loop, UV_METRICS_IDLE_TIME) == 0;
     rc = dmn_open_backend(d, why, why_len);
     if (rc != 0)
         goto fail;
@@ -838,7 +842,16 @@ int daemon_run(struct convd_daemon *d)
         if (gated)
             dmn_arm_delay(d, d->cfg.gate_poll_us * 1000u);
         const uint64_t before = d->activity;
+        const uint64_t sleep_start = convd_now_ns();
+        const uint64_t idle0 = d->uv_idle_time ? uv_metrics_idle_time(&d->loop) : 0;
         int alive = uv_run(&d->loop, UV_RUN_ONCE);
+        if (d->uv_idle_time && d->activity != before) {
+            /* Woken by work: what was not asleep in epoll was spent on it. */
+            const uint64_t spent = convd_now_ns() - sleep_start,
+                           idle = uv_metrics_idle_time(&d->loop) - idle0;
+            if (spent > idle)
+                d->metrics.loop_busy_ns += spent - idle;
+        }
         if (inflight)
             uv_timer_stop(&d->inflight_timer);
         conn_rings_sleep(d, false);

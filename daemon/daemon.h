@@ -31,6 +31,7 @@ struct convd_daemon {
     struct convd_config cfg;
     uv_loop_t loop;
     bool loop_open;
+    bool uv_idle_time; /* libuv measures its sleep in epoll (UV_METRICS_IDLE_TIME) */
     struct convd_backend backend;
     bool backend_open;
     struct listener listener;

@@ -349,6 +349,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_scalar(&o, "convd_workers", "gauge", "Worker threads.", g->workers);
     met_scalar(&o, "convd_workers_busy", "gauge", "Worker threads running a batch.",
                g->workers_busy);
+    met_scalar(&o, "convd_launch_concurrency_peak", "gauge",
+               "Most launch calls of the asynchronous backend in progress at once since the start "
+               "(above 1 only with several launch threads).",
+               g->launch_peak);
     met_scalar(&o, "convd_doorbells_total", "counter",
                "Doorbells sent to ring clients that slept while their requests completed.",
                g->doorbells);

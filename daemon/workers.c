@@ -186,6 +186,19 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
  * launches it in its slot, and marks the slot launched (release: the loop then sees what launch
  * wrote into the batch and jobs). Spins launcher_spin_ns after its last launch, then sleeps
  * until the loop signals. */
+/* be_launch, counted in p->in_launch and p->launch_peak (any thread). */
+static int pool_launch_counted(struct worker_pool *p, struct batch *b)
+{
+    unsigned now = __atomic_add_fetch(&p->in_launch, 1, __ATOMIC_RELAXED);
+    unsigned peak = __atomic_load_n(&p->launch_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&p->launch_peak, &peak, now, true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    const int rc = be_launch(p->backend, b->worker, b->jobs, b->n);
+    __atomic_sub_fetch(&p->in_launch, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 static void *pool_launcher(void *arg)
 {
     struct worker_pool *p = arg;
@@ -217,7 +230,7 @@ static void *pool_launcher(void *arg)
                                          __ATOMIC_ACQUIRE))
             continue; /* another thread took it */
         const uint64_t t0 = convd_now_ns();
-        const int rc = be_launch(p->backend, b->worker, b->jobs, b->n);
+        const int rc = pool_launch_counted(p, b);
         last = convd_now_ns();
         b->rc = rc;
         b->launch_ns = last - t0;
@@ -295,7 +308,7 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
     }
     if (p->slots) {
         b->start_ns = convd_now_ns();
-        b->rc = be_launch(p->backend, w, b->jobs, b->n);
+        b->rc = pool_launch_counted(p, b);
         b->launch_ns = convd_now_ns() - b->start_ns;
         p->workers[w].running = b;
         if (b->rc != 0) {

@@ -78,6 +78,8 @@ struct worker_pool {
     int launchers_sleeping;    /* atomic; changed under mu */
     bool launcher_stop;        /* under mu */
     uint64_t launcher_spin_ns;
+    /* Atomic: launch calls in progress now, and the most that were at once since the start. */
+    unsigned in_launch, launch_peak;
 };
 
 /* Allocates a batch for n jobs (jobs[] uninitialised). NULL when out of memory. */
