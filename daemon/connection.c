@@ -338,6 +338,7 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         .inflight = &c->inflight,
         .max_inflight = d->cfg.max_inflight,
         .proto_version = c->proto_version,
+        .cache = &c->problem_cache,
     };
     int rc = req_validate(pb, &ctx, r, why, sizeof(why));
     if (rc != 0) {

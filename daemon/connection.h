@@ -68,7 +68,8 @@ struct conn {
 
     uint32_t protocol_errors;
     struct region_table regions;
-    struct idmap inflight; /* id -> struct dreq, queued or running */
+    struct req_problem_cache problem_cache; /* the last problem that passed its checks */
+    struct idmap inflight;                  /* id -> struct dreq, queued or running */
     uint32_t running;
     struct sched_client sched;
     uint64_t served, failed; /* for the closing log line */

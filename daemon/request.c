@@ -142,17 +142,27 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
     if (rc != 0)
         return rc;
     struct convd_problem_sizes sz;
-    rc = convd_problem_sizes(&p, &sz, why, why_len);
-    if (rc != 0)
-        return rc;
-    rc = wire_request_supported(&p, ctx->proto_version, why, why_len);
-    if (rc != 0)
-        return rc;
-    char be_why[256] = "";
-    rc = be_supports(ctx->backend, &p, be_why, sizeof(be_why));
-    if (rc != 0)
-        return why_fail(why, why_len, rc, "the %s backend cannot run this problem: %s",
-                        ctx->backend->info.name, be_why[0] ? be_why : convd_strerror(rc));
+    struct req_problem_cache *cache = ctx->cache;
+    if (cache != NULL && cache->valid && convd_problem_same(&p, &cache->p)) {
+        sz = cache->sz;
+    } else {
+        rc = convd_problem_sizes(&p, &sz, why, why_len);
+        if (rc != 0)
+            return rc;
+        rc = wire_request_supported(&p, ctx->proto_version, why, why_len);
+        if (rc != 0)
+            return rc;
+        char be_why[256] = "";
+        rc = be_supports(ctx->backend, &p, be_why, sizeof(be_why));
+        if (rc != 0)
+            return why_fail(why, why_len, rc, "the %s backend cannot run this problem: %s",
+                            ctx->backend->info.name, be_why[0] ? be_why : convd_strerror(rc));
+        if (cache != NULL) {
+            cache->p = p;
+            cache->sz = sz;
+            cache->valid = true;
+        }
+    }
 
     const Convd__TensorRef *refs[REQ_TENSORS] = {pb->input, pb->weight, pb->bias, pb->output};
     const uint64_t need[REQ_TENSORS] = {sz.input_bytes, sz.weight_bytes, sz.bias_bytes,

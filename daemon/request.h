@@ -44,13 +44,24 @@ struct dreq {
     uint64_t gate_deadline_ns;  /* fail with ETIMEDOUT when the word has not come by then */
 };
 
+/* The last problem a connection's request passed the problem checks with, and its sizes: a
+ * client that sends one shape again and again has it checked once (the problem, the protocol,
+ * the backend's supports()), not per request. Tensors, gates, ids and limits are checked every
+ * time. Zeroed: empty. */
+struct req_problem_cache {
+    bool valid;
+    struct convd_problem p;
+    struct convd_problem_sizes sz;
+};
+
 /* What validation needs to know about the connection and the daemon. */
 struct req_context {
     const struct region_table *regions;
     struct convd_backend *backend;
     const struct idmap *inflight; /* ids of the client's requests queued or running */
     uint32_t max_inflight;
-    uint32_t proto_version; /* the connection's (what the request may ask for) */
+    uint32_t proto_version;          /* the connection's (what the request may ask for) */
+    struct req_problem_cache *cache; /* the connection's; NULL: check every problem */
 };
 
 /* Checks a decoded ConvRequest: priority, the problem (wire_problem_from_pb), the backend's
@@ -58,10 +69,12 @@ struct req_context {
  * (CONVD_ENOREGION), byte count (CONVD_ESIZE) and range (CONVD_EBOUNDS), an output that is not in
  * a write-sealed region and overlaps no input, the gate (protocol 3; its words in a writable host
  * region, aligned, inside it, distinct and outside every tensor), an id not in flight
- * (CONVD_EEXIST) and the in-flight limit (CONVD_ELIMIT). On success fills r's id, job (problem and
- * views), regions and gate (no references taken yet), priority and timeout; on failure returns
- * the code with a sentence in why and leaves r's contents unspecified but for gate_region: NULL,
- * or set when the gate passed its checks (the caller may then store its done word). */
+ * (CONVD_EEXIST) and the in-flight limit (CONVD_ELIMIT). A problem equal (convd_problem_same) to
+ * the one in ctx->cache skips its own checks; one that passes them replaces it there. A backend
+ * that breaks later (a lost GPU) then refuses at launch instead. On success fills r's id, job
+ * (problem and views), regions and gate (no references taken yet), priority and timeout; on failure
+ * returns the code with a sentence in why and leaves r's contents unspecified but for gate_region:
+ * NULL, or set when the gate passed its checks (the caller may then store its done word). */
 int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, struct dreq *r,
                  char *why, size_t why_len);
 

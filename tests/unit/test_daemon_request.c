@@ -149,6 +149,69 @@ static void expect_reject(struct fixture *fx, const struct req *r, int want, con
         fail_msg("\"%s\" does not mention \"%s\"", why, w2);
 }
 
+/* supports() that counts its calls and refuses NHWC, as refusing_supports does. */
+static int supports_calls;
+static int counting_supports(void *ctx, const struct convd_problem *p, char *why, size_t len)
+{
+    supports_calls++;
+    return refusing_supports(ctx, p, why, len);
+}
+
+/* The connection's problem cache: a problem that passed its checks is not checked again while it
+ * repeats (the backend is asked once), but tensors still are every time, a new problem is
+ * checked and replaces it, and a refused problem is never cached. */
+static void test_problem_cache(void **state)
+{
+    struct fixture *fx = *state;
+    struct convd_backend_ops ops = refusing_ops;
+    ops.supports = counting_supports;
+    struct convd_backend be = fx->refusing;
+    be.ops = &ops;
+    struct req_problem_cache cache;
+    memset(&cache, 0, sizeof(cache));
+    const struct req_context ctx = {&fx->t, &be, &fx->inflight, 64, CONVD_PROTOCOL_VERSION, &cache};
+    struct convd_problem p, q, nhwc;
+    small(&p);
+    q = p;
+    q.has_bias = false;
+    nhwc = p;
+    nhwc.layout = CONVD_LAYOUT_NHWC;
+    struct req r;
+    struct dreq d;
+    char why[320];
+    supports_calls = 0;
+    const struct {
+        const struct convd_problem *p;
+        uint64_t out_bytes_delta;
+        int want, calls;
+    } steps[] = {
+        {&p, 0, 0, 1},                     /* checked, cached */
+        {&p, 0, 0, 1},                     /* the same: not asked again */
+        {&p, 2, CONVD_ESIZE, 1},           /* its tensors are still checked */
+        {&q, 0, 0, 2},                     /* another problem: checked, cached */
+        {&p, 0, 0, 3},                     /* the first again: checked again */
+        {&nhwc, 0, CONVD_EUNSUPPORTED, 4}, /* refused ... */
+        {&nhwc, 0, CONVD_EUNSUPPORTED, 5}, /* ... and not cached */
+        {&p, 0, 0, 5},                     /* the cache still holds p */
+    };
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        req_init(&r, 100 + i, steps[i].p);
+        r.out.bytes += steps[i].out_bytes_delta;
+        why[0] = '\0';
+        int rc = req_validate(&r.pb, &ctx, &d, why, sizeof(why));
+        if (rc != steps[i].want || supports_calls != steps[i].calls)
+            fail_msg("step %zu: %s (%s) after %d supports() calls, want %s after %d", i,
+                     convd_status_name(rc), why, supports_calls, convd_status_name(steps[i].want),
+                     steps[i].calls);
+    }
+    /* A malformed problem is refused whatever the cache holds. */
+    struct convd_problem bad = p;
+    bad.c = 5; /* not a multiple of groups = 2 */
+    req_init(&r, 200, &p);
+    wire_problem_to_pb(&bad, &r.prob);
+    assert_int_equal(req_validate(&r.pb, &ctx, &d, why, sizeof(why)), CONVD_EGROUPS);
+}
+
 static void test_valid_request(void **state)
 {
     struct fixture *fx = *state;
@@ -444,6 +507,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tensor_rejections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_device_alignment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inflight_rejections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_problem_cache, setup, teardown),
     };
     return cmocka_run_group_tests_name("daemon request validation", tests, NULL, NULL);
 }
