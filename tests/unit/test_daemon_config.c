@@ -21,6 +21,17 @@ static int parse(struct convd_config *c, const char *text, char *why, size_t len
     return config_parse_text(c, text, strlen(text), "test.conf", why, len);
 }
 
+/* What config_print writes for c, NUL-terminated, with its length in *len. */
+static char *printed(const struct convd_config *c, size_t *len)
+{
+    char *text = NULL;
+    FILE *f = open_memstream(&text, len);
+    assert_non_null(f);
+    config_print(c, f);
+    fclose(f);
+    return text;
+}
+
 static void test_defaults(void **state)
 {
     (void)state;
@@ -292,12 +303,8 @@ static void test_print_round_trip(void **state)
                            "max_queue_delay_us = 77\n",
                            why, sizeof(why)),
                      0);
-    char *text = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    config_print(&a, f);
-    fclose(f);
+    char *text = printed(&a, &len);
     config_defaults(&b);
     if (config_parse_text(&b, text, len, "printed", why, sizeof(why)) != 0)
         fail_msg("printed configuration does not parse: %s\n%s", why, text);
@@ -309,10 +316,7 @@ static void test_print_round_trip(void **state)
     config_defaults(&a);
     assert_int_equal(parse(&a, "socket = /tmp/a\"b # c.sock\n", why, sizeof(why)), 0);
     assert_string_equal(a.socket_path, "/tmp/a\"b");
-    f = open_memstream(&text, &len);
-    assert_non_null(f);
-    config_print(&a, f);
-    fclose(f);
+    text = printed(&a, &len);
     config_defaults(&b);
     if (config_parse_text(&b, text, len, "printed", why, sizeof(why)) != 0)
         fail_msg("printed configuration does not parse: %s\n%s", why, text);
@@ -320,7 +324,7 @@ static void test_print_round_trip(void **state)
     free(text);
 
     /* --help names every key with dashes */
-    f = open_memstream(&text, &len);
+    FILE *f = open_memstream(&text, &len);
     config_usage(f, "convd");
     fclose(f);
     const char *flags[] = {
@@ -523,19 +527,15 @@ static void test_reload_docs(void **state)
     (void)state;
     struct convd_config c;
     config_defaults(&c);
-    char *printed = NULL;
     size_t plen = 0;
-    FILE *m = open_memstream(&printed, &plen);
-    assert_non_null(m);
-    config_print(&c, m);
-    fclose(m);
+    char *keys = printed(&c, &plen);
     char *man = read_source("man/convd.conf.5.scd"), *ops = read_source("docs/operations.md");
     char *man_restart = doc_span(man, "These keys take a restart:", ". If", "convd.conf.5");
     char *ops_live = doc_span(ops, "). Live:", ". They count", "operations.md");
     char *ops_restart =
         doc_span(ops, "takes a restart differs (", ": they shaped", "operations.md");
     size_t n_live = 0, n_restart = 0;
-    for (char *line = strtok(printed, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+    for (char *line = strtok(keys, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         char key[64];
         if (sscanf(line, "%63[a-z_] =", key) != 1)
             continue;
@@ -561,7 +561,7 @@ static void test_reload_docs(void **state)
     free(ops_restart);
     free(man);
     free(ops);
-    free(printed);
+    free(keys);
 }
 
 static void test_allow_list(void **state)
