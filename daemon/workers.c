@@ -182,10 +182,6 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     return rc;
 }
 
-/* A launch thread: takes the oldest batch of the loop's queue that no other thread took,
- * launches it in its slot, and marks the slot launched (release: the loop then sees what launch
- * wrote into the batch and jobs). Spins launcher_spin_ns after its last launch, then sleeps
- * until the loop signals. */
 /* be_launch, counted in p->in_launch and p->launch_peak (any thread). */
 static int pool_launch_counted(struct worker_pool *p, struct batch *b)
 {
@@ -199,6 +195,10 @@ static int pool_launch_counted(struct worker_pool *p, struct batch *b)
     return rc;
 }
 
+/* A launch thread: takes the oldest batch of the loop's queue that no other thread took,
+ * launches it in its slot, and marks the slot launched (release: the loop then sees what launch
+ * wrote into the batch and jobs). Spins launcher_spin_ns after its last launch, then sleeps
+ * until the loop signals. */
 static void *pool_launcher(void *arg)
 {
     struct worker_pool *p = arg;
