@@ -92,7 +92,6 @@ struct soak_opts {
     int kill_ms;
     const char *threads;
     bool replay;          /* one process of a given seed, once */
-    bool replay_hostile;  /* that process is a hostile one */
     uint64_t replay_seed; /* its seed */
 };
 
@@ -1747,6 +1746,7 @@ static void parse_opts(int argc, char **argv, struct soak_opts *o)
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     int ch;
+    bool replay_hostile = false;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
         case 's':
@@ -1788,8 +1788,8 @@ static void parse_opts(int argc, char **argv, struct soak_opts *o)
                 exit(2);
             }
             o->replay = true;
-            o->replay_hostile = ch == 'P';
             o->replay_seed = v;
+            replay_hostile = ch == 'P';
             break;
         }
         case 'h':
@@ -1803,6 +1803,12 @@ static void parse_opts(int argc, char **argv, struct soak_opts *o)
     if (optind != argc) {
         fprintf(stderr, "convd-soak: unexpected argument '%s'\n%s", argv[optind], usage);
         exit(2);
+    }
+    if (o->replay) {
+        /* That process alone (a client, or a hostile one), and no kills. */
+        o->clients = !replay_hostile;
+        o->hostile = replay_hostile;
+        o->kill_ms = 0;
     }
     if (o->warmup < 0) {
         o->warmup = o->seconds / 10;
@@ -1875,7 +1881,7 @@ int main(int argc, char **argv)
            o.rss_bound_mb, o.kill_ms, (unsigned long long)seed);
     if (o.replay)
         printf("soak: replaying the %s process of seed %llu, once, without kills\n",
-               o.replay_hostile ? "hostile" : "client", (unsigned long long)o.replay_seed);
+               o.hostile ? "hostile" : "client", (unsigned long long)o.replay_seed);
 
     /* Warm up once (workers, lazily opened resources), then take the baseline with only the
      * monitor connected and nothing registered (it_daemon_start, without its asserts). */
@@ -1908,11 +1914,13 @@ int main(int argc, char **argv)
            base.rss_kb, base.anon_kb, base.fds, base.memfd_maps, base.ring_maps, base.regions,
            base.clients);
 
-    /* The load; or, replaying, one process of the given seed. */
-    nprocs = o.replay ? 1 : o.clients + o.hostile;
+    /* The load; or, replaying, the one process of the given seed (parse_opts made it the only
+     * one and turned the kills off), forked once. */
+    nprocs = o.clients + o.hostile;
     for (int i = 0; i < nprocs; i++)
-        procs[i].hostile = o.replay ? o.replay_hostile : i >= o.clients;
-    bool replay_forked = false;
+        procs[i].hostile = i >= o.clients;
+    if (o.replay)
+        soak_fork(&procs[0], procs[0].hostile, o.replay_seed);
     const uint64_t end_ms = t0_ms + (uint64_t)o.seconds * 1000u;
     const uint64_t warm_ms = t0_ms + (uint64_t)o.warmup * 1000u;
     uint64_t next_sample = t0_ms + 1000, next_report = t0_ms + 10000;
@@ -1925,18 +1933,12 @@ int main(int argc, char **argv)
         soak_reap();
         if (daemon_.stopped)
             break;
-        if (o.replay) {
-            if (replay_forked && procs[0].pid == 0)
-                break; /* it ended, and soak_reap judged how */
-            if (!replay_forked)
-                soak_fork(&procs[0], o.replay_hostile, o.replay_seed);
-            replay_forked = true;
-        } else {
-            for (int i = 0; i < nprocs; i++)
-                if (procs[i].pid == 0)
-                    soak_fork(&procs[i], procs[i].hostile, tu_rng_next(&g));
-        }
-        if (!o.replay && o.kill_ms > 0 && tu_rng_range(&g, 0, o.kill_ms / tick_ms) == 0)
+        if (o.replay && procs[0].pid == 0)
+            break; /* it ended, and soak_reap judged how */
+        for (int i = 0; i < nprocs; i++)
+            if (procs[i].pid == 0)
+                soak_fork(&procs[i], procs[i].hostile, tu_rng_next(&g));
+        if (o.kill_ms > 0 && tu_rng_range(&g, 0, o.kill_ms / tick_ms) == 0)
             soak_kill_one(&g);
         uint64_t now = tu_now_ms();
         if (now >= next_sample) {
@@ -1958,7 +1960,7 @@ int main(int argc, char **argv)
             if (s.checked != last_checked) {
                 last_checked = s.checked;
                 last_progress_ms = now;
-            } else if (!o.replay && o.clients > 0 && now - last_progress_ms > 60000) {
+            } else if (o.clients > 0 && now - last_progress_ms > 60000) {
                 parent_fail("no request completed for %llu s",
                             (unsigned long long)(now - last_progress_ms) / 1000);
                 break;
