@@ -35,7 +35,10 @@
 # the four); PROCS (default "1 4 16"); TESTS=0 skips step 0; PHASES (default
 # "convd plain mps convd-mps convd-mps-sync") picks the rows: a, b, c, d and e; DAEMON_ARGS,
 # more options for each daemon started (bench/serving/lifecycle.sh): "--batch-timing 1" puts
-# each batch's device time in the metrics files and cuda_call.py's "daemon device" column.
+# each batch's device time in the metrics files and cuda_call.py's "daemon device" column;
+# DAEMON_PREFIX, a command the daemon runs under (e.g. "nice -n -10"); CUDA_SCHED (auto, spin,
+# yield or block: how every PyTorch process of the rows waits for its GPU, models.py
+# --cuda-sched); CALLS=0 skips the one-call splits (cuda_call.py).
 set -uo pipefail
 
 OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}
@@ -91,8 +94,8 @@ row() { # MODE LABEL PROCS TIMEOUT [--socket S]
     shift 4
     printf '%s P=%s: ' "$label" "$p"
     timeout "$limit" python3 "$here/models.py" --mode "$mode" --label "$label" --procs "$p" \
-        --models "$MODELS" --dtype "$DTYPE" --seconds "$ROW_SECONDS" --warmup "$WARMUP" "$@" \
-        >"$tmp/row.jsonl" 2>>"$OUT/models-stderr.log"
+        --models "$MODELS" --dtype "$DTYPE" --seconds "$ROW_SECONDS" --warmup "$WARMUP" \
+        --cuda-sched "${CUDA_SCHED:-auto}" "$@" >"$tmp/row.jsonl" 2>>"$OUT/models-stderr.log"
     local rc=$?
     if [ ! -s "$tmp/row.jsonl" ]; then
         for m in ${MODELS//,/ }; do
@@ -117,6 +120,7 @@ limit_for() { echo $((60 + 3 * $1 + n_models * (WARMUP + ROW_SECONDS + 30))); }
 
 # One convolution's time split (bench/python/cuda_call.py), into $OUT/cuda-call-LABEL.md.
 calls() {
+    [ "${CALLS:-1}" = 0 ] && return
     echo "one call, split (cuda_call.py, $1):"
     timeout 180 python3 "$here/cuda_call.py" --socket "$sock" --json "$OUT/cuda-call-$1.jsonl" \
         >"$OUT/cuda-call-$1.md" 2>>"$OUT/models-stderr.log"

@@ -6,6 +6,7 @@ docs/benchmarks.md, "Whole models").
 
     models.py --mode convd|plain --procs P [--models resnext50_32x4d,regnet_y_400mf,...]
               [--dtype fp16] [--seconds 2] [--warmup 1] [--socket PATH] [--label mps]
+              [--cuda-sched auto|spin|yield|block]
     models.py --report OUTDIR/models.jsonl          (the markdown tables)
 
 Each of the P processes (multiprocessing, spawn: no CUDA state inherited) creates its context,
@@ -33,6 +34,23 @@ import time
 
 MODELS = ["resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_small", "convnext_tiny"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# CU_CTX_SCHED_*: a process that waits in torch.cuda.synchronize() spins on a CPU by default,
+# which the daemon's threads then share with it.
+CUDA_SCHED = {"auto": 0, "spin": 1, "yield": 2, "block": 4}
+
+
+def set_cuda_sched(name, device):
+    """Sets the device's primary context's scheduling flag before torch creates the context."""
+    if CUDA_SCHED[name] == 0:
+        return
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    for rc in (cu.cuInit(0), cu.cuDeviceGet(ctypes.byref(dev), device),
+               cu.cuDevicePrimaryCtxSetFlags_v2(dev, CUDA_SCHED[name])):
+        if rc != 0:
+            raise RuntimeError(f"setting the CUDA scheduling flag {name}: CUresult {rc}")
 
 
 def parse_args(argv=None):
@@ -49,6 +67,10 @@ def parse_args(argv=None):
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--cpu", action="store_true",
                     help="run on the CPU (a smoke test of this script on a machine without a GPU)")
+    ap.add_argument("--cuda-sched", choices=list(CUDA_SCHED), default="auto",
+                    help="how each process's CUDA context waits for the GPU (its primary "
+                    "context's scheduling flag, set before torch creates it): auto is CUDA's "
+                    "default, which spins while a process has fewer contexts than CPUs")
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--report", metavar="JSONL", help="print the tables of a models.jsonl")
     return ap.parse_args(argv)
@@ -65,6 +87,7 @@ def worker(rank, a, barrier, results):
             dev = torch.device("cpu")
             sync = lambda: None  # noqa: E731
         else:
+            set_cuda_sched(a.cuda_sched, a.device)
             dev = torch.device("cuda", a.device)
             torch.cuda.set_device(dev)
             sync = torch.cuda.synchronize
@@ -162,7 +185,7 @@ def run(a) -> int:
         rs = got[m]
         errors = [r["error"] for r in rs if "error" in r]
         line = {"model": m, "mode": label, "procs": a.procs, "dtype": a.dtype, "batch": 1,
-                "size": a.size}
+                "size": a.size, "cuda_sched": a.cuda_sched}
         if errors or len(rs) < a.procs:
             failed = True
             line["images_per_s"] = None

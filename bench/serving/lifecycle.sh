@@ -10,9 +10,10 @@
 # $OUT/daemon-status.txt. Returns non-zero, with the log's tail, when it does not answer; the
 # daemon is then stopped.
 convd_start() {
-    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1").
+    # DAEMON_ARGS: more options for the daemon (e.g. "--slots 2 --launch-threads 1");
+    # DAEMON_PREFIX: a command it runs under (e.g. "nice -n -10").
     # shellcheck disable=SC2086
-    "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
+    ${DAEMON_PREFIX:-} "$BUILD/bin/convd" --socket "$sock" --backend gpu --log-level info ${DAEMON_ARGS:-} \
         >>"$OUT/daemon.log" 2>&1 &
     dpid=$!
     for _ in $(seq 1 240); do
