@@ -529,6 +529,8 @@ void daemon_fill_status(struct convd_daemon *d, Convd__StatusReply *st)
 
 int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf, size_t cap)
 {
+    uint64_t wakes = 0;
+    const uint64_t rung = doorbell_count(&d->doorbells, &wakes);
     struct met_gauges g = {
         .clients = conn_clients(d),
         .users = d->users.count,
@@ -542,7 +544,8 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .max_pinned_bytes = d->region_limits.max_pinned_bytes,
         .workers = d->pool.n,
         .workers_busy = d->pool.busy,
-        .doorbells = doorbell_count(&d->doorbells),
+        .doorbells = rung,
+        .doorbell_wakes = wakes,
         .draining = d->draining,
         .loop_cpu_s = -1,
         .query_ns = d->pool.query_ns,

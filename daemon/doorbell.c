@@ -36,6 +36,7 @@ static void *db_thread(void *arg)
     unsigned me = 0;
     while (me < db->nthreads && !pthread_equal(db->threads[me], pthread_self()))
         me++;
+    db->awake++;
     for (;;) {
         if (db->n == 0 && !db->stop && db->spin_ns > 0) {
             pthread_mutex_unlock(&db->mu);
@@ -45,8 +46,11 @@ static void *db_thread(void *arg)
                 convd_cpu_relax();
             pthread_mutex_lock(&db->mu);
         }
-        while (db->n == 0 && !db->stop)
+        while (db->n == 0 && !db->stop) {
+            db->awake--;
             pthread_cond_wait(&db->work, &db->mu);
+            db->awake++;
+        }
         if (db->stop)
             break;
         int fd = db->queue[0];
@@ -132,11 +136,16 @@ void doorbell_ring(struct doorbells *db, const int *fds, size_t n)
     pthread_mutex_lock(&db->mu);
     while (queued < n && db_queue(db, fds[queued]))
         queued++;
-    /* One wake-up for the lot: a lone doorbell needs one ringer, several may use them all. */
-    if (queued > 1)
-        pthread_cond_broadcast(&db->work);
-    else if (queued == 1)
-        pthread_cond_signal(&db->work);
+    /* A ringer that is awake takes the queue's head once its send is done, without a wake-up
+     * (a system call for the loop while one sleeps); wake sleepers only for what the awake ones
+     * leave, with one call for the lot. */
+    if (db->n > db->awake) {
+        if (db->n - db->awake > 1)
+            pthread_cond_broadcast(&db->work);
+        else
+            pthread_cond_signal(&db->work);
+        db->wakes++;
+    }
     pthread_mutex_unlock(&db->mu);
     /* No room to queue the rest: ring them here rather than lose them. */
     for (size_t i = queued; i < n; i++)
@@ -165,10 +174,12 @@ void doorbell_forget(struct doorbells *db, int fd)
     pthread_mutex_unlock(&db->mu);
 }
 
-uint64_t doorbell_count(struct doorbells *db)
+uint64_t doorbell_count(struct doorbells *db, uint64_t *wakes)
 {
     pthread_mutex_lock(&db->mu);
     uint64_t n = db->rung;
+    if (wakes != NULL)
+        *wakes = db->wakes;
     pthread_mutex_unlock(&db->mu);
     return n;
 }

@@ -31,7 +31,9 @@ struct doorbells {
     bool stop;         /* written under mu, atomically: spinning ringers read it without */
     uint8_t msg[16];   /* the packed Doorbell */
     size_t msg_len;
-    uint64_t rung; /* doorbells sent (under mu) */
+    uint64_t rung;  /* doorbells sent (under mu) */
+    unsigned awake; /* ringers not waiting on work (under mu): each takes the queue's head next */
+    uint64_t wakes; /* times doorbell_ring woke a sleeping ringer (under mu) */
 };
 
 /* Packs the message and starts nthreads ringers (0: none; sends happen inline), each polling the
@@ -40,16 +42,17 @@ struct doorbells {
  * CONVD_EINTERNAL when no thread could start (then it runs with none). */
 int doorbell_start(struct doorbells *db, unsigned nthreads, uint64_t spin_ns);
 
-/* Queues doorbells for the sockets fds[0..n) (loop thread), under one lock and with one wake-up
- * of the ringers; a descriptor already queued is not queued twice. */
+/* Queues doorbells for the sockets fds[0..n) (loop thread), under one lock and with at most one
+ * wake-up call, made only when more are queued than ringers are awake (sending or polling) to
+ * take them; a descriptor already queued is not queued twice. */
 void doorbell_ring(struct doorbells *db, const int *fds, size_t n);
 
 /* Drops what is queued for fd and waits until no ringer is sending to it (loop thread, before
  * closing fd). */
 void doorbell_forget(struct doorbells *db, int fd);
 
-/* Doorbells sent so far. */
-uint64_t doorbell_count(struct doorbells *db);
+/* Doorbells sent so far, and the wake-ups of sleeping ringers they took. */
+uint64_t doorbell_count(struct doorbells *db, uint64_t *wakes);
 
 /* Stops and joins the ringers; what is still queued is dropped. Safe on a set never started. */
 void doorbell_stop(struct doorbells *db);

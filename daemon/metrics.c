@@ -356,6 +356,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_scalar(&o, "convd_doorbells_total", "counter",
                "Doorbells sent to ring clients that slept while their requests completed.",
                g->doorbells);
+    met_scalar(&o, "convd_doorbell_wakeups_total", "counter",
+               "Times the loop woke a sleeping ringer thread to send doorbells (none while an "
+               "awake ringer can take them).",
+               g->doorbell_wakes);
     met_scalar(&o, "convd_draining", "gauge", "1 while the daemon drains for shutdown.",
                (uint64_t)(g->draining != 0));
     met_device(&o, &g->device);

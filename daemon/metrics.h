@@ -70,10 +70,11 @@ struct met_gauges {
     uint64_t max_pinned_bytes; /* the cap on host_bytes */
     uint64_t workers;
     uint64_t workers_busy;
-    uint64_t doorbells;   /* Doorbells sent to sleeping ring clients (a counter) */
-    double loop_cpu_s;    /* CPU time of the loop thread itself (-1: unknown) */
-    uint64_t query_ns;    /* asynchronous backends: time the loop spent in be_query */
-    uint64_t launch_peak; /* asynchronous backends: most launch calls in progress at once */
+    uint64_t doorbells;      /* Doorbells sent to sleeping ring clients (a counter) */
+    uint64_t doorbell_wakes; /* wake-ups of sleeping ringers the loop made for them (a counter) */
+    double loop_cpu_s;       /* CPU time of the loop thread itself (-1: unknown) */
+    uint64_t query_ns;       /* asynchronous backends: time the loop spent in be_query */
+    uint64_t launch_peak;    /* asynchronous backends: most launch calls in progress at once */
     int draining;
     struct convd_backend_stats device; /* the backend's device gauges, where it has them */
 };

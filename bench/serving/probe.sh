@@ -50,7 +50,7 @@ for args in "${variants[@]}"; do
         python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("spin %s P=%s D=%s: %.0f img/s p50 %.1f p99 %.1f batch %.2f exec %.1f queue %.1f cpu %.2f fair %.2f-%.2f loop busy %.2f launch %.2f rings %.2f done %.2f (doorbells %.2f dispatch %.2f) query %.2f uv %.2f" % (sys.argv[2], d["clients"], d["depth"], d["images_per_s"], d["p50_us"], d["p99_us"], d["mean_batch"], d["exec_us"], d["queue_us"], d["daemon_cpu_us_per_req"] or -1, d["fair_min"] or 0, d["fair_max"] or 0, d.get("loop_busy") or -1, d.get("loop_launch") or -1, d.get("loop_rings") or -1, d.get("loop_completions") or -1, d.get("loop_doorbells") or -1, d.get("loop_dispatch") or -1, d.get("loop_query") or -1, d.get("loop_uv") or -1))' "$line" "$spin" 2>/dev/null || echo "spin $spin P=$p D=$d: failed"
     done
     "$BUILD/bin/convctl" --socket "$sock" metrics >"$OUT/metrics-$tag.txt" 2>&1
-    grep -E "^convd_(launch|exec)_seconds_(sum|count)|^convd_doorbells_total" "$OUT/metrics-$tag.txt"
+    grep -E "^convd_(launch|exec)_seconds_(sum|count)|^convd_doorbell(s|_wakeups)_total" "$OUT/metrics-$tag.txt"
     kill -TERM $dpid; wait $dpid
   done
   v=$((v + 1))

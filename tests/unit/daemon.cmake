@@ -17,3 +17,4 @@ convd_unit_test(test_daemon_server SOURCES test_daemon_server.c
                 LIBS convd_daemon convd_testsrv convd_testraw convd_testutil)
 convd_unit_test(test_daemon_pbscan SOURCES test_daemon_pbscan.c LIBS convd_daemon convd_testutil)
 convd_unit_test(test_daemon_ring SOURCES test_daemon_ring.c LIBS convd_daemon convd_testutil)
+convd_unit_test(test_daemon_doorbell SOURCES test_daemon_doorbell.c LIBS convd_daemon)
