@@ -45,7 +45,11 @@ def connect(socket=None, **options):
     stream, returning at once, when the daemon speaks protocol 3 (unless $CONVD_STREAM_ORDERED
     is 0); False synchronises the stream and waits for each result, as before protocol 3; True
     insists (CONVD_EUNSUPPORTED when the daemon cannot). Errors of stream-ordered convolutions
-    are raised by the next call or by Client.synchronize().
+    are raised by the next call or by Client.synchronize(); cuda_wait: "block" (the default,
+    unless $CONVD_CUDA_WAIT says "keep") makes this process's CUDA context on a device block
+    in its waits for the GPU (torch.cuda.synchronize()) instead of spinning, from the first
+    convolution of CUDA tensors there, unless the process chose how it waits: a spinning
+    process takes a CPU the daemon's threads need for its convolutions; "keep" leaves it.
     Raises convd.Error (CONVD_ECONNECT when no daemon listens there) or convd.LibraryError
     when libconvd-client cannot be loaded.
     """

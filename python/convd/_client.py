@@ -190,9 +190,15 @@ class Client:
         use_rings: int = -1,
         spin_us: int = -1,
         stream_ordered: bool | None = None,
+        cuda_wait: str | None = None,
     ):
         self._h = None
         self._closed = True
+        if cuda_wait is None:
+            cuda_wait = os.environ.get("CONVD_CUDA_WAIT") or "block"
+        if cuda_wait not in ("block", "keep"):
+            raise invalid(f"cuda_wait must be 'block' or 'keep', not {cuda_wait!r}")
+        self._cuda_wait = cuda_wait
         lib = _lib.load()
         self._lib = lib
         opts = _lib.ConnectOptions()

@@ -52,6 +52,8 @@ _HOSTREGISTER_DEVICEMAP = 2  # CU_MEMHOSTREGISTER_DEVICEMAP: mapped into the dev
 _WRITE_VALUE_DEFAULT = 0  # CU_STREAM_WRITE_VALUE_DEFAULT: a fence orders the stream's writes first
 _WAIT_VALUE_GEQ = 0  # CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*addr - value) >= 0
 _MASK32 = 0xFFFFFFFF
+_CTX_SCHED_MASK = 7  # CU_CTX_SCHED_MASK: 0 is AUTO, spin below as many contexts as CPUs
+_CTX_SCHED_BLOCKING_SYNC = 4  # CU_CTX_SCHED_BLOCKING_SYNC
 
 
 _NOT_MPS = (
@@ -101,6 +103,9 @@ class _Driver:
         self.host_unregister = _sym(lib, "cuMemHostUnregister")
         self.host_dptr = _sym(lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
         self.write_value = _sym(lib, "cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+        # How the host waits for the GPU (block_waits): CUDA 12.1 and later.
+        self.ctx_get_flags = _sym(lib, "cuCtxGetFlags")
+        self.ctx_set_flags = _sym(lib, "cuCtxSetFlags")
         self.wait_value = _sym(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
         for fn, argtypes in (
             (self.host_register, [c_void_p, c_size_t, c_uint]),
@@ -108,6 +113,8 @@ class _Driver:
             (self.host_dptr, [POINTER(c_uint64), c_void_p, c_uint]),
             (self.write_value, [c_void_p, c_uint64, c_uint32, c_uint]),
             (self.wait_value, [c_void_p, c_uint64, c_uint32, c_uint]),
+            (self.ctx_get_flags, [POINTER(c_uint)]),
+            (self.ctx_set_flags, [c_uint]),
         ):
             if fn is not None:
                 fn.argtypes = argtypes
@@ -207,6 +214,30 @@ class _Driver:
             raise Error("EDEVICE", f"cannot retain device {device}'s context: {self.errstr(rc)}")
         return ctx.value
 
+    def block_waits(self, device: int):
+        """Makes the device's primary context (PyTorch's) block in the host's waits for the GPU
+        (torch.cuda.synchronize() and the like) instead of spinning, unless the process chose
+        how it waits: True when set here, False when the process had chosen (spin, yield or
+        block), None when the driver cannot (no cuCtxSetFlags: CUDA before 12.1)."""
+        if self.ctx_get_flags is None or self.ctx_set_flags is None:
+            return None
+        ctx = self.primary_context(device)
+        try:
+            pushed = self.enter(ctx)
+            try:
+                flags = c_uint()
+                if self.ctx_get_flags(byref(flags)) != 0:
+                    return None
+                if flags.value & _CTX_SCHED_MASK != 0:
+                    return False
+                rc = self.ctx_set_flags((flags.value & ~_CTX_SCHED_MASK) | _CTX_SCHED_BLOCKING_SYNC)
+                return True if rc == 0 else None
+            finally:
+                if pushed:
+                    self.leave()
+        finally:
+            self.release(device)
+
     def enter(self, ctx: int) -> bool:
         """Makes ctx current on this thread unless it is; True when it was pushed (pop it with
         leave()). Stream 0 means the current context's default stream, and a thread that never
@@ -286,6 +317,8 @@ class CudaRegions:
         self.by_bid: dict[int, Segment] = {}
         self.clock = 0
         self.mps_checked: set[int] = set()
+        # device -> Driver.block_waits' answer, for the devices whose tensors this client used
+        self.waits_blocked: dict[int, bool | None] = {}
 
     def locate(self, ptr: int, nbytes: int) -> tuple[Segment, int]:
         """The registered allocation that holds [ptr, ptr + nbytes), registering it if needed,
@@ -306,6 +339,8 @@ class CudaRegions:
                 self.mps_checked.add(dev)
                 if self.drv.mps_enabled(dev) is False:
                     warnings.warn(_NOT_MPS, PerformanceWarning, stacklevel=_outside_level())
+                if self.client._cuda_wait == "block":
+                    self.waits_blocked[dev] = self.drv.block_waits(dev)
         if ptr + nbytes > seg.base + seg.size:
             raise Error(
                 "EBOUNDS",

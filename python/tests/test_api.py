@@ -54,6 +54,22 @@ def test_connect_argument_environment_default(daemon, monkeypatch):
     assert "/nonexistent/convd.sock" in e.value.message
 
 
+def test_cuda_wait_option(daemon, monkeypatch):
+    """cuda_wait is "block" or "keep", from the argument, else $CONVD_CUDA_WAIT, else block;
+    anything else is refused before connecting, with the word named."""
+    with convd.connect(daemon.socket) as c:
+        assert c._cuda_wait == "block"
+    with convd.connect(daemon.socket, cuda_wait="keep") as c:
+        assert c._cuda_wait == "keep"
+    monkeypatch.setenv("CONVD_CUDA_WAIT", "keep")
+    with convd.connect(daemon.socket) as c:
+        assert c._cuda_wait == "keep"
+    for bad in ("spin", "", 1):
+        with pytest.raises(convd.Error) as e:
+            convd.connect(daemon.socket, cuda_wait=bad)
+        assert e.value.code == "EINVAL" and "cuda_wait" in e.value.message
+
+
 def test_connect_failure_names_the_socket(tmp_path):
     with pytest.raises(convd.Error) as e:
         convd.connect(str(tmp_path / "none.sock"))

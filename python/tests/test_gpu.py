@@ -236,6 +236,50 @@ def test_a_process_outside_mps_is_told_once(gpu_daemon):
         c.close()
 
 
+CUDA_WAIT_CHILD = r"""
+import ctypes, sys
+import torch, convd
+want, chosen = sys.argv[2], int(sys.argv[3])
+cu = ctypes.CDLL("libcuda.so.1")
+if chosen:
+    assert cu.cuInit(0) == 0
+    assert cu.cuDevicePrimaryCtxSetFlags_v2(0, chosen) == 0
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+c = convd.connect(sys.argv[1], cuda_wait=want)
+y = c.conv2d(torch.randn(1, 16, 8, 8, device=dev), torch.randn(16, 4, 3, 3, device=dev), groups=4)
+torch.cuda.synchronize()
+flags = ctypes.c_uint()
+assert cu.cuCtxGetFlags(ctypes.byref(flags)) == 0
+print(flags.value & 7, c._cuda.waits_blocked.get(0))
+c.close()
+"""
+
+
+@pytest.mark.parametrize(
+    "want,chosen,flags",
+    [("block", 0, 4), ("keep", 0, 0), ("block", 1, 1), ("block", 2, 2)],
+    ids=["auto-blocks", "keep", "spin-chosen", "yield-chosen"],
+)
+def test_cuda_wait(gpu_daemon, want, chosen, flags):
+    """A process whose context waits as CUDA chooses (spinning, with fewer contexts than CPUs)
+    blocks after its first convolution of CUDA tensors, unless it said cuda_wait="keep" or chose
+    a scheduling mode itself; run in a fresh process, whose context starts as it says."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", CUDA_WAIT_CHILD, gpu_daemon.socket, want, str(chosen)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    got, said = r.stdout.split()
+    assert int(got) == flags
+    assert said == {"keep": "None", "block": "True" if chosen == 0 else "False"}[want]
+
+
 def test_freed_allocation_is_unregistered(gclient):
     dev = torch.device("cuda")
     w = torch.randn(16, 16, 1, 1, device=dev)
