@@ -221,9 +221,15 @@ class _Driver:
         block), None when the driver cannot (no cuCtxSetFlags: CUDA before 12.1)."""
         if self.ctx_get_flags is None or self.ctx_set_flags is None:
             return None
-        ctx = self.primary_context(device)
         try:
-            pushed = self.enter(ctx)
+            ctx = self.primary_context(device)
+        except Error:
+            return None  # a hint, not worth failing the convolution for
+        try:
+            try:
+                pushed = self.enter(ctx)
+            except Error:
+                return None
             try:
                 flags = c_uint()
                 if self.ctx_get_flags(byref(flags)) != 0:
