@@ -48,6 +48,8 @@ struct convd_backend_config {
     /* Time each batch on the device: the GPU records timing events around the batch's work on
      * its stream, the null backend reports its model's batch time; job->device_ns carries it. */
     bool device_timing;
+    /* GPU: create the slots' streams at the device's highest priority. */
+    bool stream_priority;
     /* Null backend only: a model of a device's costs, so that the serving path's dynamics under
      * a launch-bound load show on any machine. Each launch call busy-waits launch_ns plus
      * launch_item_ns per job (the driver's host time); a batch is done exec_ns after its launch

@@ -184,7 +184,8 @@ struct gpu_ctx {
     /* Completion flags: GPU_SLOTS words of mapped host memory, or NULL where the driver refused
      * (or the configuration asked for events). */
     uint32_t *flags;
-    bool timing; /* the configuration's device_timing */
+    bool timing;   /* the configuration's device_timing */
+    bool priority; /* the configuration's stream_priority */
 #ifdef CONVD_GPU_NVIDIA
     PFN_cuMemGetAddressRange_v3020 get_range;
     PFN_cuStreamWriteValue32_v11070 write_value;
@@ -1435,6 +1436,7 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
     hipDeviceProp_t prop;
     int mode = 0;
     size_t mem_free = 0, mem_total = 0;
+    int least = 0, greatest = 0; /* stream priorities */
     ctx->device = dev;
     GPU_TRY(hipSetDevice(dev), "selecting the device");
     GPU_TRY(hipDeviceGetAttribute(&mode, hipDeviceAttributeComputeMode, dev),
@@ -1449,8 +1451,12 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
     /* The first call that needs a context creates it; this is where an exclusive-process device
      * held by another process answers no. */
     GPU_TRY(hipMemGetInfo(&mem_free, &mem_total), "creating a context");
+    /* Priorities are numbered down (CUDA: 0 the default and least, -5 the greatest on sm_90). */
+    if (ctx->priority)
+        GPU_TRY(hipDeviceGetStreamPriorityRange(&least, &greatest), "reading stream priorities");
     for (int i = 0; i < GPU_SLOTS; i++) {
-        GPU_TRY(hipStreamCreateWithFlags(&ctx->slots[i].stream, hipStreamNonBlocking),
+        GPU_TRY(hipStreamCreateWithPriority(&ctx->slots[i].stream, hipStreamNonBlocking,
+                                            ctx->priority ? greatest : 0),
                 "creating a stream");
         /* No timing: exec_ns is host time, and a timing event costs more to record. */
         GPU_TRY(hipEventCreateWithFlags(&ctx->slots[i].done, hipEventDisableTiming),
@@ -1595,6 +1601,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     pthread_mutex_init(&ctx->ipc_lock, NULL);
     pthread_mutex_init(&ctx->broken_lock, NULL);
     ctx->timing = cfg->device_timing;
+    ctx->priority = cfg->stream_priority;
     struct convd_backend_info info;
     int rc = CONVD_EDEVICE;
     int first = cfg->device >= 0 ? cfg->device : 0;

@@ -105,6 +105,10 @@ static const struct cfg_option cfg_options[] = {
      "GPU (and null) backend: time each batch on the device, from its first to its last "
      "operation on its stream, into the histogram convd_device_seconds (a diagnostic: two timing "
      "events a batch)"},
+    {"stream_priority", CFG_U32, OFF(stream_priority), 0, 1, "0|1",
+     "GPU backend: 1 creates the slots' streams at the device's highest priority, so that the "
+     "GPU's scheduler starts the daemon's blocks before those of other processes' streams (under "
+     "MPS) and other streams of its own; 0: the default priority"},
     {"null_launch_us", CFG_U64, OFF(null_launch_us), 0, 1000000, "US",
      "null backend: host time each launch call takes (busy), modelling a driver's launch"},
     {"null_launch_item_us", CFG_U64, OFF(null_launch_item_us), 0, 1000000, "US",

@@ -43,6 +43,7 @@ static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_op
         .null_exec_ns = d->cfg.null_exec_us * 1000u,
         .completion_flags = d->cfg.completion_flags != 0,
         .device_timing = d->cfg.batch_timing != 0,
+        .stream_priority = d->cfg.stream_priority != 0,
     };
     void *ctx = NULL;
     struct convd_backend_info info;

@@ -93,6 +93,9 @@ typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
 #define hipHostMallocPortable         cudaHostAllocPortable
 #define hipHostFree                   cudaFreeHost
 #define hipHostGetDevicePointer       cudaHostGetDevicePointer
+/* Stream priorities (stream_priority). */
+#define hipStreamCreateWithPriority     cudaStreamCreateWithPriority
+#define hipDeviceGetStreamPriorityRange cudaDeviceGetStreamPriorityRange
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define CONVD_DEVICE_SM80 1
