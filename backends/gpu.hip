@@ -1436,7 +1436,7 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
     hipDeviceProp_t prop;
     int mode = 0;
     size_t mem_free = 0, mem_total = 0;
-    int least = 0, greatest = 0; /* stream priorities */
+    int least = 0, greatest = 0, prio = 0; /* stream priorities */
     ctx->device = dev;
     GPU_TRY(hipSetDevice(dev), "selecting the device");
     GPU_TRY(hipDeviceGetAttribute(&mode, hipDeviceAttributeComputeMode, dev),
@@ -1458,6 +1458,7 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
         GPU_TRY(hipStreamCreateWithPriority(&ctx->slots[i].stream, hipStreamNonBlocking,
                                             ctx->priority ? greatest : 0),
                 "creating a stream");
+        GPU_TRY(hipStreamGetPriority(ctx->slots[i].stream, &prio), "reading a stream's priority");
         /* No timing: exec_ns is host time, and a timing event costs more to record. */
         GPU_TRY(hipEventCreateWithFlags(&ctx->slots[i].done, hipEventDisableTiming),
                 "creating an event");
@@ -1520,9 +1521,12 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
 #endif
         memset(info, 0, sizeof *info);
         snprintf(info->name, sizeof info->name, "gpu");
-        snprintf(info->device, sizeof info->device, "%.60s (%.12s, %d SMs, %u GiB)%s%s", prop.name,
-                 arch, prop.multiProcessorCount, (unsigned)(mem_total >> 30), mps,
-                 completion_flags && !ctx->flags ? ", completion by events" : "");
+        char pri[32] = "";
+        if (ctx->priority)
+            snprintf(pri, sizeof pri, ", stream priority %d", prio);
+        snprintf(info->device, sizeof info->device, "%.60s (%.12s, %d SMs, %u GiB)%s%s%s",
+                 prop.name, arch, prop.multiProcessorCount, (unsigned)(mem_total >> 30), mps,
+                 completion_flags && !ctx->flags ? ", completion by events" : "", pri);
         info->max_workers = GPU_WORKERS;
         info->max_slots = GPU_SLOTS;
     }

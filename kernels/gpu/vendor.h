@@ -96,6 +96,7 @@ typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
 /* Stream priorities (stream_priority). */
 #define hipStreamCreateWithPriority     cudaStreamCreateWithPriority
 #define hipDeviceGetStreamPriorityRange cudaDeviceGetStreamPriorityRange
+#define hipStreamGetPriority            cudaStreamGetPriority
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define CONVD_DEVICE_SM80 1

@@ -1705,6 +1705,24 @@ static void test_async_bad_jobs(void **state)
     region_close(&r);
 }
 
+/* A second backend context with the configuration's diagnostics and stream priority. */
+static void *open_ctx(bool timing, bool priority, struct convd_backend_info *info)
+{
+    struct convd_backend_config cfg = {0};
+    cfg.device = -1;
+    cfg.max_batch = 64;
+    cfg.completion_flags = g_flags;
+    cfg.device_timing = timing;
+    cfg.stream_priority = priority;
+    char why[256] = "";
+    void *ctx = NULL;
+    int rc = ops->init(&cfg, &ctx, info, why, sizeof why);
+    if (rc != 0)
+        fail_msg("init (timing %d, priority %d): %s: %s", timing, priority, convd_status_name(rc),
+                 why);
+    return ctx;
+}
+
 /* device_timing (the daemon's batch_timing): each job of a batch reports the batch's time on the
  * device, which lies inside the host's time from launch to done (a timer's rate may differ by a
  * little: 1% and 2 us of slack); without it, none. Both the blocking and the asynchronous path,
@@ -1716,18 +1734,9 @@ static void test_device_timing(void **state)
     pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p);
     void *saved = g_ctx;
     for (int timing = 0; timing <= 1; timing++) {
-        if (timing) {
-            struct convd_backend_config cfg = {0};
-            cfg.device = -1;
-            cfg.max_batch = 64;
-            cfg.completion_flags = g_flags;
-            cfg.device_timing = true;
-            struct convd_backend_info info;
-            char why[256] = "";
-            int rc = ops->init(&cfg, &g_ctx, &info, why, sizeof why);
-            if (rc != 0)
-                fail_msg("init with device timing: %s: %s", convd_status_name(rc), why);
-        }
+        struct convd_backend_info info;
+        if (timing)
+            g_ctx = open_ctx(true, false, &info);
         for (int path = 0; path < 2; path++) {
             char what[64];
             snprintf(what, sizeof what, "timing %s, %s", timing ? "on" : "off",
@@ -1761,6 +1770,50 @@ static void test_device_timing(void **state)
             g_ctx = saved;
         }
     }
+}
+
+/* stream_priority: the driver gave the streams a priority above the default (the device line
+ * says which), and they serve batches of several problems correctly through both paths. */
+static void test_stream_priority(void **state)
+{
+    (void)state;
+    void *saved = g_ctx;
+    struct convd_backend_info info;
+    g_ctx = open_ctx(false, true, &info);
+    const char *said = strstr(info.device, ", stream priority ");
+    if (said == NULL || atoi(said + strlen(", stream priority ")) >= 0)
+        fail_msg("stream_priority: the device line '%s' names no priority above the default",
+                 info.device);
+    if (strstr(g_info.device, "stream priority") != NULL)
+        fail_msg("the default backend's device line '%s' names a stream priority", g_info.device);
+    for (int path = 0; path < 2; path++) {
+        const char *what = path ? "high priority, launch and query" : "high priority, run_batch";
+        struct convd_problem p[2];
+        pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p[0]);
+        pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p[1]);
+        struct tjob t[2];
+        struct host_region r[2];
+        struct tjob *tp[2];
+        struct convd_job *jp[2];
+        for (int i = 0; i < 2; i++) {
+            tjob_alone(&t[i], &r[i], &p[i]);
+            tp[i] = &t[i];
+            jp[i] = &t[i].job;
+        }
+        if (path == 0) {
+            run_jobs(0, tp, 2, 0);
+        } else {
+            launch_jobs(2, jp, 2, 0, what);
+            wait_slot(2, what);
+        }
+        for (int i = 0; i < 2; i++) {
+            tjob_expect_ok(&t[i], what);
+            tjob_free(&t[i]);
+            region_close(&r[i]);
+        }
+    }
+    ops->destroy(g_ctx);
+    g_ctx = saved;
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -1816,6 +1869,7 @@ int main(void)
         cmocka_unit_test(test_async_bad_jobs),
         cmocka_unit_test(test_device_stats),
         cmocka_unit_test(test_device_timing),
+        cmocka_unit_test(test_stream_priority),
     };
     g_flags = true;
     int failed =
