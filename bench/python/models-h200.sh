@@ -38,7 +38,9 @@
 # each batch's device time in the metrics files and cuda_call.py's "daemon device" column;
 # DAEMON_PREFIX, a command the daemon runs under (e.g. "nice -n -10"); CUDA_SCHED (auto, spin,
 # yield or block: how every PyTorch process of the rows waits for its GPU, models.py
-# --cuda-sched); CALLS=0 skips the one-call splits (cuda_call.py).
+# --cuda-sched); CLIENT_MPS_THREADS (a percentage: the clients of phase d, not the daemon, get
+# CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, so that their kernels leave SMs to the daemon's); CALLS=0
+# skips the one-call splits (cuda_call.py).
 set -uo pipefail
 
 OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}
@@ -155,7 +157,14 @@ if want mps || want convd-mps || want convd-mps-sync; then
         if want convd-mps; then
             step "convd on the GPU under MPS, its clients too"
             if convd_start; then
-                for p in $PROCS; do row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"; done
+                for p in $PROCS; do
+                    if [ -n "${CLIENT_MPS_THREADS:-}" ]; then
+                        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$CLIENT_MPS_THREADS \
+                            row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"
+                    else
+                        row convd convd-mps "$p" "$(limit_for "$p")" --socket "$sock"
+                    fi
+                done
                 calls convd-mps
                 convd_stop daemon-metrics-convd-mps.txt
             fi
