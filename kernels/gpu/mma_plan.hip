@@ -31,6 +31,16 @@ static int mma_pick_kc(int cpgm, int rs)
     return kc;
 }
 
+/* The next chunk to try where kc channels do not fit: the largest multiple of 8 at most half of
+ * kc that divides cpgm (whole chunks), else half of kc in multiples of 8; at least 8. */
+static int mma_smaller_kc(int cpgm, int kc)
+{
+    for (int c = (kc / 2) & ~7; c >= 8; c -= 8)
+        if (cpgm % c == 0)
+            return c;
+    return (kc / 2) & ~7 < 8 ? 8 : (kc / 2) & ~7;
+}
+
 struct mma_tile {
     int imgs, th, tw, tiles_h, tiles_w;
     int64_t tiles;
@@ -140,11 +150,7 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
     const int cpgm = gm * g.cpg, kpgm = gm * g.kpg, gms = g.g / gm;
     const bool nchw_out = out_nchw || p->layout == CONVD_LAYOUT_NCHW;
     const int rs = g.r * g.s;
-    const int kc = mma_pick_kc(cpgm, rs);
-    const int nchunks = (cpgm + kc - 1) / kc;
-    const int noct = rs * kc / 8;
-    const int nk16 = (noct + 1) / 2;
-    const int brs = nk16 * 32 + 16;
+    int kc = mma_pick_kc(cpgm, rs), nchunks = 0, noct = 0, nk16 = 0, brs = 0;
 
     struct gpu_device_info dev;
     if (gpu_device_info_get(&dev) != 0) {
@@ -158,149 +164,165 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
 
     double best = 0.0;
     struct gpu_mma_plan bp;
-    memset(&bp, 0, sizeof(bp));
-    bp.cfg = -1;
-    for (int ci = 0; ci < MMA_NCFG; ci++) {
-        if (pol->mma_cfg >= 0 && ci != pol->mma_cfg)
-            continue;
-        const struct mma_cfg *c = &mma_cfgs[ci];
-        const int wnw = c->nt * 8, bn = c->wn * wnw, bm = 16 * c->mt * c->wm;
-        if (kpgm % wnw != 0)
-            continue;
-        int sgb = 0, nsplit = 1;
-        if (bn % kpgm == 0)
-            sgb = bn / kpgm;
-        else if (kpgm % bn == 0)
-            nsplit = kpgm / bn;
-        else
-            continue;
-        const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
-        const int cbc = (sgb > 0 ? sgb : 1) * kc;
-        /* Tensor copies need the block's channels contiguous (one chunk) and box rows of at
-         * most 256 elements; boxes are checked per tile below. Rows of 32, 64 or 128 bytes are
-         * swizzled; other rows of an even number of 16-byte units (48, 80, 128 channels) are
-         * padded to an odd one, the box taking 8 channels past the block's (the next block's,
-         * or zeros past C) that no octet reads: conflict-free ldmatrix. Swizzled rows stay
-         * unpadded: their two swizzle instructions per A fragment cost less than a larger
-         * halo. */
-        const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
-        int ps = cbc * 2;
-        if ((ps / 16) % 2 == 0 && (!tma_cfg || (mma_swizzle_mask(ps) == 0 && cbc + 8 <= 256)))
-            ps += 16;
-        /* The cp.async kernel's rows: always padded to an odd number of 16-byte units. */
-        const int ps_async = (cbc * 2 / 16) % 2 == 0 ? cbc * 2 + 16 : cbc * 2;
-        struct mma_tile tiles[8];
-        const int nt = mma_tiles(&g, bm, tiles, 8);
-        /* NCHW output: prefer tiles that divide the width and fill the block's bm pixel slots
-         * (the write term below favours wide tiles, and wide tiles that waste columns or slots
-         * are slower). */
-        int want = 0;
-        for (int ti = 0; ti < nt && nchw_out; ti++) {
-            const int lvl = mma_tile_fit(&g, &tiles[ti], bm);
-            want = lvl > want ? lvl : want;
-        }
-        for (int ti = 0; ti < nt; ti++) {
-            const struct mma_tile *t = &tiles[ti];
-            const int lvl = mma_tile_fit(&g, t, bm);
-            if (nchw_out && lvl < want)
+    /* Where no tile fits with kc channels a chunk (large C on small or strided images: the
+     * halo of a whole C, or of a 7x7 plane, and the weights of a whole C), halve the chunk until
+     * one does: chunks of C stream through the cp.async kernel, far ahead of the FMA kernels
+     * that took these problems before (resnext50's 1x1 stride-2 downsamples at batch 1 ran
+     * 1.3-1.4 ms on fma, against 77-144 us for cuDNN). Problems that fit keep their chunking. */
+    for (;;) {
+        nchunks = (cpgm + kc - 1) / kc;
+        noct = rs * kc / 8;
+        nk16 = (noct + 1) / 2;
+        brs = nk16 * 32 + 16;
+        memset(&bp, 0, sizeof(bp));
+        bp.cfg = -1;
+        for (int ci = 0; ci < MMA_NCFG; ci++) {
+            if (pol->mma_cfg >= 0 && ci != pol->mma_cfg)
                 continue;
-            const int ih = (t->th - 1) * g.sh + (g.r - 1) * g.dh + 1;
-            const int iw = (t->tw - 1) * g.sw + (g.s - 1) * g.dw + 1;
-            const int b_bytes = bn * brs;
-            const int oct_bytes = nk16 * 2 * 4;
-            const bool tma_geom =
-                tma_cfg && ih <= 256 && iw <= 256 && t->imgs <= 256 && t->th <= 256 && t->tw <= 256;
-            /* The tensor-copy variant where the tile takes it, else the cp.async one. TF32 also
-             * falls back to cp.async where the tensor copies' buffers (two halos, two staging
-             * tiles) do not fit, as its tiles at twice the bytes often do not (dense_resnet50_l1
-             * on 2 x 4 warp tiles: 234 KB with copies, 203 KB without); 16-bit plans stay as
-             * measured until the same is measured for them. */
-            const int nv = tma_geom && !tf32 ? 1 : 2;
-            for (int v = tma_geom ? 0 : 1; v < nv; v++) {
-                const bool tma = v == 0;
-                const int vps = tma || !tf32 ? ps : ps_async;
-                const int a_bytes = t->imgs * ih * iw * vps;
-                /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue); with tensor copies,
-                 * two dense [m][n] buffers. */
-                int stage_bytes = nchw_out ? bn * (bm + 8) * oes : bm * (bn + 8) * oes;
-                int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
-                if (tma) {
-                    stage_bytes = mma_round1k(bm * bn * oes);
-                    smem = 2 * mma_round1k(a_bytes) + 2 * stage_bytes + b_bytes + oct_bytes + 16 +
-                           1024;
-                } else if (stage_bytes > a_bytes) {
-                    smem += stage_bytes;
+            const struct mma_cfg *c = &mma_cfgs[ci];
+            const int wnw = c->nt * 8, bn = c->wn * wnw, bm = 16 * c->mt * c->wm;
+            if (kpgm % wnw != 0)
+                continue;
+            int sgb = 0, nsplit = 1;
+            if (bn % kpgm == 0)
+                sgb = bn / kpgm;
+            else if (kpgm % bn == 0)
+                nsplit = kpgm / bn;
+            else
+                continue;
+            const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
+            const int cbc = (sgb > 0 ? sgb : 1) * kc;
+            /* Tensor copies need the block's channels contiguous (one chunk) and box rows of at
+             * most 256 elements; boxes are checked per tile below. Rows of 32, 64 or 128 bytes are
+             * swizzled; other rows of an even number of 16-byte units (48, 80, 128 channels) are
+             * padded to an odd one, the box taking 8 channels past the block's (the next block's,
+             * or zeros past C) that no octet reads: conflict-free ldmatrix. Swizzled rows stay
+             * unpadded: their two swizzle instructions per A fragment cost less than a larger
+             * halo. */
+            const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
+            int ps = cbc * 2;
+            if ((ps / 16) % 2 == 0 && (!tma_cfg || (mma_swizzle_mask(ps) == 0 && cbc + 8 <= 256)))
+                ps += 16;
+            /* The cp.async kernel's rows: always padded to an odd number of 16-byte units. */
+            const int ps_async = (cbc * 2 / 16) % 2 == 0 ? cbc * 2 + 16 : cbc * 2;
+            struct mma_tile tiles[8];
+            const int nt = mma_tiles(&g, bm, tiles, 8);
+            /* NCHW output: prefer tiles that divide the width and fill the block's bm pixel slots
+             * (the write term below favours wide tiles, and wide tiles that waste columns or slots
+             * are slower). */
+            int want = 0;
+            for (int ti = 0; ti < nt && nchw_out; ti++) {
+                const int lvl = mma_tile_fit(&g, &tiles[ti], bm);
+                want = lvl > want ? lvl : want;
+            }
+            for (int ti = 0; ti < nt; ti++) {
+                const struct mma_tile *t = &tiles[ti];
+                const int lvl = mma_tile_fit(&g, t, bm);
+                if (nchw_out && lvl < want)
+                    continue;
+                const int ih = (t->th - 1) * g.sh + (g.r - 1) * g.dh + 1;
+                const int iw = (t->tw - 1) * g.sw + (g.s - 1) * g.dw + 1;
+                const int b_bytes = bn * brs;
+                const int oct_bytes = nk16 * 2 * 4;
+                const bool tma_geom = tma_cfg && ih <= 256 && iw <= 256 && t->imgs <= 256 &&
+                                      t->th <= 256 && t->tw <= 256;
+                /* The tensor-copy variant where the tile takes it, else the cp.async one. TF32 also
+                 * falls back to cp.async where the tensor copies' buffers (two halos, two staging
+                 * tiles) do not fit, as its tiles at twice the bytes often do not
+                 * (dense_resnet50_l1 on 2 x 4 warp tiles: 234 KB with copies, 203 KB without);
+                 * 16-bit plans stay as measured until the same is measured for them. */
+                const int nv = tma_geom && !tf32 ? 1 : 2;
+                for (int v = tma_geom ? 0 : 1; v < nv; v++) {
+                    const bool tma = v == 0;
+                    const int vps = tma || !tf32 ? ps : ps_async;
+                    const int a_bytes = t->imgs * ih * iw * vps;
+                    /* [m][n] for NHWC output, [n][m] for NCHW (see the epilogue); with tensor
+                     * copies, two dense [m][n] buffers. */
+                    int stage_bytes = nchw_out ? bn * (bm + 8) * oes : bm * (bn + 8) * oes;
+                    int smem = 2 * a_bytes + (nchunks > 1 ? 2 : 1) * b_bytes + oct_bytes;
+                    if (tma) {
+                        stage_bytes = mma_round1k(bm * bn * oes);
+                        smem = 2 * mma_round1k(a_bytes) + 2 * stage_bytes + b_bytes + oct_bytes +
+                               16 + 1024;
+                    } else if (stage_bytes > a_bytes) {
+                        smem += stage_bytes;
+                    }
+                    if (smem > dev.smem_optin)
+                        continue; /* the next variant, or the next tile */
+                    const int64_t items = t->tiles * nblk;
+                    const double mmas = (double)items * nchunks * nk16 * (bm / 16) * (bn / 8);
+                    const double l2_bytes =
+                        (double)items * nchunks * (double)(a_bytes + (nchunks > 1 ? b_bytes : 0));
+                    /* Fragment reads from shared memory: every warp reads its A (16x16) and B
+                     * (16x8) fragments for each k16 step, so warps that share a row of the block
+                     * tile re-read the same A. At ~33 TB/s (128 B per clock per SM) this is what
+                     * separates configurations of equal mma count. */
+                    const int nwarps = c->wm * c->wn;
+                    const double lds_bytes =
+                        (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
+                    double cost = mmas * 4096.0 / dev.rate.mma + l2_bytes / dev.rate.l2 +
+                                  lds_bytes / dev.rate.lds;
+                    /* NCHW output writes: a run is a tile row of one channel (or th whole rows when
+                     * the tile spans the width), and each run touches about one partial 32-byte
+                     * sector more than its bytes fill; rated at nchw_write (4.6 TB/s on the H200,
+                     * fitted to two measurements). (NHWC writes whole pixels, the same bytes in
+                     * every configuration.) */
+                    if (nchw_out) {
+                        const double run =
+                            (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * oes;
+                        cost += (double)g.n * g.ho * g.wo * g.k * oes * (ceil(run / 32.0) + 1.0) *
+                                32.0 / run / dev.rate.nchw_write;
+                    }
+                    int per_sm = dev.smem_per_sm / (smem + 1024);
+                    const int threads = c->wm * c->wn * 32;
+                    if (per_sm * threads > 2048)
+                        per_sm = 2048 / threads;
+                    if (per_sm < 2)
+                        cost *= 1.3;
+                    /* Tensor copies: faster than the cp.async halo on every layout that takes them,
+                     * and more so with more blocks resident, which the terms above rate equal. */
+                    if (tma)
+                        cost *= 0.85 * (1.0 + 0.2 / (per_sm > 1 ? per_sm : 1));
+                    /* A grid smaller than the GPU: the cost grows with the idle share. At most two
+                     * resident blocks per SM count here: spreading a small problem over more SMs
+                     * beats stacking more blocks on fewer, which a count of all slots did not see.
+                     */
+                    const int counted = per_sm > 2 ? 2 : (per_sm > 0 ? per_sm : 1);
+                    const double slots = (double)dev.sm_count * counted;
+                    if ((double)items < slots)
+                        cost *= slots / (double)items;
+                    if (bp.cfg < 0 || cost < best) {
+                        best = cost;
+                        bp.cfg = ci;
+                        bp.bm = bm;
+                        bp.bn = bn;
+                        bp.sgb = sgb;
+                        bp.nsplit = nsplit;
+                        bp.nblk = nblk;
+                        bp.imgs = t->imgs;
+                        bp.th = t->th;
+                        bp.tw = t->tw;
+                        bp.tiles_h = t->tiles_h;
+                        bp.tiles_w = t->tiles_w;
+                        bp.tiles = (int)t->tiles;
+                        bp.ih = ih;
+                        bp.iw = iw;
+                        bp.cbc = cbc;
+                        bp.ps = vps;
+                        bp.a_bytes = a_bytes;
+                        bp.b_bytes = b_bytes;
+                        bp.stage_bytes = stage_bytes;
+                        bp.smem = smem;
+                        bp.threads = threads;
+                        bp.tma = tma;
+                    }
+                    break; /* the tensor copies fit: the cp.async variant is not a candidate */
                 }
-                if (smem > dev.smem_optin)
-                    continue; /* the next variant, or the next tile */
-                const int64_t items = t->tiles * nblk;
-                const double mmas = (double)items * nchunks * nk16 * (bm / 16) * (bn / 8);
-                const double l2_bytes =
-                    (double)items * nchunks * (double)(a_bytes + (nchunks > 1 ? b_bytes : 0));
-                /* Fragment reads from shared memory: every warp reads its A (16x16) and B (16x8)
-                 * fragments for each k16 step, so warps that share a row of the block tile re-read
-                 * the same A. At ~33 TB/s (128 B per clock per SM) this is what separates
-                 * configurations of equal mma count. */
-                const int nwarps = c->wm * c->wn;
-                const double lds_bytes =
-                    (double)items * nchunks * nk16 * nwarps * (c->mt * 512.0 + c->nt * 256.0);
-                double cost = mmas * 4096.0 / dev.rate.mma + l2_bytes / dev.rate.l2 +
-                              lds_bytes / dev.rate.lds;
-                /* NCHW output writes: a run is a tile row of one channel (or th whole rows when
-                 * the tile spans the width), and each run touches about one partial 32-byte sector
-                 * more than its bytes fill; rated at nchw_write (4.6 TB/s on the H200, fitted to
-                 * two measurements). (NHWC writes whole pixels, the same bytes in every
-                 * configuration.) */
-                if (nchw_out) {
-                    const double run = (t->tw == g.wo ? (double)t->th * g.wo : (double)t->tw) * oes;
-                    cost += (double)g.n * g.ho * g.wo * g.k * oes * (ceil(run / 32.0) + 1.0) *
-                            32.0 / run / dev.rate.nchw_write;
-                }
-                int per_sm = dev.smem_per_sm / (smem + 1024);
-                const int threads = c->wm * c->wn * 32;
-                if (per_sm * threads > 2048)
-                    per_sm = 2048 / threads;
-                if (per_sm < 2)
-                    cost *= 1.3;
-                /* Tensor copies: faster than the cp.async halo on every layout that takes them, and
-                 * more so with more blocks resident, which the terms above rate equal. */
-                if (tma)
-                    cost *= 0.85 * (1.0 + 0.2 / (per_sm > 1 ? per_sm : 1));
-                /* A grid smaller than the GPU: the cost grows with the idle share. At most two
-                 * resident blocks per SM count here: spreading a small problem over more SMs
-                 * beats stacking more blocks on fewer, which a count of all slots did not see. */
-                const int counted = per_sm > 2 ? 2 : (per_sm > 0 ? per_sm : 1);
-                const double slots = (double)dev.sm_count * counted;
-                if ((double)items < slots)
-                    cost *= slots / (double)items;
-                if (bp.cfg < 0 || cost < best) {
-                    best = cost;
-                    bp.cfg = ci;
-                    bp.bm = bm;
-                    bp.bn = bn;
-                    bp.sgb = sgb;
-                    bp.nsplit = nsplit;
-                    bp.nblk = nblk;
-                    bp.imgs = t->imgs;
-                    bp.th = t->th;
-                    bp.tw = t->tw;
-                    bp.tiles_h = t->tiles_h;
-                    bp.tiles_w = t->tiles_w;
-                    bp.tiles = (int)t->tiles;
-                    bp.ih = ih;
-                    bp.iw = iw;
-                    bp.cbc = cbc;
-                    bp.ps = vps;
-                    bp.a_bytes = a_bytes;
-                    bp.b_bytes = b_bytes;
-                    bp.stage_bytes = stage_bytes;
-                    bp.smem = smem;
-                    bp.threads = threads;
-                    bp.tma = tma;
-                }
-                break; /* the tensor copies fit: the cp.async variant is not a candidate */
             }
         }
+        if (bp.cfg >= 0 || kc <= 8 || rs != 1)
+            break;
+        kc = mma_smaller_kc(cpgm, kc);
     }
     if (bp.cfg < 0) {
         snprintf(why, why_len, "mma: no tile configuration fits in shared memory");
