@@ -12,7 +12,7 @@
  *
  * --tune sets a knob of the development policy (gpu_dev.h: pdl, mma_cfg, mma_tma, mma_stages,
  * mma_prefetch, mma_pad, dw_direct, fma_gemm, fma_outputs3, direct, direct_nhwc,
- * direct_prefetch, direct_outputs8, tf32) before anything is planned.
+ * direct_prefetch, direct_outputs8, tf32, mma_tf32, mma_split_c) before anything is planned.
  *
  * Needs a GPU (the planners read the device); no kernel is launched.
  */

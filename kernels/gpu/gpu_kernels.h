@@ -72,10 +72,15 @@ struct convd_gpu_policy {
      * 1 wherever the family takes the problem, NCHW on copies too. Asked for by name, the family
      * takes TF32 whatever this says. */
     int mma_tf32;
+    /* 1x1 problems whose whole C fits no mma tile (large C on small or strided images): 1 takes
+     * them on the mma family with C in chunks, halved until a tile fits; 0 (default, until it
+     * has run on a GPU) leaves them to the FMA kernels, which take them at 1.3-1.4 ms where
+     * cuDNN takes 77-144 us (resnext50's downsamples at batch 1, H100). */
+    int mma_split_c;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1                                    \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 0                                 \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

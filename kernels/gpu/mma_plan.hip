@@ -164,11 +164,10 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
 
     double best = 0.0;
     struct gpu_mma_plan bp;
-    /* Where no tile fits with kc channels a chunk (large C on small or strided images: the
-     * halo of a whole C, or of a 7x7 plane, and the weights of a whole C), halve the chunk until
-     * one does: chunks of C stream through the cp.async kernel, far ahead of the FMA kernels
-     * that took these problems before (resnext50's 1x1 stride-2 downsamples at batch 1 ran
-     * 1.3-1.4 ms on fma, against 77-144 us for cuDNN). Problems that fit keep their chunking. */
+    /* With mma_split_c, a 1x1 problem that no tile takes with kc channels a chunk (large C on
+     * small or strided images: the halo of a whole C, or of a 7x7 plane, and the weights of a
+     * whole C) halves the chunk until one does: chunks of C stream through the cp.async kernel
+     * instead of the FMA kernels. Problems that fit keep their chunking. */
     for (;;) {
         nchunks = (cpgm + kc - 1) / kc;
         noct = rs * kc / 8;
@@ -320,7 +319,7 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
                 }
             }
         }
-        if (bp.cfg >= 0 || kc <= 8 || rs != 1)
+        if (bp.cfg >= 0 || kc <= 8 || rs != 1 || !pol->mma_split_c)
             break;
         kc = mma_smaller_kc(cpgm, kc);
     }

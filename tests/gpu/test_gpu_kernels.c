@@ -1140,6 +1140,50 @@ static void test_mma_padded(void **state)
     assert_int_equal(convd_gpu_tune_mma_pad(2), CONVD_EINVAL);
 }
 
+/* mma_split_c: 1x1 problems whose whole C fits no mma tile (resnext50's downsamples and a 7x7
+ * 1x1 at batch 1; a C whose largest chunk is not a power of two) leave the FMA kernels for the
+ * mma family with C in chunks, and match the reference in both 16-bit dtypes and both layouts,
+ * with bias and activations; off (the default), the first three stay off the mma family. */
+static void test_mma_split_c(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    require_mma();
+    struct convd_problem ps[] = {
+        mk(1, 28, 28, 512, 1024, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 14, 14, 1024, 2048, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 7, 7, 2048, 1024, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(2, 9, 11, 1032, 64, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+    };
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    for (size_t i = 0; i + 1 < np; i++)
+        if (described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "mma cfg"))
+            fail_msg("case %zu on the mma family without mma_split_c", i);
+    assert_int_equal(convd_gpu_tune_mma_split_c(1), 0);
+    for (size_t i = 0; i < np; i++) {
+        for (int d = 1; d < 3; d++) {
+            for (int l = 0; l < 2; l++) {
+                struct convd_problem q = ps[i];
+                q.dtype = dtypes[d];
+                q.layout = layouts[l];
+                q.has_bias = l == 1;
+                set_act(&q, l == 1 ? (int)i + d : -1);
+                char desc[200];
+                assert_int_equal(convd_gpu_describe(&q, CONVD_GPU_FAMILY_AUTO, desc, sizeof(desc)),
+                                 0);
+                const char *kc = strstr(desc, " kc ");
+                int chunk = 0, whole = 0;
+                if (strstr(desc, "mma cfg") == NULL || kc == NULL ||
+                    sscanf(kc, " kc %d/%d", &chunk, &whole) != 2 || chunk >= whole)
+                    fail_msg("case %zu dtype %d layout %d: not on mma in chunks: %s", i, d, l,
+                             desc);
+                check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
+            }
+        }
+    }
+    assert_int_equal(convd_gpu_tune_mma_split_c(2), CONVD_EINVAL);
+}
+
 /* Every warp layout of the mma kernel (forced with convd_gpu_tune_mma_cfg), on problems whose
  * tiles the image edges cut, in each per-super-group output width it takes (8: cpg 8 and cpg 4
  * merged; 16, 24, 32, 40); every layout must have run at least one of them. */
@@ -1741,6 +1785,7 @@ int main(void)
         cmocka_unit_test_teardown(test_direct, untune),
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_padded, untune),
+        cmocka_unit_test_teardown(test_mma_split_c, untune),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
         cmocka_unit_test_teardown(test_chain, untune),
