@@ -899,6 +899,7 @@ static void usage(void)
     printf("usage: convd-bench-kernels [--shapes FILE] [--csv-out FILE] [--dtypes fp16,bf16,fp32]\n"
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn] [--tf32]\n"
+           "         [--tune KNOB=VALUE]... (a knob of the development policy, gpu_dev.h)\n"
            "         [--sweep-mma] [--sweep-pdl] [--sweep-dw] [--sweep-nchw] [--sweep-fma] "
            "[--sweep-direct] [--sweep-tf32]\n"
            "(the depthwise and direct sweeps reach every variant only in a build with\n"
@@ -1066,6 +1067,11 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--family") == 0 && v) {
             if (convd_gpu_family_parse(v, &o.family) != 0)
                 die("unknown family %s", v);
+            i++;
+        } else if (strcmp(a, "--tune") == 0 && v) {
+            char why[160];
+            if (convd_gpu_tune_arg(v, why, sizeof(why)) != 0)
+                die("%s", why);
             i++;
         } else if (strcmp(a, "--no-cudnn") == 0) {
             o.no_cudnn = 1;
