@@ -1089,6 +1089,18 @@ static void require_mma(void)
     }
 }
 
+/* Case i of a family test in dtypes[d] and layouts[l]: NCHW with a bias and an activation that
+ * moves with i and d, NHWC with neither. */
+static struct convd_problem variant(const struct convd_problem *p, size_t i, int d, int l)
+{
+    struct convd_problem q = *p;
+    q.dtype = dtypes[d];
+    q.layout = layouts[l];
+    q.has_bias = l == 1;
+    set_act(&q, l == 1 ? (int)i + d : -1);
+    return q;
+}
+
 /* Dense 16-bit problems whose C is not a multiple of 8 (the 3-channel stem) run on the mma family
  * with C padded to the next multiple of 8 in NHWC copies (from NHWC or NCHW input); K must be a
  * multiple of 8, fp32 stays on the fma family, and the switch turns it off. */
@@ -1105,11 +1117,7 @@ static void test_mma_padded(void **state)
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
         for (int d = 1; d < 3; d++) {
             for (int l = 0; l < 2; l++) {
-                struct convd_problem q = ps[i];
-                q.dtype = dtypes[d];
-                q.layout = layouts[l];
-                q.has_bias = l == 1;
-                set_act(&q, l == 1 ? (int)i + d : -1);
+                const struct convd_problem q = variant(&ps[i], i, d, l);
                 if (!described_as(&q, CONVD_GPU_FAMILY_AUTO, "(C padded to"))
                     fail_msg("case %zu dtype %d layout %d not padded", i, d, l);
                 check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
@@ -1163,11 +1171,7 @@ static void test_mma_split_c(void **state)
     for (size_t i = 0; i < np; i++) {
         for (int d = 1; d < 3; d++) {
             for (int l = 0; l < 2; l++) {
-                struct convd_problem q = ps[i];
-                q.dtype = dtypes[d];
-                q.layout = layouts[l];
-                q.has_bias = l == 1;
-                set_act(&q, l == 1 ? (int)i + d : -1);
+                const struct convd_problem q = variant(&ps[i], i, d, l);
                 char desc[200];
                 assert_int_equal(convd_gpu_describe(&q, CONVD_GPU_FAMILY_AUTO, desc, sizeof(desc)),
                                  0);
