@@ -35,10 +35,11 @@ static int mma_pick_kc(int cpgm, int rs)
  * kc that divides cpgm (whole chunks), else half of kc in multiples of 8; at least 8. */
 static int mma_smaller_kc(int cpgm, int kc)
 {
-    for (int c = (kc / 2) & ~7; c >= 8; c -= 8)
+    const int half = (kc / 2) & ~7;
+    for (int c = half; c >= 8; c -= 8)
         if (cpgm % c == 0)
             return c;
-    return (kc / 2) & ~7 < 8 ? 8 : (kc / 2) & ~7;
+    return half < 8 ? 8 : half;
 }
 
 struct mma_tile {
