@@ -50,6 +50,9 @@ struct convd_backend_config {
     bool device_timing;
     /* GPU: create the slots' streams at the device's highest priority. */
     bool stream_priority;
+    /* GPU: store each job's gate word (convd_job.gate_mem) from the batch's stream, right after
+     * its work, where the driver allows it. */
+    bool device_gates;
     /* Null backend only: a model of a device's costs, so that the serving path's dynamics under
      * a launch-bound load show on any machine. Each launch call busy-waits launch_ns plus
      * launch_item_ns per job (the driver's host time); a batch is done exec_ns after its launch
@@ -121,6 +124,14 @@ struct convd_job {
     /* With device_timing, on success: the device time of the job's batch, from its first to its
      * last operation on the stream (waits for the device's SMs included); 0 when not measured. */
     uint64_t device_ns;
+    /* A stream-ordered request's done word: gate_value goes into the 4 bytes at gate_offset of
+     * gate_mem (host memory this backend imported) once the job's output is written. NULL: no
+     * gate. An asynchronous backend with device_gates stores it from the device after the
+     * batch, so that the client's stream goes on without waiting for the daemon's loop to see
+     * the batch done; the daemon stores it again (the same value) when it reports the job. */
+    struct convd_mem *gate_mem;
+    uint64_t gate_offset;
+    uint32_t gate_value;
     void *owner; /* the daemon's own; backends leave it alone */
 };
 

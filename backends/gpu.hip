@@ -98,6 +98,7 @@ struct gpu_ipc {
 /* be_priv of an imported region. */
 struct gpu_mem {
     int pinned;          /* HOST: registered by us, to unregister at release */
+    void *dev;           /* HOST, pinned: the mapping's device address (gate words), or NULL */
     struct gpu_ipc *ipc; /* DEVICE: the cache entry holding one reference for this region */
 };
 
@@ -186,6 +187,7 @@ struct gpu_ctx {
     uint32_t *flags;
     bool timing;   /* the configuration's device_timing */
     bool priority; /* the configuration's stream_priority */
+    bool gates;    /* the configuration's device_gates */
 #ifdef CONVD_GPU_NVIDIA
     PFN_cuMemGetAddressRange_v3020 get_range;
     PFN_cuStreamWriteValue32_v11070 write_value;
@@ -639,6 +641,31 @@ static hipError_t gpu_mark_done(struct gpu_ctx *ctx, struct gpu_slot *s)
 #endif
 }
 
+/* With device_gates, after the batch's work: each gated job's done word, stored by the stream
+ * (the default flags fence each store behind the outputs, host copies included), so that the
+ * client's stream, which waits on that word, goes on when the batch ends rather than when the
+ * loop sees it end. A store the driver refuses is left to the loop, which stores every word
+ * again when it reports the job; a broken context shows at the completion word next. */
+static void gpu_store_gates(struct gpu_ctx *ctx, struct gpu_slot *s)
+{
+    if (!ctx->gates || !ctx->flags)
+        return;
+    for (size_t i = 0; i < s->npending; i++) {
+        const struct convd_job *j = s->pending[i];
+        const struct gpu_mem *gm =
+            j->gate_mem != NULL ? (const struct gpu_mem *)j->gate_mem->be_priv : NULL;
+        if (gm == NULL || gm->dev == NULL)
+            continue;
+        char *addr = (char *)gm->dev + j->gate_offset;
+#ifdef CONVD_GPU_NVIDIA
+        (void)ctx->write_value((CUstream)s->stream, (CUdeviceptr)(uintptr_t)addr, j->gate_value, 0);
+#else
+        if (hipStreamWriteValue32(s->stream, addr, j->gate_value, 0) != hipSuccess)
+            (void)hipGetLastError();
+#endif
+    }
+}
+
 static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, size_t n)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
@@ -743,6 +770,7 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
                 s->timed = false;
                 (void)hipGetLastError();
             }
+            gpu_store_gates(ctx, s);
             hipError_t e = gpu_mark_done(ctx, s);
             if (e != hipSuccess) {
                 gpu_fail(e, why, sizeof why,
@@ -1065,9 +1093,14 @@ static void gpu_ipc_put(struct gpu_ctx *ctx, struct gpu_ipc *ipc)
 
 static int gpu_import_host(struct gpu_mem *gm, struct convd_mem *m, char *why, size_t why_len)
 {
-    hipError_t e = hipHostRegister(m->host, (size_t)m->size, hipHostRegisterDefault);
+    hipError_t e = hipHostRegister(m->host, (size_t)m->size, hipHostRegisterMapped);
     if (e == hipSuccess) {
         gm->pinned = 1;
+        /* Only gate words use it: without one the loop stores them, as for pageable regions. */
+        if (hipHostGetDevicePointer(&gm->dev, m->host, 0) != hipSuccess) {
+            gm->dev = NULL;
+            (void)hipGetLastError();
+        }
         return 0;
     }
     (void)hipGetLastError();
@@ -1606,6 +1639,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     pthread_mutex_init(&ctx->broken_lock, NULL);
     ctx->timing = cfg->device_timing;
     ctx->priority = cfg->stream_priority;
+    ctx->gates = cfg->device_gates;
     struct convd_backend_info info;
     int rc = CONVD_EDEVICE;
     int first = cfg->device >= 0 ? cfg->device : 0;

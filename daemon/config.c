@@ -109,6 +109,10 @@ static const struct cfg_option cfg_options[] = {
      "GPU backend: 1 creates the slots' streams at the device's highest priority, so that the "
      "GPU's scheduler starts the daemon's blocks before those of other processes' streams (under "
      "MPS) and other streams of its own; 0: the default priority"},
+    {"device_gates", CFG_U32, OFF(device_gates), 0, 1, "0|1",
+     "GPU backend, with completion_flags: 1 stores a stream-ordered request's done word from the "
+     "batch's stream right after its work, so that the client's stream goes on without waiting "
+     "for the loop to see the batch done; 0: the loop stores it"},
     {"null_launch_us", CFG_U64, OFF(null_launch_us), 0, 1000000, "US",
      "null backend: host time each launch call takes (busy), modelling a driver's launch"},
     {"null_launch_item_us", CFG_U64, OFF(null_launch_item_us), 0, 1000000, "US",

@@ -44,6 +44,7 @@ static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_op
         .completion_flags = d->cfg.completion_flags != 0,
         .device_timing = d->cfg.batch_timing != 0,
         .stream_priority = d->cfg.stream_priority != 0,
+        .device_gates = d->cfg.device_gates != 0,
     };
     void *ctx = NULL;
     struct convd_backend_info info;

@@ -125,6 +125,9 @@ static int req_gate(const Convd__Gate *g, const struct req_context *ctx, struct 
     r->gate_done = (_Atomic uint32_t *)(void *)(base + g->done_offset);
     r->ready_value = g->ready_value;
     r->done_value = g->done_value;
+    r->job.gate_mem = &reg->mem;
+    r->job.gate_offset = g->done_offset;
+    r->job.gate_value = g->done_value;
     return 0;
 }
 
@@ -132,6 +135,7 @@ int req_validate(const Convd__ConvRequest *pb, const struct req_context *ctx, st
                  char *why, size_t why_len)
 {
     r->gate_region = NULL;
+    r->job.gate_mem = NULL;
     if (pb->priority > CONVD_MAX_PRIORITY)
         return why_fail(why, why_len, CONVD_EINVAL,
                         "field priority is %u, must be 0 (highest) to %u (lowest)",

@@ -73,7 +73,7 @@ typedef cudaIpcMemHandle_t hipIpcMemHandle_t;
 #define hipMemsetAsync                cudaMemsetAsync
 #define hipHostRegister               cudaHostRegister
 #define hipHostUnregister             cudaHostUnregister
-#define hipHostRegisterDefault        cudaHostRegisterDefault
+#define hipHostRegisterMapped         cudaHostRegisterMapped
 #define hipIpcOpenMemHandle           cudaIpcOpenMemHandle
 #define hipIpcCloseMemHandle          cudaIpcCloseMemHandle
 #define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1705,8 +1706,9 @@ static void test_async_bad_jobs(void **state)
     region_close(&r);
 }
 
-/* A second backend context with the configuration's diagnostics and stream priority. */
-static void *open_ctx(bool timing, bool priority, struct convd_backend_info *info)
+/* A second backend context with the configuration's diagnostics, stream priority and device
+ * gates. */
+static void *open_ctx_gates(bool timing, bool priority, bool gates, struct convd_backend_info *info)
 {
     struct convd_backend_config cfg = {0};
     cfg.device = -1;
@@ -1714,13 +1716,19 @@ static void *open_ctx(bool timing, bool priority, struct convd_backend_info *inf
     cfg.completion_flags = g_flags;
     cfg.device_timing = timing;
     cfg.stream_priority = priority;
+    cfg.device_gates = gates;
     char why[256] = "";
     void *ctx = NULL;
     int rc = ops->init(&cfg, &ctx, info, why, sizeof why);
     if (rc != 0)
-        fail_msg("init (timing %d, priority %d): %s: %s", timing, priority, convd_status_name(rc),
-                 why);
+        fail_msg("init (timing %d, priority %d, gates %d): %s: %s", timing, priority, gates,
+                 convd_status_name(rc), why);
     return ctx;
+}
+
+static void *open_ctx(bool timing, bool priority, struct convd_backend_info *info)
+{
+    return open_ctx_gates(timing, priority, false, info);
 }
 
 /* device_timing (the daemon's batch_timing): each job of a batch reports the batch's time on the
@@ -1816,6 +1824,87 @@ static void test_stream_priority(void **state)
     g_ctx = saved;
 }
 
+/* The output of t (host memory) against its reference, before query has set its status. */
+static void expect_output(const struct tjob *t, const char *what)
+{
+    char d[256];
+    size_t bad = 0;
+    const void *out = view_host(&t->job.output);
+    double err = tu_rel_error(t->p.dtype, out, t->ref, t->sz.output_elems, &bad);
+    if (!(err <= tu_tolerance(t->p.dtype)))
+        fail_msg("%s: %s: relative error %.3g > %.3g when its gate word was seen", what,
+                 tjob_str(t, d, sizeof d), err, tu_tolerance(t->p.dtype));
+}
+
+/* device_gates: with completion words, the batch's stream stores each gated job's done word
+ * (nothing else here writes it), and the job's output is complete once the word is seen, before
+ * query reports the slot done; a job without a gate has none stored. Without device_gates, or
+ * with completion events, no word is stored: that is left to the daemon's loop. */
+static void test_device_gates(void **state)
+{
+    (void)state;
+    void *saved = g_ctx;
+    for (int gates = 0; gates <= 1; gates++) {
+        struct convd_backend_info info;
+        if (gates)
+            g_ctx = open_ctx_gates(false, false, true, &info);
+        const bool stored = gates && g_flags;
+        char what[96];
+        snprintf(what, sizeof what, "device gates %s, completion %s", gates ? "on" : "off",
+                 g_flags ? "words" : "events");
+        struct host_region gr;
+        region_open(&gr, 4096, PROT_READ | PROT_WRITE);
+        region_import(&gr);
+        _Atomic uint32_t *words = (_Atomic uint32_t *)gr.mem.host;
+        for (int i = 0; i < 3; i++)
+            atomic_store(&words[16 * i], 0);
+        const uint32_t values[3] = {0x5eed0001u + (uint32_t)tu_rng_range(&g_rng, 0, 999), 7, 0};
+        struct convd_problem p[3];
+        pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p[0]);
+        pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p[1]);
+        pick_problem(FAM_DENSE, CONVD_DTYPE_FP16, 0, &p[2]);
+        struct tjob t[3];
+        struct host_region r[3];
+        struct convd_job *jp[3];
+        for (int i = 0; i < 3; i++) {
+            tjob_alone(&t[i], &r[i], &p[i]);
+            jp[i] = &t[i].job;
+            if (i < 2) { /* the third has no gate */
+                t[i].job.gate_mem = &gr.mem;
+                t[i].job.gate_offset = 64u * (unsigned)i;
+                t[i].job.gate_value = values[i];
+            }
+        }
+        launch_jobs(3, jp, 3, 0, what);
+        if (stored) {
+            for (int i = 0; i < 2; i++) {
+                const uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
+                while (atomic_load_explicit(&words[16 * i], memory_order_acquire) != values[i]) {
+                    if (now_ns() > deadline)
+                        fail_msg("%s: gate word %d still %#x after 120 s, expected %#x", what, i,
+                                 (unsigned)atomic_load(&words[16 * i]), (unsigned)values[i]);
+                }
+                expect_output(&t[i], what);
+            }
+        }
+        wait_slot(3, what);
+        for (int i = 0; i < 3; i++) {
+            const uint32_t want = stored && i < 2 ? values[i] : 0;
+            if (atomic_load(&words[16 * i]) != want)
+                fail_msg("%s: gate word %d holds %#x after the batch, expected %#x", what, i,
+                         (unsigned)atomic_load(&words[16 * i]), (unsigned)want);
+            tjob_expect_ok(&t[i], what);
+            tjob_free(&t[i]);
+            region_close(&r[i]);
+        }
+        region_close(&gr);
+        if (gates) {
+            ops->destroy(g_ctx);
+            g_ctx = saved;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------- */
 
 int main(void)
@@ -1870,6 +1959,7 @@ int main(void)
         cmocka_unit_test(test_device_stats),
         cmocka_unit_test(test_device_timing),
         cmocka_unit_test(test_stream_priority),
+        cmocka_unit_test(test_device_gates),
     };
     g_flags = true;
     int failed =

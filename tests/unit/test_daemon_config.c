@@ -81,6 +81,7 @@ static void test_good_file(void **state)
                        "completion_flags = 0\n"
                        "batch_timing = 1\n"
                        "stream_priority = 1\n"
+                       "device_gates = 0\n"
                        "doorbell_spin_us = 20\n"
                        "null_launch_us = 6\n"
                        "null_launch_item_us = 1\n"
@@ -117,6 +118,7 @@ static void test_good_file(void **state)
     assert_int_equal(c.completion_flags, 0);
     assert_int_equal(c.batch_timing, 1);
     assert_int_equal(c.stream_priority, 1);
+    assert_int_equal(c.device_gates, 0);
     assert_int_equal(c.doorbell_spin_us, 20);
     assert_int_equal(c.null_launch_us, 6);
     assert_int_equal(c.null_launch_item_us, 1);
