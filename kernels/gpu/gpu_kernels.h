@@ -72,15 +72,15 @@ struct convd_gpu_policy {
      * 1 wherever the family takes the problem, NCHW on copies too. Asked for by name, the family
      * takes TF32 whatever this says. */
     int mma_tf32;
-    /* 1x1 problems whose whole C fits no mma tile (large C on small or strided images): 1 takes
-     * them on the mma family with C in chunks, halved until a tile fits; 0 (default, until it
-     * has run on a GPU) leaves them to the FMA kernels, which take them at 1.3-1.4 ms where
-     * cuDNN takes 77-144 us (resnext50's downsamples at batch 1, H100). */
+    /* 1x1 problems whose whole C fits no mma tile (large C on small or strided images): 1
+     * (default) takes them on the mma family with C in chunks, halved until a tile fits: 13-26
+     * us for resnext50's batch-1 downsamples and layer-4 1x1s in NHWC, where the FMA kernels
+     * took 95-1,432 us and cuDNN 77-283 (H100); 0 leaves them to the FMA kernels. */
     int mma_split_c;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 0                                 \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1                                 \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

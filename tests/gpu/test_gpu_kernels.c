@@ -1151,7 +1151,7 @@ static void test_mma_padded(void **state)
 /* mma_split_c: 1x1 problems whose whole C fits no mma tile (resnext50's downsamples and a 7x7
  * 1x1 at batch 1; a C whose largest chunk is not a power of two) leave the FMA kernels for the
  * mma family with C in chunks, and match the reference in both 16-bit dtypes and both layouts,
- * with bias and activations; off (the default), the first three stay off the mma family. */
+ * with bias and activations; with the knob off, the first three stay off the mma family. */
 static void test_mma_split_c(void **state)
 {
     (void)state;
@@ -1164,6 +1164,7 @@ static void test_mma_split_c(void **state)
         mk(2, 9, 11, 1032, 64, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
     };
     const size_t np = sizeof(ps) / sizeof(ps[0]);
+    assert_int_equal(convd_gpu_tune_mma_split_c(0), 0);
     for (size_t i = 0; i + 1 < np; i++)
         if (described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "mma cfg"))
             fail_msg("case %zu on the mma family without mma_split_c", i);
