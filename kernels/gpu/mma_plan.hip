@@ -165,6 +165,7 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
 
     double best = 0.0;
     struct gpu_mma_plan bp;
+    bool any_width = false; /* some configuration's block width suits kpg: the refusal is smem */
     /* With mma_split_c, a 1x1 problem that no tile takes with kc channels a chunk (large C on
      * small or strided images: the halo of a whole C, or of a 7x7 plane, and the weights of a
      * whole C) halves the chunk until one does: chunks of C stream through the cp.async kernel
@@ -190,6 +191,7 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
                 nsplit = kpgm / bn;
             else
                 continue;
+            any_width = true;
             const int nblk = sgb > 0 ? (gms + sgb - 1) / sgb : gms * nsplit;
             const int cbc = (sgb > 0 ? sgb : 1) * kc;
             /* Tensor copies need the block's channels contiguous (one chunk) and box rows of at
@@ -323,6 +325,14 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
         if (bp.cfg >= 0 || kc <= 8 || rs != 1 || !pol->mma_split_c)
             break;
         kc = mma_smaller_kc(cpgm, kc);
+    }
+    if (bp.cfg < 0 && !any_width) {
+        /* regnet's K 104, 208, 440: n-blocks are whole, so bn must divide kpg or be a multiple */
+        snprintf(why, why_len,
+                 "mma: no block width suits %d outputs a group: a block's 32-80 (in warp tiles "
+                 "of 8-40) must divide them or be a multiple of them",
+                 kpgm);
+        return CONVD_EUNSUPPORTED;
     }
     if (bp.cfg < 0) {
         snprintf(why, why_len, "mma: no tile configuration fits in shared memory");
