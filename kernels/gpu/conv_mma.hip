@@ -215,7 +215,7 @@ GPU_D struct mma_item mma_decode(const struct mma_args &a, int item)
         const int sg = nb / a.nsplit;
         it.nsg = 1;
         it.k0 = sg * a.kpgm + (nb % a.nsplit) * a.bn;
-        it.kend = it.k0 + a.bn;
+        it.kend = min(it.k0 + a.bn, (sg + 1) * a.kpgm); /* partial n-blocks (mma_partial_n) */
         it.ch0 = sg * a.cpgm;
     }
     return it;

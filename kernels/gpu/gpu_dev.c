@@ -39,7 +39,8 @@ static int dev_set(int *knob, int value)
     X(direct_outputs8)                                                                             \
     X(tf32)                                                                                        \
     X(mma_tf32)                                                                                    \
-    X(mma_split_c)
+    X(mma_split_c)                                                                                 \
+    X(mma_partial_n)
 
 #define DEV_SETTER(name)                                                                           \
     int convd_gpu_tune_##name(int value)                                                           \

@@ -166,6 +166,9 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
     double best = 0.0;
     struct gpu_mma_plan bp;
     bool any_width = false; /* some configuration's block width suits kpg: the refusal is smem */
+    /* Partial n-blocks (mma_partial_n): tried only once no configuration's width suits kpgm, so
+     * that every problem a whole-block plan takes keeps its plan. */
+    bool partial = false;
     /* With mma_split_c, a 1x1 problem that no tile takes with kc channels a chunk (large C on
      * small or strided images: the halo of a whole C, or of a 7x7 plane, and the weights of a
      * whole C) halves the chunk until one does: chunks of C stream through the cp.async kernel
@@ -182,10 +185,12 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
                 continue;
             const struct mma_cfg *c = &mma_cfgs[ci];
             const int wnw = c->nt * 8, bn = c->wn * wnw, bm = 16 * c->mt * c->wm;
-            if (kpgm % wnw != 0)
-                continue;
             int sgb = 0, nsplit = 1;
-            if (bn % kpgm == 0)
+            if (partial)
+                nsplit = (kpgm + bn - 1) / bn; /* the last n-block of a group is partial */
+            else if (kpgm % wnw != 0)
+                continue;
+            else if (bn % kpgm == 0)
                 sgb = bn / kpgm;
             else if (kpgm % bn == 0)
                 nsplit = kpgm / bn;
@@ -200,8 +205,10 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
              * padded to an odd one, the box taking 8 channels past the block's (the next block's,
              * or zeros past C) that no octet reads: conflict-free ldmatrix. Swizzled rows stay
              * unpadded: their two swizzle instructions per A fragment cost less than a larger
-             * halo. */
-            const bool tma_cfg = tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256;
+             * halo. A partial n-block's output box would cover the next group's columns: tensor
+             * copies take it only where the tensor's end clips it (one super-group). */
+            const bool tma_cfg =
+                tma_ok && nchunks == 1 && cbc <= 256 && bn <= 256 && (!partial || gms == 1);
             int ps = cbc * 2;
             if ((ps / 16) % 2 == 0 && (!tma_cfg || (mma_swizzle_mask(ps) == 0 && cbc + 8 <= 256)))
                 ps += 16;
@@ -322,15 +329,20 @@ static int mma_plan(const struct convd_problem *p, int out_nchw, const struct co
                 }
             }
         }
+        if (bp.cfg < 0 && !any_width && pol->mma_partial_n && !partial) {
+            partial = true; /* the same chunking again, with partial n-blocks */
+            continue;
+        }
         if (bp.cfg >= 0 || kc <= 8 || rs != 1 || !pol->mma_split_c)
             break;
         kc = mma_smaller_kc(cpgm, kc);
     }
     if (bp.cfg < 0 && !any_width) {
-        /* regnet's K 104, 208, 440: n-blocks are whole, so bn must divide kpg or be a multiple */
+        /* regnet's K 104, 208, 440: n-blocks are whole unless mma_partial_n, so bn must divide
+         * kpg or be a multiple */
         snprintf(why, why_len,
                  "mma: no block width suits %d outputs a group: a block's 32-80 (in warp tiles "
-                 "of 8-40) must divide them or be a multiple of them",
+                 "of 8-40) must divide them or be a multiple of them (mma_partial_n lifts this)",
                  kpgm);
         return CONVD_EUNSUPPORTED;
     }

@@ -32,6 +32,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"tf32", pol->tf32, -1, 1, -9},
         {"mma_tf32", pol->mma_tf32, -1, 1, -9},
         {"mma_split_c", pol->mma_split_c, 0, 1, -9},
+        {"mma_partial_n", pol->mma_partial_n, 0, 1, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;

@@ -1189,6 +1189,49 @@ static void test_mma_split_c(void **state)
     assert_int_equal(convd_gpu_tune_mma_split_c(2), CONVD_EINVAL);
 }
 
+/* mma_partial_n: output counts that no block width divides or fills (regnet_y_400mf's batch-1
+ * downsamples, K 104, 208 and 440; a grouped 3x3 with 104 outputs a group, whose partial block
+ * must leave the next group's columns alone) run on the mma family with a partial last n-block
+ * and match the reference in both 16-bit dtypes and both layouts, with bias and activations;
+ * with the knob off, none of them is on the mma family. */
+static void test_mma_partial_n(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    require_mma();
+    struct convd_problem ps[] = {
+        mk(1, 56, 56, 48, 104, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 28, 28, 104, 208, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 14, 14, 208, 440, 1, 1, 1, 2, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(2, 13, 11, 64, 208, 3, 3, 2, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+    };
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    assert_int_equal(convd_gpu_tune_mma_partial_n(0), 0);
+    for (size_t i = 0; i < np; i++)
+        if (described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "mma cfg"))
+            fail_msg("case %zu on the mma family without mma_partial_n", i);
+    assert_int_equal(convd_gpu_tune_mma_partial_n(1), 0);
+    for (size_t i = 0; i < np; i++) {
+        for (int d = 1; d < 3; d++) {
+            for (int l = 0; l < 2; l++) {
+                const struct convd_problem q = variant(&ps[i], i, d, l);
+                char desc[200];
+                assert_int_equal(convd_gpu_describe(&q, CONVD_GPU_FAMILY_AUTO, desc, sizeof(desc)),
+                                 0);
+                const char *bn = strstr(desc, " bn ");
+                int width = 0, split = 0;
+                if (strstr(desc, "mma cfg") == NULL || bn == NULL ||
+                    sscanf(bn, " bn %d sgb %*d nsplit %d", &width, &split) != 2 ||
+                    width * split <= q.k / q.groups)
+                    fail_msg("case %zu dtype %d layout %d: not on mma with a partial block: %s", i,
+                             d, l, desc);
+                check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
+            }
+        }
+    }
+    assert_int_equal(convd_gpu_tune_mma_partial_n(2), CONVD_EINVAL);
+}
+
 /* Every warp layout of the mma kernel (forced with convd_gpu_tune_mma_cfg), on problems whose
  * tiles the image edges cut, in each per-super-group output width it takes (8: cpg 8 and cpg 4
  * merged; 16, 24, 32, 40); every layout must have run at least one of them. */
@@ -1791,6 +1834,7 @@ int main(void)
         cmocka_unit_test(test_mma),
         cmocka_unit_test_teardown(test_mma_padded, untune),
         cmocka_unit_test_teardown(test_mma_split_c, untune),
+        cmocka_unit_test_teardown(test_mma_partial_n, untune),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
         cmocka_unit_test_teardown(test_chain, untune),
