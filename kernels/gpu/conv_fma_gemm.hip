@@ -524,8 +524,7 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
         return CONVD_EUNSUPPORTED;
     }
     /* A 1x1 filter at any stride is the GEMM on a subsampled set of pixels: the direct kernel
-     * has no taps to share a window between, and with a few blocks of a large C x K it took
-     * 288-615 us where the GEMM takes ~10 (regnet_y_400mf's downsamples at batch 1). */
+     * has no taps to share a window between, whatever the grid (bench/gpu/NOTES.md, round 19). */
     if (!pointwise && pol->fma_gemm == 1 && !tf32 && !(g->r == 1 && g->s == 1)) {
         /* Useful fraction: outputs of the channel tiles times blocks of the last wave (blocks
          * per SM from the 128 registers the launch bounds allow). */

@@ -73,9 +73,9 @@ struct convd_gpu_policy {
      * takes TF32 whatever this says. */
     int mma_tf32;
     /* 1x1 problems whose whole C fits no mma tile (large C on small or strided images): 1
-     * (default) takes them on the mma family with C in chunks, halved until a tile fits: 13-26
-     * us for resnext50's batch-1 downsamples and layer-4 1x1s in NHWC, where the FMA kernels
-     * took 95-1,432 us and cuDNN 77-283 (H100); 0 leaves them to the FMA kernels. */
+     * (default) takes them on the mma family with C in chunks, halved until a tile fits, where
+     * the FMA kernels ran a few blocks of a large C x K (NOTES.md rounds 18-19); 0 leaves them
+     * to the FMA kernels. */
     int mma_split_c;
     /* Output counts no mma block width divides or fills (regnet's K 104, 208 and 440: widths
      * are 32-80): 1 takes them with the last n-block of each group partial, its extra columns
