@@ -78,14 +78,14 @@ struct convd_gpu_policy {
      * to the FMA kernels. */
     int mma_split_c;
     /* Output counts no mma block width divides or fills (regnet's K 104, 208 and 440: widths
-     * are 32-80): 1 takes them with the last n-block of each group partial, its extra columns
-     * zero weights that are never stored; 0 (default) leaves them to the other families. Tried
+     * are 32-80): 1 (default) takes them with the last n-block of each group partial, its extra
+     * columns zero weights that are never stored; 0 leaves them to the other families. Tried
      * only where no whole-block plan exists, so no plan the others found changes. */
     int mma_partial_n;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 0                              \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1                              \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 
