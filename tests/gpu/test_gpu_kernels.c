@@ -1148,6 +1148,46 @@ static void test_mma_padded(void **state)
     assert_int_equal(convd_gpu_tune_mma_pad(2), CONVD_EINVAL);
 }
 
+/* Each of ps in both 16-bit dtypes and both layouts (with bias and activations, variant()) must
+ * be planned on the mma family in the way plan_ok checks on its description, and match the
+ * reference; what names that way in the failure. */
+static void check_mma_plans(const struct convd_problem *ps, size_t np,
+                            int (*plan_ok)(const struct convd_problem *q, const char *desc),
+                            const char *what)
+{
+    for (size_t i = 0; i < np; i++) {
+        for (int d = 1; d < 3; d++) {
+            for (int l = 0; l < 2; l++) {
+                const struct convd_problem q = variant(&ps[i], i, d, l);
+                char desc[200];
+                assert_int_equal(convd_gpu_describe(&q, CONVD_GPU_FAMILY_AUTO, desc, sizeof(desc)),
+                                 0);
+                if (strstr(desc, "mma cfg") == NULL || !plan_ok(&q, desc))
+                    fail_msg("case %zu dtype %d layout %d: not on mma %s: %s", i, d, l, what, desc);
+                check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
+            }
+        }
+    }
+}
+
+/* The plan streams C in chunks: "kc CHUNK/WHOLE" with CHUNK < WHOLE. */
+static int plan_chunked(const struct convd_problem *q, const char *desc)
+{
+    (void)q;
+    const char *kc = strstr(desc, " kc ");
+    int chunk = 0, whole = 0;
+    return kc != NULL && sscanf(kc, " kc %d/%d", &chunk, &whole) == 2 && chunk < whole;
+}
+
+/* The plan's n-blocks cover more than a group's outputs: the last one is partial. */
+static int plan_partial_n(const struct convd_problem *q, const char *desc)
+{
+    const char *bn = strstr(desc, " bn ");
+    int width = 0, split = 0;
+    return bn != NULL && sscanf(bn, " bn %d sgb %*d nsplit %d", &width, &split) == 2 &&
+           width * split > q->k / q->groups;
+}
+
 /* mma_split_c: 1x1 problems whose whole C fits no mma tile (resnext50's downsamples and a 7x7
  * 1x1 at batch 1; a C whose largest chunk is not a power of two) leave the FMA kernels for the
  * mma family with C in chunks, and match the reference in both 16-bit dtypes and both layouts,
@@ -1169,23 +1209,7 @@ static void test_mma_split_c(void **state)
         if (described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "mma cfg"))
             fail_msg("case %zu on the mma family without mma_split_c", i);
     assert_int_equal(convd_gpu_tune_mma_split_c(1), 0);
-    for (size_t i = 0; i < np; i++) {
-        for (int d = 1; d < 3; d++) {
-            for (int l = 0; l < 2; l++) {
-                const struct convd_problem q = variant(&ps[i], i, d, l);
-                char desc[200];
-                assert_int_equal(convd_gpu_describe(&q, CONVD_GPU_FAMILY_AUTO, desc, sizeof(desc)),
-                                 0);
-                const char *kc = strstr(desc, " kc ");
-                int chunk = 0, whole = 0;
-                if (strstr(desc, "mma cfg") == NULL || kc == NULL ||
-                    sscanf(kc, " kc %d/%d", &chunk, &whole) != 2 || chunk >= whole)
-                    fail_msg("case %zu dtype %d layout %d: not on mma in chunks: %s", i, d, l,
-                             desc);
-                check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
-            }
-        }
-    }
+    check_mma_plans(ps, np, plan_chunked, "in chunks");
     assert_int_equal(convd_gpu_tune_mma_split_c(2), CONVD_EINVAL);
 }
 
@@ -1211,24 +1235,7 @@ static void test_mma_partial_n(void **state)
         if (described_as(&ps[i], CONVD_GPU_FAMILY_AUTO, "mma cfg"))
             fail_msg("case %zu on the mma family without mma_partial_n", i);
     assert_int_equal(convd_gpu_tune_mma_partial_n(1), 0);
-    for (size_t i = 0; i < np; i++) {
-        for (int d = 1; d < 3; d++) {
-            for (int l = 0; l < 2; l++) {
-                const struct convd_problem q = variant(&ps[i], i, d, l);
-                char desc[200];
-                assert_int_equal(convd_gpu_describe(&q, CONVD_GPU_FAMILY_AUTO, desc, sizeof(desc)),
-                                 0);
-                const char *bn = strstr(desc, " bn ");
-                int width = 0, split = 0;
-                if (strstr(desc, "mma cfg") == NULL || bn == NULL ||
-                    sscanf(bn, " bn %d sgb %*d nsplit %d", &width, &split) != 2 ||
-                    width * split <= q.k / q.groups)
-                    fail_msg("case %zu dtype %d layout %d: not on mma with a partial block: %s", i,
-                             d, l, desc);
-                check_problem(&q, CONVD_GPU_FAMILY_AUTO, 1);
-            }
-        }
-    }
+    check_mma_plans(ps, np, plan_partial_n, "with a partial block");
     assert_int_equal(convd_gpu_tune_mma_partial_n(2), CONVD_EINVAL);
 }
 
