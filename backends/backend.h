@@ -53,6 +53,10 @@ struct convd_backend_config {
     /* GPU: store each job's gate word (convd_job.gate_mem) from the batch's stream, right after
      * its work, where the driver allows it. */
     bool device_gates;
+    /* Open lanes (convd_backend_info.lanes) where the device can wait on host words: batches
+     * whose jobs name a ready word (convd_job.ready_mem) start on the device once the words
+     * come, and store their done words there too (as device_gates). */
+    bool device_waits;
     /* Null backend only: a model of a device's costs, so that the serving path's dynamics under
      * a launch-bound load show on any machine. Each launch call busy-waits launch_ns plus
      * launch_item_ns per job (the driver's host time); a batch is done exec_ns after its launch
@@ -65,6 +69,12 @@ struct convd_backend_info {
     char device[128];     /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
     unsigned max_workers; /* worker threads the daemon may run run_batch on concurrently */
     unsigned max_slots;   /* asynchronous backends: batches that may be in flight at once */
+    /* Asynchronous backends with device_waits: `lanes` ordered queues of `lane_depth` slots
+     * each, beside the max_slots: lane l's slots are max_slots + l * lane_depth + k. A lane's
+     * batches run on the device one after another in launch order, each once its jobs' ready
+     * words have come, so a lane holds one client's stream-ordered requests and a word that
+     * never comes stalls only its lane. 0 and 0: no lanes. */
+    unsigned lanes, lane_depth;
 };
 
 /* What a backend's device reports about itself, for the daemon's gauges (backend op `stats`).
@@ -96,6 +106,9 @@ struct convd_mem {
     uint8_t ipc_handle[CONVD_IPC_HANDLE_SIZE]; /* DEVICE: the handle's bytes */
     uint64_t ipc_offset;                       /* DEVICE: region start within the allocation */
     void *device_ptr;                          /* DEVICE: set by mem_import */
+    /* HOST: set by mem_import when the device can wait on words of this memory and store them
+     * (lanes' ready words, device_gates' done words). */
+    bool device_words;
     void *be_priv;                             /* the backend's own */
 };
 
@@ -132,6 +145,13 @@ struct convd_job {
     struct convd_mem *gate_mem;
     uint64_t gate_offset;
     uint32_t gate_value;
+    /* Lanes only: the batch starts on the device once the 4 bytes at ready_offset of ready_mem
+     * (host memory with device_words) reach ready_value, compared cyclically as
+     * cuStreamWaitValue32's GEQ; its done word (gate_mem) is then stored from the device. NULL:
+     * no wait. The daemon stores the value itself to release a word that does not come. */
+    struct convd_mem *ready_mem;
+    uint64_t ready_offset;
+    uint32_t ready_value;
     void *owner; /* the daemon's own; backends leave it alone */
 };
 

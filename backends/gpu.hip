@@ -16,6 +16,14 @@
  * single job that exceeds it fails with CONVD_ENOMEM. Jobs of a chunk that name the same host
  * bytes (shared weights) stage them once.
  *
+ * Lanes (device_waits, backend.h): GPU_LANES more streams of GPU_LANE_DEPTH slots each, for
+ * stream-ordered requests. A lane's batch starts with a cuStreamWaitValue32 (GEQ) on each job's
+ * ready word in the client's pinned, mapped host region, and ends, like every batch with
+ * device_gates, by storing its jobs' done words from the stream: the client's stream and the
+ * lane hand over through host memory without the daemon's loop. A lane's slots share its stream,
+ * so its batches run in launch order. They are opened only with completion words and a driver
+ * that passes a wait at start.
+ *
  * mem_import of host memory that cannot be pinned succeeds anyway (pageable copies) and leaves a
  * sentence in `why` saying so, for the caller to log.
  *
@@ -70,6 +78,16 @@ extern "C" {
 /* Batches in flight at once (max_slots), one stream each: copies of one batch overlap compute of
  * another, and the loop always has a free slot while the GPU works on the others. */
 #define GPU_SLOTS        4
+/* Lanes (device_waits): one stream per client that uses one, and how many of its requests may be
+ * on that stream at once; ahead of the device by this many, the loop's turn-around (tens of
+ * microseconds) stays off the client's chain. */
+#define GPU_LANES      16
+#define GPU_LANE_DEPTH 8
+#define GPU_ALL_SLOTS  (GPU_SLOTS + GPU_LANES * GPU_LANE_DEPTH)
+/* How often query asks a lane slot's stream whether it failed: a lane's batch may wait on its
+ * client for milliseconds, and a lane slot per client request would otherwise cost a driver call
+ * each GPU_PROBE_NS. */
+#define GPU_LANE_PROBE_NS (20 * 1000 * 1000)
 #define GPU_ALIGN        256 /* staging buffers start at this alignment (vector loads, cp.async) */
 #define GPU_POOL_GRAIN   ((size_t)2 << 20)  /* pool sizes are rounded up to this */
 #define GPU_POOL_MIN_CAP ((size_t)64 << 20) /* a pool cap never below this */
@@ -130,6 +148,8 @@ struct gpu_chunk {
 
 struct gpu_slot {
     hipStream_t stream;
+    bool own_stream; /* created (and destroyed) by this slot; a lane's other slots share it */
+    bool lane;       /* a lane's slot: its jobs' ready words are waited on */
     hipEvent_t done; /* recorded after the last operation of a launch */
     char *pool;      /* device memory for staging and workspace, grown on demand */
     size_t pool_cap; /* its size */
@@ -176,21 +196,24 @@ struct gpu_ctx {
     int device;
     size_t pool_limit;   /* per slot */
     size_t scratch_keep; /* jobs per batch that trim keeps scratch for */
-    struct gpu_slot slots[GPU_SLOTS];
+    struct gpu_slot slots[GPU_ALL_SLOTS];
+    unsigned nslots; /* GPU_SLOTS, or GPU_ALL_SLOTS with lanes */
     pthread_mutex_t ipc_lock;
     struct gpu_ipc *ipcs;
     pthread_mutex_t broken_lock;
     int broken; /* read without the lock as a hint, decided under it */
     char broken_why[GPU_WHY];
-    /* Completion flags: GPU_SLOTS words of mapped host memory, or NULL where the driver refused
+    /* Completion flags: GPU_ALL_SLOTS words of mapped host memory, or NULL where the driver refused
      * (or the configuration asked for events). */
     uint32_t *flags;
     bool timing;   /* the configuration's device_timing */
     bool priority; /* the configuration's stream_priority */
     bool gates;    /* the configuration's device_gates */
+    bool waits;    /* the configuration's device_waits: open lanes where the driver can */
 #ifdef CONVD_GPU_NVIDIA
     PFN_cuMemGetAddressRange_v3020 get_range;
     PFN_cuStreamWriteValue32_v11070 write_value;
+    PFN_cuStreamWaitValue32_v11070 wait_value; /* lanes only */
     struct gpu_nvml nvml;
 #endif
 };
@@ -628,7 +651,7 @@ static hipError_t gpu_mark_done(struct gpu_ctx *ctx, struct gpu_slot *s)
     if (!ctx->flags)
         return hipEventRecord(s->done, s->stream);
     s->seq++;
-    s->probe_ns = s->t_launch + GPU_PROBE_NS;
+    s->probe_ns = s->t_launch + (s->lane ? GPU_LANE_PROBE_NS : GPU_PROBE_NS);
 #ifdef CONVD_GPU_NVIDIA
     /* The default flags put a system-wide fence before the write: when the loop sees the word,
      * the batch's outputs (host copies included) are visible. */
@@ -648,7 +671,7 @@ static hipError_t gpu_mark_done(struct gpu_ctx *ctx, struct gpu_slot *s)
  * again when it reports the job; a broken context shows at the completion word next. */
 static void gpu_store_gates(struct gpu_ctx *ctx, struct gpu_slot *s)
 {
-    if (!ctx->gates || !ctx->flags)
+    if ((!ctx->gates && !s->lane) || !ctx->flags)
         return;
     for (size_t i = 0; i < s->npending; i++) {
         const struct convd_job *j = s->pending[i];
@@ -666,6 +689,40 @@ static void gpu_store_gates(struct gpu_ctx *ctx, struct gpu_slot *s)
     }
 }
 
+/* A lane's batch, after its pool is reserved (freeing the old block would wait for the device,
+ * and so for these words) and before anything else of it on the stream: a wait on each job's
+ * ready word (GEQ: cyclic on NVIDIA, as the protocol says; HIP compares unsigned). Returns 0, or
+ * a code with the sentence in why when a wait cannot be queued: then the batch must not run
+ * (the daemon's lanes hold one job a batch, so no other wait of it is on the stream). */
+static int gpu_wait_ready(struct gpu_ctx *ctx, struct gpu_slot *s, struct convd_job *const *jobs,
+                          size_t n, char *why, size_t why_len)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct convd_job *j = jobs[i];
+        if (j->ready_mem == NULL)
+            continue;
+        const struct gpu_mem *gm = (const struct gpu_mem *)j->ready_mem->be_priv;
+        if (!s->lane || gm == NULL || gm->dev == NULL)
+            return why_fail(why, why_len, CONVD_EINTERNAL,
+                            "a ready word outside a lane, or in memory the device cannot reach");
+        char *addr = (char *)gm->dev + j->ready_offset;
+#ifdef CONVD_GPU_NVIDIA
+        CUresult r = ctx->wait_value((CUstream)s->stream, (CUdeviceptr)(uintptr_t)addr,
+                                     j->ready_value, CU_STREAM_WAIT_VALUE_GEQ);
+        hipError_t e = r == CUDA_SUCCESS ? cudaSuccess : (cudaError_t)r;
+#else
+        (void)ctx;
+        hipError_t e = hipStreamWaitValue32(s->stream, addr, j->ready_value, hipStreamWaitValueGte,
+                                            0xFFFFFFFFu);
+#endif
+        if (e != hipSuccess) {
+            (void)hipGetLastError();
+            return gpu_fail(e, why, why_len, "queueing the wait for a ready word");
+        }
+    }
+    return 0;
+}
+
 static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, size_t n)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
@@ -675,7 +732,7 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
         return 0;
     if (!ctx || !jobs)
         return CONVD_EINVAL;
-    struct gpu_slot *s = slot < GPU_SLOTS ? &ctx->slots[slot] : NULL;
+    struct gpu_slot *s = slot < ctx->nslots ? &ctx->slots[slot] : NULL;
     for (size_t i = 0; i < n; i++) {
         jobs[i]->status = CONVD_EINTERNAL;
         jobs[i]->error[0] = '\0';
@@ -683,7 +740,8 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
         jobs[i]->device_ns = 0;
     }
     if (!s) {
-        snprintf(why, sizeof why, "slot %u out of range (the GPU backend has %d)", slot, GPU_SLOTS);
+        snprintf(why, sizeof why, "slot %u out of range (the GPU backend has %u)", slot,
+                 ctx->nslots);
         rc = CONVD_EINVAL;
         goto fail_all;
     }
@@ -740,6 +798,11 @@ static int gpu_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, 
         if (rc != 0) {
             if (gpu_settle_after_error(ctx, s, why))
                 goto broken;
+            gpu_fail_rest(jobs, n, rc, why);
+            return 0;
+        }
+        rc = gpu_wait_ready(ctx, s, jobs, n, why, sizeof why);
+        if (rc != 0) {
             gpu_fail_rest(jobs, n, rc, why);
             return 0;
         }
@@ -849,7 +912,7 @@ static int gpu_query_flag(struct gpu_ctx *ctx, struct gpu_slot *s)
     uint64_t now = gpu_now_ns();
     if (now < s->probe_ns)
         return 0;
-    s->probe_ns = now + GPU_PROBE_NS;
+    s->probe_ns = now + (s->lane ? GPU_LANE_PROBE_NS : GPU_PROBE_NS);
     hipError_t e = hipStreamQuery(s->stream);
     if (e == hipErrorNotReady) {
         (void)hipGetLastError();
@@ -862,7 +925,7 @@ static int gpu_query_flag(struct gpu_ctx *ctx, struct gpu_slot *s)
 static int gpu_query(void *vctx, unsigned slot)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
-    if (!ctx || slot >= GPU_SLOTS || !ctx->slots[slot].busy)
+    if (!ctx || slot >= ctx->nslots || !ctx->slots[slot].busy)
         return 1;
     struct gpu_slot *s = &ctx->slots[slot];
     if (ctx->flags)
@@ -908,7 +971,7 @@ static void gpu_notice_callback(hipStream_t stream, hipError_t status, void *p)
 static int gpu_notify(void *vctx, unsigned slot, void (*fn)(void *), void *arg)
 {
     struct gpu_ctx *ctx = (struct gpu_ctx *)vctx;
-    if (!ctx || slot >= GPU_SLOTS || !fn)
+    if (!ctx || slot >= ctx->nslots || !fn)
         return CONVD_EINVAL;
     struct gpu_slot *s = &ctx->slots[slot];
     if (!s->busy) {
@@ -944,7 +1007,7 @@ static void gpu_trim(void *vctx)
     if (!ctx)
         return;
     (void)hipSetDevice(ctx->device);
-    for (int i = 0; i < GPU_SLOTS; i++) {
+    for (unsigned i = 0; i < ctx->nslots; i++) {
         struct gpu_slot *s = &ctx->slots[i];
         if (s->busy)
             continue;
@@ -1162,6 +1225,8 @@ static int gpu_mem_import(void *vctx, struct convd_mem *m, char *why, size_t why
         return rc;
     }
     m->be_priv = gm;
+    /* A lane's wait and store address the word through the mapping. */
+    m->device_words = gm->dev != NULL && ctx->nslots > GPU_SLOTS;
     return 0;
 }
 
@@ -1358,7 +1423,7 @@ static int gpu_stats(void *vctx, struct convd_backend_stats *ret)
     }
     (void)hipGetLastError();
     ret->has_staging = true;
-    for (int i = 0; i < GPU_SLOTS; i++)
+    for (unsigned i = 0; i < ctx->nslots; i++)
         ret->staging_bytes += __atomic_load_n(&ctx->slots[i].pool_cap, __ATOMIC_RELAXED);
 #ifdef CONVD_GPU_NVIDIA
     struct gpu_nvml_util u;
@@ -1374,11 +1439,11 @@ static int gpu_stats(void *vctx, struct convd_backend_stats *ret)
 static void gpu_close(struct gpu_ctx *ctx)
 {
     (void)hipSetDevice(ctx->device);
-    for (int i = 0; i < GPU_SLOTS; i++) {
+    for (int i = 0; i < GPU_ALL_SLOTS; i++) {
         struct gpu_slot *s = &ctx->slots[i];
         /* Waits for a batch still in flight and for pending notify callbacks (stream work too):
          * the memory of both belongs to the caller. */
-        if (s->stream) {
+        if (s->stream && s->own_stream) {
             (void)hipStreamSynchronize(s->stream);
             (void)hipStreamDestroy(s->stream);
         }
@@ -1414,7 +1479,7 @@ static void gpu_close(struct gpu_ctx *ctx)
  * device can write them; where anything refuses, the slots keep using their events. */
 static void gpu_flags_open(struct gpu_ctx *ctx)
 {
-    const size_t bytes = GPU_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t);
+    const size_t bytes = GPU_ALL_SLOTS * GPU_FLAG_STRIDE * sizeof(uint32_t);
     void *mem = NULL;
 #ifdef CONVD_GPU_NVIDIA
     {
@@ -1435,7 +1500,7 @@ static void gpu_flags_open(struct gpu_ctx *ctx)
 #endif
     memset(mem, 0, bytes);
     ctx->flags = (uint32_t *)mem;
-    for (int i = 0; i < GPU_SLOTS; i++) {
+    for (int i = 0; i < GPU_ALL_SLOTS; i++) {
         struct gpu_slot *s = &ctx->slots[i];
         s->flag = ctx->flags + i * GPU_FLAG_STRIDE;
         s->seq = 0;
@@ -1455,10 +1520,89 @@ refused:
     if (mem)
         (void)hipHostFree(mem);
     ctx->flags = NULL;
-    for (int i = 0; i < GPU_SLOTS; i++) {
+    for (int i = 0; i < GPU_ALL_SLOTS; i++) {
         ctx->slots[i].flag = NULL;
         ctx->slots[i].flag_dev = NULL;
     }
+}
+
+/* Opens the lanes (device_waits): their streams and slots, after a wait on a word that has
+ * already come passes on lane 0's stream. Where anything refuses, there are no lanes and the
+ * daemon's loop polls every ready word, as without device_waits. */
+static void gpu_lanes_open(struct gpu_ctx *ctx, int priority)
+{
+    if (!ctx->flags)
+        return;
+#ifdef CONVD_GPU_NVIDIA
+    {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 11070, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            !fn || q != cudaDriverEntryPointSuccess)
+            goto refused;
+        ctx->wait_value = (PFN_cuStreamWaitValue32_v11070)fn;
+    }
+#endif
+    for (int l = 0; l < GPU_LANES; l++) {
+        hipStream_t stream = NULL;
+        if (hipStreamCreateWithPriority(&stream, hipStreamNonBlocking, priority) != hipSuccess)
+            goto refused;
+        for (int k = 0; k < GPU_LANE_DEPTH; k++) {
+            struct gpu_slot *s = &ctx->slots[GPU_SLOTS + l * GPU_LANE_DEPTH + k];
+            s->stream = stream;
+            s->own_stream = k == 0;
+            s->lane = true;
+            if (hipEventCreateWithFlags(&s->done, hipEventDisableTiming) != hipSuccess)
+                goto refused;
+            if (ctx->timing && (hipEventCreate(&s->t_start) != hipSuccess ||
+                                hipEventCreate(&s->t_end) != hipSuccess))
+                goto refused;
+        }
+    }
+    {
+        /* The probe: lane 0's first slot waits for its own completion word to reach the value
+         * it holds, then writes the next one. */
+        struct gpu_slot *s = &ctx->slots[GPU_SLOTS];
+        const struct gpu_mem probe_mem = {0, s->flag_dev, NULL};
+        struct convd_mem m;
+        memset(&m, 0, sizeof m);
+        m.be_priv = (void *)&probe_mem;
+        struct convd_job j;
+        memset(&j, 0, sizeof j);
+        j.ready_mem = &m;
+        j.ready_offset = 0;
+        j.ready_value = s->seq;
+        struct convd_job *jobs[1] = {&j};
+        char why[GPU_WHY];
+        s->t_launch = gpu_now_ns();
+        if (gpu_wait_ready(ctx, s, jobs, 1, why, sizeof why) != 0 ||
+            gpu_mark_done(ctx, s) != hipSuccess || hipStreamSynchronize(s->stream) != hipSuccess ||
+            __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) != s->seq)
+            goto refused;
+    }
+    ctx->nslots = GPU_ALL_SLOTS;
+    return;
+refused:
+    (void)hipGetLastError();
+    for (int i = GPU_SLOTS; i < GPU_ALL_SLOTS; i++) {
+        struct gpu_slot *s = &ctx->slots[i];
+        if (s->stream && s->own_stream) {
+            (void)hipStreamSynchronize(s->stream);
+            (void)hipStreamDestroy(s->stream);
+        }
+        if (s->done)
+            (void)hipEventDestroy(s->done);
+        if (s->t_start)
+            (void)hipEventDestroy(s->t_start);
+        if (s->t_end)
+            (void)hipEventDestroy(s->t_end);
+        s->stream = NULL;
+        s->done = s->t_start = s->t_end = NULL;
+        s->own_stream = s->lane = false;
+    }
+    (void)hipGetLastError();
+    ctx->nslots = GPU_SLOTS;
 }
 
 /* Sets up ctx on one device and describes it in info. On failure the caller calls gpu_close. */
@@ -1487,10 +1631,12 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
     /* Priorities are numbered down (CUDA: 0 the default and least, -5 the greatest on sm_90). */
     if (ctx->priority)
         GPU_TRY(hipDeviceGetStreamPriorityRange(&least, &greatest), "reading stream priorities");
+    ctx->nslots = GPU_SLOTS;
     for (int i = 0; i < GPU_SLOTS; i++) {
         GPU_TRY(hipStreamCreateWithPriority(&ctx->slots[i].stream, hipStreamNonBlocking,
                                             ctx->priority ? greatest : 0),
                 "creating a stream");
+        ctx->slots[i].own_stream = true;
         GPU_TRY(hipStreamGetPriority(ctx->slots[i].stream, &prio), "reading a stream's priority");
         /* No timing: exec_ns is host time, and a timing event costs more to record. */
         GPU_TRY(hipEventCreateWithFlags(&ctx->slots[i].done, hipEventDisableTiming),
@@ -1526,6 +1672,8 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
 #endif
     if (completion_flags)
         gpu_flags_open(ctx);
+    if (ctx->waits)
+        gpu_lanes_open(ctx, ctx->priority ? greatest : 0);
     rc = gpu_warm(ctx, why, why_len);
     if (rc != 0)
         return rc;
@@ -1562,6 +1710,10 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
                  completion_flags && !ctx->flags ? ", completion by events" : "", pri);
         info->max_workers = GPU_WORKERS;
         info->max_slots = GPU_SLOTS;
+        if (ctx->nslots > GPU_SLOTS) {
+            info->lanes = GPU_LANES;
+            info->lane_depth = GPU_LANE_DEPTH;
+        }
     }
 finish:
     return rc;
@@ -1617,6 +1769,11 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     if (!cfg || !ret_ctx || !ret_info) {
         return why_fail(why, why_len, CONVD_EINVAL, "invalid arguments to the GPU backend's init");
     }
+    /* Lanes are streams that wait: where more streams than the device's hardware queues
+     * (CUDA's default is 8) share one, a lane waiting for its client holds up the others'
+     * work. Set before the runtime starts, and only where the operator has not. */
+    if (cfg->device_waits)
+        (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     int count = 0;
     hipError_t e = hipGetDeviceCount(&count);
     if (e != hipSuccess) {
@@ -1640,6 +1797,7 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     ctx->timing = cfg->device_timing;
     ctx->priority = cfg->stream_priority;
     ctx->gates = cfg->device_gates;
+    ctx->waits = cfg->device_waits;
     struct convd_backend_info info;
     int rc = CONVD_EDEVICE;
     int first = cfg->device >= 0 ? cfg->device : 0;

@@ -14,6 +14,7 @@
  * the model's batch time (null_exec_us) as its device time, which is how the daemon's timing
  * metric is tested without a GPU.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,16 +22,24 @@
 #include "backend.h"
 #include "clock.h"
 
-#define NULLB_SLOTS 4
+#define NULLB_SLOTS      4
+#define NULLB_LANES      4
+#define NULLB_LANE_DEPTH 4
+#define NULLB_ALL        (NULLB_SLOTS + NULLB_LANES * NULLB_LANE_DEPTH)
 
 struct nullb_slot {
     struct convd_job *const *jobs;
     size_t n;
     uint64_t done_ns; /* the modelled batch is done from then on */
+    uint64_t lane_seq; /* lanes: the batch's place in its lane (1, 2, ...) */
+    bool started;      /* lanes: its words came and it is first in its lane */
 };
 
 struct nullb_ctx {
-    struct nullb_slot slots[NULLB_SLOTS];
+    struct nullb_slot slots[NULLB_ALL];
+    unsigned nslots; /* NULLB_SLOTS, or NULLB_ALL with lanes */
+    /* Per lane: batches launched, and batches finished (they finish in order). */
+    uint64_t lane_launched[NULLB_LANES], lane_finished[NULLB_LANES];
     uint64_t launch_ns, launch_item_ns, exec_ns; /* the model; all 0: none */
     bool timing;                                 /* report exec_ns as device_ns */
 };
@@ -68,6 +77,12 @@ static int nullb_init(const struct convd_backend_config *cfg, void **ret_ctx,
                  (unsigned)(ctx->exec_ns / 1000));
     info.max_workers = 1;
     info.max_slots = NULLB_SLOTS;
+    ctx->nslots = NULLB_SLOTS;
+    if (cfg->device_waits) {
+        info.lanes = NULLB_LANES;
+        info.lane_depth = NULLB_LANE_DEPTH;
+        ctx->nslots = NULLB_ALL;
+    }
     *ret_ctx = ctx;
     *ret_info = info;
     return 0;
@@ -93,6 +108,7 @@ static int nullb_mem_import(void *ctx, struct convd_mem *m, char *why, size_t wh
     if (m->kind != CONVD_MEM_HOST)
         return nullb_why(why, why_len, CONVD_EUNSUPPORTED,
                          "the null backend cannot open GPU memory");
+    m->device_words = true; /* its "device" reads and writes the daemon's mapping */
     return 0;
 }
 
@@ -123,7 +139,7 @@ static int nullb_run_batch(void *ctx, unsigned worker, struct convd_job *const *
 static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs, size_t n)
 {
     struct nullb_ctx *ctx = vctx;
-    if (slot >= NULLB_SLOTS) {
+    if (slot >= ctx->nslots) {
         for (size_t i = 0; i < n; i++) {
             jobs[i]->status = CONVD_EINVAL;
             snprintf(jobs[i]->error, sizeof(jobs[i]->error), "null backend: slot %u out of range",
@@ -138,18 +154,62 @@ static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs
     while (now < until) /* the driver's host time: the calling thread is busy, as in a launch */
         now = convd_now_ns();
     ctx->slots[slot].done_ns = now + ctx->exec_ns;
+    ctx->slots[slot].started = slot < NULLB_SLOTS;
+    if (slot >= NULLB_SLOTS)
+        ctx->slots[slot].lane_seq = ++ctx->lane_launched[(slot - NULLB_SLOTS) / NULLB_LANE_DEPTH];
     return 0;
+}
+
+/* A job's ready word has reached its value (cyclically, as cuStreamWaitValue32's GEQ). */
+static bool nullb_ready(const struct convd_job *j)
+{
+    if (j->ready_mem == NULL)
+        return true;
+    _Atomic uint32_t *w = (_Atomic uint32_t *)(void *)((char *)j->ready_mem->host + j->ready_offset);
+    return (int32_t)(atomic_load_explicit(w, memory_order_acquire) - j->ready_value) >= 0;
+}
+
+/* A lane's batch starts once it is first in its lane and its words have come; the model's time
+ * counts from then. */
+static bool nullb_lane_started(struct nullb_ctx *ctx, unsigned slot)
+{
+    struct nullb_slot *s = &ctx->slots[slot];
+    if (s->started)
+        return true;
+    const unsigned lane = (slot - NULLB_SLOTS) / NULLB_LANE_DEPTH;
+    if (ctx->lane_finished[lane] + 1 != s->lane_seq)
+        return false;
+    for (size_t i = 0; i < s->n; i++)
+        if (!nullb_ready(s->jobs[i]))
+            return false;
+    s->started = true;
+    s->done_ns = convd_now_ns() + ctx->exec_ns;
+    return true;
 }
 
 static int nullb_query(void *vctx, unsigned slot)
 {
     struct nullb_ctx *ctx = vctx;
-    if (slot < NULLB_SLOTS && ctx->slots[slot].jobs != NULL) {
-        if (ctx->exec_ns != 0 && convd_now_ns() < ctx->slots[slot].done_ns)
+    if (slot < ctx->nslots && ctx->slots[slot].jobs != NULL) {
+        struct nullb_slot *s = &ctx->slots[slot];
+        if (!nullb_lane_started(ctx, slot))
             return 0;
-        nullb_complete(ctx->slots[slot].jobs, ctx->slots[slot].n, ctx->timing ? ctx->exec_ns : 0);
-        ctx->slots[slot].jobs = NULL;
-        ctx->slots[slot].n = 0;
+        if (ctx->exec_ns != 0 && convd_now_ns() < s->done_ns)
+            return 0;
+        nullb_complete(s->jobs, s->n, ctx->timing ? ctx->exec_ns : 0);
+        if (slot >= NULLB_SLOTS) {
+            ctx->lane_finished[(slot - NULLB_SLOTS) / NULLB_LANE_DEPTH]++;
+            /* As a device's stream does after a lane's batch: the done words, release. */
+            for (size_t i = 0; i < s->n; i++) {
+                const struct convd_job *j = s->jobs[i];
+                if (j->gate_mem != NULL)
+                    atomic_store_explicit(
+                        (_Atomic uint32_t *)(void *)((char *)j->gate_mem->host + j->gate_offset),
+                        j->gate_value, memory_order_release);
+            }
+        }
+        s->jobs = NULL;
+        s->n = 0;
     }
     return 1;
 }

@@ -113,6 +113,11 @@ static const struct cfg_option cfg_options[] = {
      "GPU backend, with completion_flags: 1 stores a stream-ordered request's done word from the "
      "batch's stream right after its work, so that the client's stream goes on without waiting "
      "for the loop to see the batch done; 0: the loop stores it"},
+    {"device_waits", CFG_U32, OFF(device_waits), 0, 1, "0|1",
+     "GPU backend with completion_flags (and null): 1 launches each stream-ordered request into "
+     "its client's lane as it arrives, where the device waits for its ready word and stores its "
+     "done word, so that no host hop is on the client's stream; 0: the loop polls ready words "
+     "and queues the requests whose words came"},
     {"null_launch_us", CFG_U64, OFF(null_launch_us), 0, 1000000, "US",
      "null backend: host time each launch call takes (busy), modelling a driver's launch"},
     {"null_launch_item_us", CFG_U64, OFF(null_launch_item_us), 0, 1000000, "US",

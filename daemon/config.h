@@ -58,6 +58,7 @@ struct convd_config {
     uint32_t batch_timing;     /* time each batch on the device (convd_device_seconds) */
     uint32_t stream_priority;  /* GPU: the slots' streams at the highest priority */
     uint32_t device_gates;     /* GPU: gates' done words stored by the batch's stream */
+    uint32_t device_waits;     /* GPU, null: gated requests launched into lanes at once */
     uint64_t doorbell_spin_us; /* ringers poll their queue this long before they sleep */
     uint64_t null_launch_us, null_launch_item_us, null_exec_us; /* the null backend's model */
     uint64_t max_queue_delay_us; /* how long an idle worker may wait for a batch to grow */

@@ -10,12 +10,16 @@
 
 #include "list.h"
 
+#define CONN_MAX_LANES 64 /* the most lanes the daemon uses, whatever the backend offers */
+
 struct conn_registry {
     struct list_node all;    /* every struct conn not yet freed */
     struct list_node rings;  /* READY connections with rings, polled by the loop */
     struct list_node notify; /* connections owed a doorbell check */
     struct list_node gates;  /* connections with requests waiting on their gates */
     uint32_t gated;          /* those requests, over all connections */
+    uint32_t waiting;        /* requests in lanes, over all connections */
+    struct conn *lane_owner[CONN_MAX_LANES]; /* the connection holding each lane, or NULL */
     uint32_t clients;        /* connections counted against max_clients */
     uint32_t refused;        /* refused connections waiting to be told why */
     uint64_t next_serial;

@@ -231,11 +231,52 @@ static void conn_free_request(struct conn *c, struct dreq *r)
     free(r);
 }
 
+/* A request of a lane has finished: the watchdog lets go of its word, the lane of its slot.
+ * Returns the status to report: a word the daemon had to store means the batch ran on inputs
+ * that were not known to be ready. */
+static int conn_lane_done(struct conn *c, struct dreq *r, int status, const char **error,
+                          char *why, size_t why_len)
+{
+    struct convd_daemon *d = c->d;
+    const int released = waits_remove(&d->waits, &r->wait);
+    r->waited = false;
+    list_del(&r->wait_link);
+    d->conns.waiting--;
+    if (--c->lane_inflight == 0) {
+        d->conns.lane_owner[c->lane] = NULL;
+        c->lane = -1;
+    }
+    if (released == 0 || (status != 0 && status != CONVD_EDEVICE))
+        return status;
+    if (released == CONVD_ETIMEDOUT)
+        snprintf(why, why_len,
+                 "the gate's ready word (region %llu) still held %u after %llu ms, below %u "
+                 "(%s); the daemon stored %u to free its lane, so the output is not valid",
+                 (unsigned long long)r->gate_region->id, (unsigned)r->wait.held,
+                 (unsigned long long)((r->gate_deadline_ns - r->recv_ns) / 1000000u),
+                 (unsigned)r->ready_value,
+                 r->gate_deadline_ns == r->sched.deadline_ns ? "the request's timeout_us"
+                                                             : "gate_timeout_ms",
+                 (unsigned)r->ready_value);
+    else
+        snprintf(why, why_len,
+                 "%s before the request's gate opened; the daemon stored its ready word to free "
+                 "its lane, so the output is not valid",
+                 released == CONVD_ESHUTDOWN ? "the daemon is shutting down and its drain timeout "
+                                               "passed"
+                                             : "the request was cancelled");
+    *error = why;
+    return released;
+}
+
 void conn_request_done(struct dreq *r, int status, const char *error, uint64_t queue_us,
                        uint64_t exec_us, uint32_t batch_size)
 {
     struct conn *c = r->conn;
     struct convd_daemon *d = c->d;
+    char lane_why[320];
+    if (r->waited)
+        status = conn_lane_done(c, r, status, &error, lane_why, sizeof(lane_why));
     metrics_request(&d->metrics, status, 0);
     /* Before the completion: a client that sees it finds the word written. */
     req_gate_release(r);
@@ -390,6 +431,8 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         d->conns.gated++;
         c->user->inflight++;
         req_ref_regions(r);
+        if (d->pool.lanes > 0)
+            conn_launch_waits(d);
         return;
     }
     rc = sched_push(&d->sched, &c->sched, &r->sched);
@@ -462,8 +505,110 @@ uint32_t conn_gated(const struct convd_daemon *d)
     return d->conns.gated;
 }
 
+/* --- lanes --------------------------------------------------------------------------------- */
+
+/* The lane c holds, or a free one it takes now; -1 when every lane is held. */
+static int conn_lane(struct conn *c)
+{
+    struct convd_daemon *d = c->d;
+    if (c->lane >= 0)
+        return c->lane;
+    for (unsigned l = 0; l < d->pool.lanes; l++)
+        if (d->conns.lane_owner[l] == NULL) {
+            d->conns.lane_owner[l] = c;
+            c->lane = (int)l;
+            return c->lane;
+        }
+    return -1;
+}
+
+/* Launches r, the oldest of c's gated requests, into c's lane slot `slot`, alone: the request
+ * after it is usually gated on this one's done word, so a batch of both would never start. */
+static void conn_launch_wait(struct conn *c, struct dreq *r, struct batch *b, unsigned slot,
+                             uint64_t now)
+{
+    struct convd_daemon *d = c->d;
+    conn_ungate(c, r);
+    r->waited = true;
+    r->job.ready_mem = &r->gate_region->mem;
+    r->job.ready_offset = r->ready_offset;
+    r->job.ready_value = r->ready_value;
+    list_add_tail(&c->waiting, &r->wait_link);
+    c->lane_inflight++;
+    d->conns.waiting++;
+    d->metrics.lane_launches++;
+    waits_add(&d->waits, &r->wait, r->gate_ready, r->ready_value, r->gate_deadline_ns);
+    conn_request_started(r, now);
+    d->running++;
+    r->job.status = 0;
+    r->job.error[0] = '\0';
+    r->job.exec_ns = 0;
+    r->job.device_ns = 0;
+    b->jobs[0] = &r->job;
+    pool_submit(&d->pool, slot, b);
+}
+
+unsigned conn_launch_waits(struct convd_daemon *d)
+{
+    if (d->pool.lanes == 0 || d->conns.gated == 0 || d->finishing || !d->pool_started)
+        return 0;
+    unsigned launched = 0;
+    const uint64_t now = convd_now_ns();
+    struct list_node *cpos, *ctmp;
+    list_for_each_safe(cpos, ctmp, &d->conns.gates)
+    {
+        struct conn *c = list_entry(cpos, struct conn, gate_link);
+        /* c leaves d->conns.gates when its last gated request goes: test before each. */
+        for (bool more = true; more;) {
+            struct dreq *r = list_entry(c->gated.next, struct dreq, gate_link);
+            /* A word the device cannot reach (the region could not be pinned and mapped) stays
+             * with the loop's polling, and so does every later request of c: in a lane they
+             * could run before it. */
+            if (!r->gate_region->mem.device_words || conn_lane(c) < 0)
+                break;
+            const int slot = pool_idle_lane_slot(&d->pool, (unsigned)c->lane);
+            if (slot < 0)
+                break;
+            struct batch *b = batch_new(1);
+            if (b == NULL)
+                break; /* polled by the loop meanwhile, tried again at the next dispatch */
+            more = c->gated.next->next != &c->gated;
+            conn_launch_wait(c, r, b, (unsigned)slot, now);
+            launched++;
+        }
+        if (c->lane >= 0 && c->lane_inflight == 0) {
+            d->conns.lane_owner[c->lane] = NULL; /* taken, but nothing went into it */
+            c->lane = -1;
+        }
+    }
+    return launched;
+}
+
+uint32_t conn_waiting(const struct convd_daemon *d)
+{
+    return d->conns.waiting;
+}
+
+void conn_release_waits(struct convd_daemon *d, int status)
+{
+    struct list_node *cpos;
+    list_for_each(cpos, &d->conns.all)
+    {
+        struct conn *c = list_entry(cpos, struct conn, link);
+        struct list_node *pos;
+        list_for_each(pos, &c->waiting)
+        {
+            struct dreq *r = list_entry(pos, struct dreq, wait_link);
+            waits_release(&d->waits, &r->wait, status);
+        }
+    }
+}
+
 unsigned conn_poll_gates(struct convd_daemon *d)
 {
+    if (d->conns.gated == 0)
+        return 0;
+    conn_launch_waits(d);
     if (d->conns.gated == 0)
         return 0;
     unsigned moved = 0;
@@ -1048,6 +1193,13 @@ void conn_shutdown(struct conn *c, bool flush, const char *reason)
         metrics_request(&d->metrics, CONVD_ECANCELED, 0);
         conn_free_request(c, r);
     }
+    /* Requests in its lane run once their words are stored: nobody will write them now. */
+    struct list_node *pos;
+    list_for_each(pos, &c->waiting)
+    {
+        struct dreq *r = list_entry(pos, struct dreq, wait_link);
+        waits_release(&d->waits, &r->wait, CONVD_ECANCELED);
+    }
     /* Gated ones too: their client is gone, and nobody waits on their done words. */
     while (!list_empty(&c->gated)) {
         struct dreq *r = list_entry(c->gated.next, struct dreq, gate_link);
@@ -1154,6 +1306,8 @@ void conn_accept(struct convd_daemon *d, int fd)
     c->state = CONN_AWAIT_HELLO;
     list_init(&c->outq);
     list_init(&c->gated);
+    list_init(&c->waiting);
+    c->lane = -1;
     idmap_init(&c->inflight);
     sched_client_init(&c->sched);
     region_table_init(&c->regions, &d->backend, &d->region_limits, &d->region_stats);

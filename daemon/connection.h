@@ -88,6 +88,11 @@ struct conn {
     /* Requests waiting on their gates' ready words (struct dreq.gate_link), oldest first. */
     struct list_node gated;
     struct list_node gate_link; /* in daemon->conns.gates while gated is not empty */
+    /* Lanes (device_waits): the lane this connection holds while requests of its run there
+     * (-1: none), and those requests (struct dreq.wait_link), oldest first. */
+    int lane;
+    struct list_node waiting;
+    uint32_t lane_inflight;
 };
 
 /* Takes over a freshly accepted descriptor: reads the peer's credentials, applies the allow-list
@@ -136,6 +141,18 @@ void conn_fail_gated(struct convd_daemon *d, int status, const char *why);
 
 /* Requests waiting on their gates, over all connections. */
 uint32_t conn_gated(const struct convd_daemon *d);
+
+/* Lanes (device_waits; docs/architecture.md, "Lanes"): launches each connection's gated
+ * requests, oldest first, into the lane it holds (or a free one), one request a batch, while
+ * its lane has a free slot; the device then waits on the ready word. Returns how many. */
+unsigned conn_launch_waits(struct convd_daemon *d);
+
+/* Requests in lanes, over all connections. */
+uint32_t conn_waiting(const struct convd_daemon *d);
+
+/* Stores the ready word of every request in a lane (the watchdog keeps it stored), so that the
+ * lanes drain; each is reported with `status` unless its word had come by itself. */
+void conn_release_waits(struct convd_daemon *d, int status);
 
 /* Request r goes to a worker now: counted as running on its connection. */
 void conn_request_started(struct dreq *r, uint64_t now_ns);

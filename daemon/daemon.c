@@ -45,6 +45,7 @@ static int dmn_try_backend(struct convd_daemon *d, const struct convd_backend_op
         .device_timing = d->cfg.batch_timing != 0,
         .stream_priority = d->cfg.stream_priority != 0,
         .device_gates = d->cfg.device_gates != 0,
+        .device_waits = d->cfg.device_waits != 0,
     };
     void *ctx = NULL;
     struct convd_backend_info info;
@@ -216,6 +217,7 @@ void daemon_dispatch(struct convd_daemon *d)
     if (d->dispatching || d->finishing || !d->pool_started)
         return;
     d->dispatching = true;
+    conn_launch_waits(d);
     uint64_t now = convd_now_ns();
     dmn_expire(d, now);
     while (sched_depth(&d->sched) > 0) {
@@ -418,6 +420,7 @@ static void dmn_drain_expire(struct convd_daemon *d)
     conn_fail_gated(d, CONVD_ESHUTDOWN,
                     "the daemon is shutting down and its drain timeout passed before the "
                     "request's gate opened");
+    conn_release_waits(d, CONVD_ESHUTDOWN);
     uint64_t now = convd_now_ns();
     while (!list_empty(&all)) {
         struct sched_item *it = list_entry(all.next, struct sched_item, link);
@@ -540,6 +543,7 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .inflight = sched_depth(&d->sched) + d->running + conn_gated(d),
         .running = d->running,
         .gated = conn_gated(d),
+        .waiting = conn_waiting(d),
         .regions = d->region_stats.regions,
         .mapped_bytes = d->region_stats.mapped_bytes,
         .host_bytes = d->region_stats.host_bytes,
@@ -717,7 +721,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         goto fail;
     rc = pool_start(&d->pool, &d->loop, &d->backend,
                     be_async(&d->backend) ? cfg->slots : d->backend.info.max_workers,
-                    dmn_on_batch_done, d);
+                    cfg->device_waits != 0, dmn_on_batch_done, d);
     if (rc != 0) {
         why_fail(why, why_len, rc, "cannot start %u worker thread(s)", d->backend.info.max_workers);
         goto fail;
@@ -727,6 +731,21 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         log_notice("backend %s: %s (requested %s), %u slot(s) for batches in flight",
                    d->backend.info.name, d->backend.info.device, config_backend_name(cfg->backend),
                    d->pool.n);
+    if (cfg->device_waits && d->pool.lanes == 0)
+        log_warn("device_waits: the %s backend has no lanes here (it needs completion words and "
+                 "the driver's stream memory operations); gates are polled by the loop",
+                 d->backend.info.name);
+    if (d->pool.lanes > CONN_MAX_LANES)
+        d->pool.lanes = CONN_MAX_LANES;
+    if (d->pool.lanes > 0) {
+        rc = waits_start(&d->waits);
+        if (rc != 0) {
+            why_fail(why, why_len, rc, "cannot start the lanes' watchdog thread");
+            goto fail;
+        }
+        log_notice("device_waits: %u lanes of %u slots for stream-ordered requests",
+                   d->pool.lanes, d->pool.lane_depth);
+    }
     if (cfg->launch_threads > 0 && be_async(&d->backend)) {
         if (pool_start_launcher(&d->pool, cfg->launch_threads, cfg->spin_us * 1000u) != 0)
             log_warn("cannot start a launch thread; the loop launches batches itself");
@@ -829,7 +848,7 @@ int daemon_run(struct convd_daemon *d)
         /* Nothing but a client's GPU stream announces a gate's ready word: while a request
          * waits on one the loop spins (gate_poll_us 0) or sleeps at most gate_poll_us at a
          * time, and a wake that finds nothing does not start another spin. */
-        const bool gated = conn_gated(d) > 0;
+        const bool gated = conn_gated(d) > 0 || conn_waiting(d) > 0;
         if (now - last_work < spin_ns || (gated && d->cfg.gate_poll_us == 0)) {
             convd_cpu_relax();
             continue;
@@ -890,6 +909,7 @@ void daemon_destroy(struct convd_daemon *d)
             pool_stop(&d->pool);
             d->pool_started = false;
         }
+        waits_stop(&d->waits);
         dmn_close_handles(d);
         uv_run(&d->loop, UV_RUN_DEFAULT);
         if (uv_loop_close(&d->loop) != 0)

@@ -24,6 +24,7 @@
 #include "regions.h"
 #include "scheduler.h"
 #include "users.h"
+#include "waits.h"
 #include "wire.h"
 #include "workers.h"
 
@@ -39,6 +40,7 @@ struct convd_daemon {
     struct sched sched;
     struct worker_pool pool;
     bool pool_started;
+    struct waits waits; /* the lanes' watchdog (started when the pool has lanes) */
     struct doorbells doorbells;
     struct users users; /* what each peer uid holds */
     struct metrics metrics;

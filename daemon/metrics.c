@@ -339,6 +339,14 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_scalar(&o, "convd_running", "gauge", "Requests running on a worker.", g->running);
     met_scalar(&o, "convd_gated", "gauge",
                "Requests waiting on their gates' ready words (stream ordering).", g->gated);
+    met_scalar(&o, "convd_lane_requests", "gauge",
+               "Stream-ordered requests launched into lanes and not yet finished (device_waits; "
+               "also counted as running).",
+               g->waiting);
+    met_scalar(&o, "convd_lane_launches_total", "counter",
+               "Stream-ordered requests launched into lanes, where the device waits on their "
+               "ready words (device_waits).",
+               m->lane_launches);
     met_scalar(&o, "convd_regions", "gauge",
                "Regions mapped, including released ones still in use.", g->regions);
     met_scalar(&o, "convd_mapped_bytes", "gauge", "Bytes of regions mapped.", g->mapped_bytes);

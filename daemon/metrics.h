@@ -28,6 +28,7 @@ struct metrics {
     uint64_t requests[MET_STATUS_SLOTS]; /* every request that got a completion, by status */
     uint64_t rejected[MET_STATUS_SLOTS]; /* those refused before they were queued */
     uint64_t batches;
+    uint64_t lane_launches; /* gated requests launched into lanes (device_waits) */
     uint64_t protocol_errors;
     uint64_t connections_accepted;
     uint64_t connections_refused; /* over max_clients or not on the allow-list */
@@ -64,6 +65,7 @@ struct met_gauges {
     uint64_t inflight; /* queued + running */
     uint64_t running;
     uint64_t gated; /* waiting on their gates' ready words (also in inflight) */
+    uint64_t waiting; /* in lanes, the device waiting on their ready words (also in running) */
     uint64_t regions;
     uint64_t mapped_bytes;
     uint64_t host_bytes;       /* of which host memory (pinned by a GPU backend) */

@@ -122,6 +122,7 @@ static int req_gate(const Convd__Gate *g, const struct req_context *ctx, struct 
     uint8_t *base = reg->mem.host;
     r->gate_region = reg;
     r->gate_ready = (_Atomic uint32_t *)(void *)(base + g->ready_offset);
+    r->ready_offset = g->ready_offset;
     r->gate_done = (_Atomic uint32_t *)(void *)(base + g->done_offset);
     r->ready_value = g->ready_value;
     r->done_value = g->done_value;

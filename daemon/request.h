@@ -17,6 +17,7 @@
 #include "list.h"
 #include "regions.h"
 #include "scheduler.h"
+#include "waits.h"
 
 struct conn;
 
@@ -42,6 +43,12 @@ struct dreq {
     bool gated;                 /* waiting on its ready word (in conn->gated) */
     struct list_node gate_link; /* in conn->gated while gated */
     uint64_t gate_deadline_ns;  /* fail with ETIMEDOUT when the word has not come by then */
+    uint64_t ready_offset;      /* of gate_ready in gate_region */
+    /* Launched into its connection's lane (device_waits): the device waits on the ready word,
+     * the watchdog (waits.h) on its deadline. In conn->waiting until it finishes. */
+    bool waited;
+    struct wait_entry wait;
+    struct list_node wait_link;
 };
 
 /* The last problem a connection's request passed the problem checks with, and its sizes: a

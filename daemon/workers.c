@@ -49,10 +49,10 @@ static void *pool_thread(void *arg)
 
 unsigned pool_poll(struct worker_pool *p)
 {
-    if (!p->slots || p->busy == 0)
+    if (!p->slots || p->busy + p->lane_busy == 0)
         return 0;
     unsigned done = 0;
-    for (unsigned i = 0; i < p->n; i++) {
+    for (unsigned i = 0; i < p->nall; i++) {
         struct worker *w = &p->workers[i];
         if (!w->busy)
             continue;
@@ -68,7 +68,10 @@ unsigned pool_poll(struct worker_pool *p)
             b->rc = q; /* finished, and the backend is broken since */
         w->running = NULL;
         w->busy = false;
-        p->busy--;
+        if (i < p->n)
+            p->busy--;
+        else
+            p->lane_busy--;
         b->end_ns = convd_now_ns();
         done++;
         p->on_done(p, b);
@@ -83,7 +86,7 @@ static void pool_wake(void *arg)
 
 bool pool_arm(struct worker_pool *p)
 {
-    if (!p->slots || p->busy == 0)
+    if (!p->slots || p->busy + p->lane_busy == 0)
         return p->busy > 0;
     if (pool_unlaunched(p) > 0) {
         /* A batch is still with the launch thread: nothing may be on the device to be told
@@ -92,6 +95,8 @@ bool pool_arm(struct worker_pool *p)
         uv_async_send(&p->async);
         return true;
     }
+    if (p->busy == 0)
+        return false; /* lanes only: polled */
     struct worker *oldest = NULL;
     for (unsigned i = 0; i < p->n; i++)
         if (p->workers[i].busy &&
@@ -126,7 +131,7 @@ static void pool_on_async(uv_async_t *h)
 }
 
 int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
-               pool_done_cb on_done, void *data)
+               bool lanes, pool_done_cb on_done, void *data)
 {
     memset(p, 0, sizeof(*p));
     if (be_async(backend) && (n == 0 || n > backend->info.max_slots))
@@ -137,8 +142,15 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     p->slots = be_async(backend);
     p->on_done = on_done;
     p->data = data;
+    p->nall = n;
+    if (lanes && p->slots && backend->info.lanes > 0 && backend->info.lane_depth > 0) {
+        p->lanes = backend->info.lanes;
+        p->lane_depth = backend->info.lane_depth;
+        p->lane_base = backend->info.max_slots;
+        p->nall = p->lane_base + p->lanes * p->lane_depth;
+    }
     list_init(&p->done);
-    p->workers = calloc(n, sizeof(*p->workers));
+    p->workers = calloc(p->nall, sizeof(*p->workers));
     if (p->workers == NULL)
         return CONVD_ENOMEM;
     pthread_mutex_init(&p->mu, NULL);
@@ -152,7 +164,7 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     p->async_open = true;
     p->n = n;
     if (p->slots) {
-        for (unsigned i = 0; i < n; i++)
+        for (unsigned i = 0; i < p->nall; i++)
             p->workers[i].index = i;
         return 0;
     }
@@ -243,7 +255,7 @@ static void *pool_launcher(void *arg)
 
 int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns)
 {
-    if (!p->slots || p->launcher || p->n > POOL_MAX_SLOTS || n == 0 || n > POOL_MAX_LAUNCHERS)
+    if (!p->slots || p->launcher || p->nall > POOL_MAX_SLOTS || n == 0 || n > POOL_MAX_LAUNCHERS)
         return CONVD_EINVAL;
     p->launcher_spin_ns = spin_ns;
     p->launcher_stop = false;
@@ -271,7 +283,7 @@ unsigned pool_unlaunched(const struct worker_pool *p)
     unsigned n = 0;
     if (!p->launcher)
         return 0;
-    for (unsigned i = 0; i < p->n; i++)
+    for (unsigned i = 0; i < p->nall; i++)
         n += p->workers[i].busy && !__atomic_load_n(&p->workers[i].launched, __ATOMIC_ACQUIRE);
     return n;
 }
@@ -286,12 +298,26 @@ int pool_idle_worker(const struct worker_pool *p)
     return -1;
 }
 
+int pool_idle_lane_slot(const struct worker_pool *p, unsigned l)
+{
+    if (l >= p->lanes)
+        return -1;
+    const unsigned first = p->lane_base + l * p->lane_depth;
+    for (unsigned i = first; i < first + p->lane_depth; i++)
+        if (!p->workers[i].busy)
+            return (int)i;
+    return -1;
+}
+
 void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
 {
     b->worker = w;
     b->seq = p->next_seq++;
     p->workers[w].busy = true;
-    p->busy++;
+    if (w < p->n)
+        p->busy++;
+    else
+        p->lane_busy++;
     if (p->slots && p->launcher) {
         b->start_ns = convd_now_ns();
         p->workers[w].running = b;
@@ -327,8 +353,9 @@ void pool_stop(struct worker_pool *p)
 {
     if (p->workers == NULL)
         return;
-    /* Batches still in flight write into client memory: wait for them, then hand them over. */
-    while (p->slots && p->busy > 0) {
+    /* Batches still in flight write into client memory: wait for them, then hand them over (the
+     * daemon has released its lanes' words first). */
+    while (p->slots && p->busy + p->lane_busy > 0) {
         if (pool_poll(p) == 0)
             usleep(20);
     }

@@ -46,16 +46,21 @@ struct worker {
 
 typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
 
-/* The most slots a pool with launch threads queues for them (the config caps slots at 64). */
-#define POOL_MAX_SLOTS 64
+/* The most slots a pool with launch threads queues for them: the config caps slots at 64, and a
+ * backend's lanes add theirs. */
+#define POOL_MAX_SLOTS 256
 /* The most launch threads (the config's launch_threads). */
 #define POOL_MAX_LAUNCHERS 4
 
 struct worker_pool {
     struct convd_backend *backend;
     bool slots;    /* slots of an asynchronous backend, no threads */
-    unsigned n;    /* workers or slots */
-    unsigned busy; /* loop thread only */
+    unsigned n;    /* workers or slots (the shared ones, for the queue) */
+    unsigned busy; /* of those n; loop thread only */
+    /* Lanes (pool_start's lanes, backend.h): slots lane_base + l * lane_depth + k, beside the
+     * shared ones; workers[] has nall entries, those in [n, lane_base) unused. */
+    unsigned lanes, lane_depth, lane_base, nall;
+    unsigned lane_busy; /* lane slots with a batch; loop thread only */
     struct worker *workers;
     pthread_mutex_t mu;
     struct list_node done; /* under mu */
@@ -86,11 +91,12 @@ struct worker_pool {
 struct batch *batch_new(size_t n);
 
 /* Starts n worker threads (signals blocked in them) that call be_run_batch with their index,
- * or, for an asynchronous backend, prepares n of its slots (0 or more than its max_slots: all).
+ * or, for an asynchronous backend, prepares n of its slots (0 or more than its max_slots: all),
+ * and with `lanes` every slot of the backend's lanes (backend.h) besides.
  * on_done runs on the loop thread for every finished batch, after the worker is marked idle.
  * Returns 0 or CONVD_ENOMEM / CONVD_EINTERNAL; nothing is left running on failure. */
 int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *backend, unsigned n,
-               pool_done_cb on_done, void *data);
+               bool lanes, pool_done_cb on_done, void *data);
 
 /* Asynchronous backends: starts n threads (1 to POOL_MAX_LAUNCHERS) that make the backend's
  * launch calls, so that the loop goes on taking submissions while the driver launches; each
@@ -104,8 +110,10 @@ int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns);
  * thread or in its launch call). 0 without one. Loop thread only. */
 unsigned pool_unlaunched(const struct worker_pool *p);
 
-/* Index of an idle worker, or -1 when all are busy. */
+/* Index of an idle worker (of the n shared slots), or -1 when all are busy. */
 int pool_idle_worker(const struct worker_pool *p);
+/* Index of an idle slot of lane l, or -1 when all its slots are busy. */
+int pool_idle_lane_slot(const struct worker_pool *p, unsigned l);
 
 /* Hands batch b to idle worker w, or launches it in slot w (loop thread). */
 void pool_submit(struct worker_pool *p, unsigned w, struct batch *b);
@@ -114,8 +122,10 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b);
  * nothing for worker threads, whose batches arrive through the loop. */
 unsigned pool_poll(struct worker_pool *p);
 
-/* Before the loop sleeps: asks the backend to wake it when the oldest batch in flight finishes.
- * Returns false when nothing is in flight. */
+/* Before the loop sleeps: asks the backend to wake it when the oldest batch in flight on a
+ * shared slot finishes. Returns false when nothing is in flight there. A lane's batch waits on
+ * its client's words for as long as the client takes, so none is waited for: the loop polls
+ * lanes (daemon_run). */
 bool pool_arm(struct worker_pool *p);
 
 /* Stops and joins the threads (they must be idle: the caller waits for running work first) and

@@ -1706,9 +1706,10 @@ static void test_async_bad_jobs(void **state)
     region_close(&r);
 }
 
-/* A second backend context with the configuration's diagnostics, stream priority and device
- * gates. */
-static void *open_ctx_gates(bool timing, bool priority, bool gates, struct convd_backend_info *info)
+/* A second backend context with the configuration's diagnostics, stream priority, device gates
+ * and lanes. */
+static void *open_ctx_waits(bool timing, bool priority, bool gates, bool waits,
+                            struct convd_backend_info *info)
 {
     struct convd_backend_config cfg = {0};
     cfg.device = -1;
@@ -1717,13 +1718,19 @@ static void *open_ctx_gates(bool timing, bool priority, bool gates, struct convd
     cfg.device_timing = timing;
     cfg.stream_priority = priority;
     cfg.device_gates = gates;
+    cfg.device_waits = waits;
     char why[256] = "";
     void *ctx = NULL;
     int rc = ops->init(&cfg, &ctx, info, why, sizeof why);
     if (rc != 0)
-        fail_msg("init (timing %d, priority %d, gates %d): %s: %s", timing, priority, gates,
-                 convd_status_name(rc), why);
+        fail_msg("init (timing %d, priority %d, gates %d, waits %d): %s: %s", timing, priority,
+                 gates, waits, convd_status_name(rc), why);
     return ctx;
+}
+
+static void *open_ctx_gates(bool timing, bool priority, bool gates, struct convd_backend_info *info)
+{
+    return open_ctx_waits(timing, priority, gates, false, info);
 }
 
 static void *open_ctx(bool timing, bool priority, struct convd_backend_info *info)
@@ -1905,6 +1912,93 @@ static void test_device_gates(void **state)
     }
 }
 
+/* device_waits: lanes. Two requests in lane 0, launched in order, the first waiting on a word
+ * that has not come and the second on one that has: neither runs (a lane runs in launch order),
+ * while a request in lane 1 whose word has come runs and is right. Once the first word is
+ * stored both run, each stores its done word from the device with its output complete, and
+ * query reports both slots done. Memory the lanes cannot reach is not offered to them, and
+ * without completion words there are no lanes. */
+static void test_device_waits(void **state)
+{
+    (void)state;
+    void *saved = g_ctx;
+    struct convd_backend_info info;
+    g_ctx = open_ctx_waits(false, false, false, true, &info);
+    if (!g_flags) {
+        if (info.lanes != 0)
+            fail_msg("lanes (%u) without completion words", info.lanes);
+        ops->destroy(g_ctx);
+        g_ctx = saved;
+        return;
+    }
+    if (info.lanes < 2 || info.lane_depth < 2)
+        fail_msg("device_waits with completion words: %u lanes of %u slots, want at least 2 of 2",
+                 info.lanes, info.lane_depth);
+    const unsigned lane0 = info.max_slots, lane1 = info.max_slots + info.lane_depth;
+    const char *what = "device waits";
+    struct host_region gr;
+    region_open(&gr, 4096, PROT_READ | PROT_WRITE);
+    region_import(&gr);
+    if (!gr.mem.device_words)
+        fail_msg("%s: a pinned host region is not offered to the lanes (device_words unset)", what);
+    _Atomic uint32_t *words = (_Atomic uint32_t *)gr.mem.host;
+    /* job i: ready word at 16 * (2i), done word at 16 * (2i + 1) */
+    const uint32_t ready[3] = {5, 1, 0xfffffffeu}, stored[3] = {4, 1, 3};
+    struct convd_problem p[3];
+    pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p[0]);
+    pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p[1]);
+    pick_problem(FAM_DENSE, CONVD_DTYPE_FP16, 0, &p[2]);
+    struct tjob t[3];
+    struct host_region r[3];
+    for (int i = 0; i < 3; i++) {
+        atomic_store(&words[32 * i], stored[i]);
+        atomic_store(&words[32 * i + 16], 0);
+        tjob_alone(&t[i], &r[i], &p[i]);
+        t[i].job.ready_mem = &gr.mem;
+        t[i].job.ready_offset = 128u * (unsigned)i;
+        t[i].job.ready_value = ready[i];
+        t[i].job.gate_mem = &gr.mem;
+        t[i].job.gate_offset = 128u * (unsigned)i + 64u;
+        t[i].job.gate_value = 0xd0e00000u + (uint32_t)i;
+    }
+    /* 3 (cyclically past 0xfffffffe) has come; 4 is below 5. */
+    struct convd_job *j0 = &t[0].job, *j1 = &t[1].job, *j2 = &t[2].job;
+    launch_jobs(lane0, &j0, 1, 0, what);
+    launch_jobs(lane0 + 1, &j1, 1, 0, what);
+    launch_jobs(lane1, &j2, 1, 0, what);
+    wait_slot(lane1, "device waits: lane 1, its word come");
+    tjob_expect_ok(&t[2], "device waits: lane 1, its word come");
+    if (atomic_load(&words[32 * 2 + 16]) != 0xd0e00002u)
+        fail_msg("%s: lane 1's done word holds %#x", what, (unsigned)atomic_load(&words[80]));
+    sleep_us(50 * 1000);
+    if (query_slot(lane0, what) != 0 || query_slot(lane0 + 1, what) != 0)
+        fail_msg("%s: a lane-0 request finished before the first word came", what);
+    expect_untouched(&t[0], "device waits: the first, its word not come");
+    expect_untouched(&t[1], "device waits: the second, behind the first in its lane");
+    if (atomic_load(&words[16]) != 0 || atomic_load(&words[48]) != 0)
+        fail_msg("%s: a done word was stored before the first ready word came", what);
+    atomic_store(&words[0], 5);
+    for (int i = 0; i < 2; i++) {
+        const uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
+        while (atomic_load_explicit(&words[32 * i + 16], memory_order_acquire) !=
+               0xd0e00000u + (uint32_t)i)
+            if (now_ns() > deadline)
+                fail_msg("%s: done word %d still %#x after 120 s", what, i,
+                         (unsigned)atomic_load(&words[32 * i + 16]));
+        expect_output(&t[i], what);
+    }
+    wait_slot(lane0, what);
+    wait_slot(lane0 + 1, what);
+    for (int i = 0; i < 3; i++) {
+        tjob_expect_ok(&t[i], what);
+        tjob_free(&t[i]);
+        region_close(&r[i]);
+    }
+    region_close(&gr);
+    ops->destroy(g_ctx);
+    g_ctx = saved;
+}
+
 /* ------------------------------------------------------------------------------------------- */
 
 int main(void)
@@ -1960,6 +2054,7 @@ int main(void)
         cmocka_unit_test(test_device_timing),
         cmocka_unit_test(test_stream_priority),
         cmocka_unit_test(test_device_gates),
+        cmocka_unit_test(test_device_waits),
     };
     g_flags = true;
     int failed =

@@ -278,7 +278,7 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
     assert_true(d->base_ring_maps == 0 || d->base_ring_maps == 1);
 }
 
-void it_daemon_check_clean(struct it_daemon *d)
+void it_daemon_check_baseline(struct it_daemon *d)
 {
     uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
     struct convd_status st = {0};
@@ -319,9 +319,13 @@ void it_daemon_check_clean(struct it_daemon *d)
                  "%d (want %d)",
                  st.clients, d->base_clients, st.inflight, regions, mapped, fds, d->base_fds, maps,
                  ring_maps, d->base_ring_maps);
-
     uint64_t rtt = 0;
     assert_int_equal(convd_ping(d->mon, &rtt), 0);
+}
+
+void it_daemon_check_clean(struct it_daemon *d)
+{
+    it_daemon_check_baseline(d);
     it_one_conv(d->mon, it_rng());
 }
 

@@ -61,6 +61,10 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra);
  * proves that it still answers a ping and a convolution. */
 void it_daemon_check_clean(struct it_daemon *d);
 
+/* it_daemon_check_clean without the convolution at the end (a daemon that computes nothing:
+ * the null backend): the baseline, then a ping. */
+void it_daemon_check_baseline(struct it_daemon *d);
+
 /* Sends SIGTERM, waits for the daemon to exit and asserts it exited with status 0. Closes `mon`
  * first. Removes the temporary directory. */
 void it_daemon_stop(struct it_daemon *d);
