@@ -576,11 +576,13 @@ static int dmn_render_file(void *arg, char *buf, size_t cap)
 #define DMN_TRIM_MS 5000
 
 /* Memory a big request made the backend grow is given back once a tick passes with no batch
- * run and nothing in flight. */
+ * run and nothing in flight (a lane's batch counts: freeing device memory waits for the device,
+ * and so for the words its lanes wait on). */
 static void dmn_on_trim_timer(uv_timer_t *t)
 {
     struct convd_daemon *d = t->data;
-    if (d->pool_started && d->pool.busy == 0 && d->metrics.batches == d->batches_at_trim)
+    if (d->pool_started && d->pool.busy == 0 && d->pool.lane_busy == 0 &&
+        d->metrics.batches == d->batches_at_trim)
         be_trim(&d->backend);
     d->batches_at_trim = d->metrics.batches;
 }

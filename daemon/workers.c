@@ -144,7 +144,7 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
     p->data = data;
     p->nall = n;
     if (lanes && p->slots && backend->info.lanes > 0 && backend->info.lane_depth > 0) {
-        p->lanes = backend->info.lanes;
+        p->lanes = backend->info.lanes < POOL_MAX_LANES ? backend->info.lanes : POOL_MAX_LANES;
         p->lane_depth = backend->info.lane_depth;
         p->lane_base = backend->info.max_slots;
         p->nall = p->lane_base + p->lanes * p->lane_depth;
@@ -241,9 +241,18 @@ static void *pool_launcher(void *arg)
         if (!__atomic_compare_exchange_n(&p->lq_head, &head, head + 1, false, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE))
             continue; /* another thread took it */
+        /* The lane's earlier batch was claimed earlier (the queue is in order); another thread
+         * may still be launching it. */
+        const int lane = b->lane;
+        const unsigned lane_seq = b->lane_seq;
+        if (lane >= 0)
+            while (__atomic_load_n(&p->lane_turn[lane], __ATOMIC_ACQUIRE) != lane_seq)
+                convd_cpu_relax();
         const uint64_t t0 = convd_now_ns();
         const int rc = pool_launch_counted(p, b);
         last = convd_now_ns();
+        if (lane >= 0)
+            __atomic_store_n(&p->lane_turn[lane], lane_seq + 1, __ATOMIC_RELEASE);
         b->rc = rc;
         b->launch_ns = last - t0;
         /* From this store on the batch is the loop's, which may free it: b is not read again. */
@@ -313,11 +322,15 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
 {
     b->worker = w;
     b->seq = p->next_seq++;
+    b->lane = -1;
     p->workers[w].busy = true;
-    if (w < p->n)
+    if (w < p->n) {
         p->busy++;
-    else
+    } else {
         p->lane_busy++;
+        b->lane = (int)((w - p->lane_base) / p->lane_depth);
+        b->lane_seq = p->lane_next[b->lane]++;
+    }
     if (p->slots && p->launcher) {
         b->start_ns = convd_now_ns();
         p->workers[w].running = b;
@@ -336,6 +349,8 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
         b->start_ns = convd_now_ns();
         b->rc = pool_launch_counted(p, b);
         b->launch_ns = convd_now_ns() - b->start_ns;
+        if (b->lane >= 0)
+            p->lane_turn[b->lane] = b->lane_seq + 1;
         p->workers[w].running = b;
         if (b->rc != 0) {
             /* Nothing is in flight; the next poll hands it back with its statuses set. */

@@ -27,6 +27,8 @@ struct batch {
     uint64_t start_ns, end_ns;
     uint64_t launch_ns;       /* asynchronous backends: how long launch itself took */
     uint64_t seq;             /* launch order, for pool_arm */
+    int lane;                 /* the lane of its slot, or -1 */
+    unsigned lane_seq;        /* its place in its lane: launches keep that order */
     struct convd_job *jobs[]; /* n entries */
 };
 
@@ -49,6 +51,8 @@ typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
 /* The most slots a pool with launch threads queues for them: the config caps slots at 64, and a
  * backend's lanes add theirs. */
 #define POOL_MAX_SLOTS 256
+/* The most lanes a pool takes from its backend. */
+#define POOL_MAX_LANES 64
 /* The most launch threads (the config's launch_threads). */
 #define POOL_MAX_LAUNCHERS 4
 
@@ -61,6 +65,11 @@ struct worker_pool {
      * shared ones; workers[] has nall entries, those in [n, lane_base) unused. */
     unsigned lanes, lane_depth, lane_base, nall;
     unsigned lane_busy; /* lane slots with a batch; loop thread only */
+    /* A lane is one stream: its batches must reach the backend in the order they were submitted,
+     * whichever launch thread takes them. lane_next: the next lane_seq to hand out (loop);
+     * lane_turn: the lane_seq whose launch may start (atomic). */
+    unsigned lane_next[POOL_MAX_LANES];
+    unsigned lane_turn[POOL_MAX_LANES];
     struct worker *workers;
     pthread_mutex_t mu;
     struct list_node done; /* under mu */

@@ -36,12 +36,25 @@ static struct it_daemon daemon_;
 static void lanes_warm_up(const struct it_daemon *d);
 
 /* A null-backend daemon with lanes; the baseline as it_daemon_start takes it, after a warm-up
- * (what the daemon opens at its first client stays open). */
+ * (what the daemon opens at its first client stays open). Three launch threads, each launch
+ * made to take 20 us: a lane's launches overlap on several threads, and must still reach the
+ * backend in order. */
 static void lanes_daemon_start(struct it_daemon *d, const char *drain_ms)
 {
-    const char *args[] = {"--backend",         "null",  "--device-waits", "1",
-                          "--gate-timeout-ms", STR(GATE_TIMEOUT_MS),      "--log-level",
-                          "notice",            "--drain-timeout-ms",      drain_ms,
+    const char *args[] = {"--backend",
+                          "null",
+                          "--device-waits",
+                          "1",
+                          "--launch-threads",
+                          "3",
+                          "--null-launch-us",
+                          "20",
+                          "--gate-timeout-ms",
+                          STR(GATE_TIMEOUT_MS),
+                          "--log-level",
+                          "notice",
+                          "--drain-timeout-ms",
+                          drain_ms,
                           NULL};
     char why[256];
     if (it_daemon_spawn(d, args, "it-lanes-monitor", why, sizeof(why)) != 0)
