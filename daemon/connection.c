@@ -539,11 +539,6 @@ static void conn_launch_wait(struct conn *c, struct dreq *r, struct batch *b, un
     d->metrics.lane_launches++;
     waits_add(&d->waits, &r->wait, r->gate_ready, r->ready_value, r->gate_deadline_ns);
     conn_request_started(r, now);
-    d->running++;
-    r->job.status = 0;
-    r->job.error[0] = '\0';
-    r->job.exec_ns = 0;
-    r->job.device_ns = 0;
     b->jobs[0] = &r->job;
     pool_submit(&d->pool, slot, b);
 }
@@ -1470,4 +1465,9 @@ void conn_request_started(struct dreq *r, uint64_t now_ns)
     r->running = true;
     r->start_ns = now_ns;
     r->conn->running++;
+    r->conn->d->running++;
+    r->job.status = 0;
+    r->job.error[0] = '\0';
+    r->job.exec_ns = 0;
+    r->job.device_ns = 0;
 }

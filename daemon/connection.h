@@ -154,7 +154,8 @@ uint32_t conn_waiting(const struct convd_daemon *d);
  * lanes drain; each is reported with `status` unless its word had come by itself. */
 void conn_release_waits(struct convd_daemon *d, int status);
 
-/* Request r goes to a worker now: counted as running on its connection. */
+/* Request r goes to a worker now: counted as running on its connection and the daemon, its job
+ * cleared for the backend. */
 void conn_request_started(struct dreq *r, uint64_t now_ns);
 
 /* Finishes request r: sends its Completion when the connection is READY, drops its region

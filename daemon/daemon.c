@@ -246,11 +246,6 @@ void daemon_dispatch(struct convd_daemon *d)
         for (size_t i = 0; i < n; i++) {
             struct dreq *r = req_from_item(d->take[i]);
             conn_request_started(r, now);
-            d->running++;
-            r->job.status = 0;
-            r->job.error[0] = '\0';
-            r->job.exec_ns = 0;
-            r->job.device_ns = 0;
             b->jobs[i] = &r->job;
         }
         pool_submit(&d->pool, (unsigned)w, b);

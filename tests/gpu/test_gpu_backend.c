@@ -1843,6 +1843,24 @@ static void expect_output(const struct tjob *t, const char *what)
                  tjob_str(t, d, sizeof d), err, tu_tolerance(t->p.dtype));
 }
 
+/* Three problems of three families and two dtypes, for the word tests. */
+static void pick_three(struct convd_problem p[3])
+{
+    pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p[0]);
+    pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p[1]);
+    pick_problem(FAM_DENSE, CONVD_DTYPE_FP16, 0, &p[2]);
+}
+
+/* Waits until word i (at w) holds want, stored by the device; fails after 120 s. */
+static void await_word(_Atomic uint32_t *w, uint32_t want, int i, const char *what)
+{
+    const uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
+    while (atomic_load_explicit(w, memory_order_acquire) != want)
+        if (now_ns() > deadline)
+            fail_msg("%s: word %d still %#x after 120 s, expected %#x", what, i,
+                     (unsigned)atomic_load(w), (unsigned)want);
+}
+
 /* device_gates: with completion words, the batch's stream stores each gated job's done word
  * (nothing else here writes it), and the job's output is complete once the word is seen, before
  * query reports the slot done; a job without a gate has none stored. Without device_gates, or
@@ -1867,9 +1885,7 @@ static void test_device_gates(void **state)
             atomic_store(&words[16 * i], 0);
         const uint32_t values[3] = {0x5eed0001u + (uint32_t)tu_rng_range(&g_rng, 0, 999), 7, 0};
         struct convd_problem p[3];
-        pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p[0]);
-        pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p[1]);
-        pick_problem(FAM_DENSE, CONVD_DTYPE_FP16, 0, &p[2]);
+        pick_three(p);
         struct tjob t[3];
         struct host_region r[3];
         struct convd_job *jp[3];
@@ -1885,12 +1901,7 @@ static void test_device_gates(void **state)
         launch_jobs(3, jp, 3, 0, what);
         if (stored) {
             for (int i = 0; i < 2; i++) {
-                const uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
-                while (atomic_load_explicit(&words[16 * i], memory_order_acquire) != values[i]) {
-                    if (now_ns() > deadline)
-                        fail_msg("%s: gate word %d still %#x after 120 s, expected %#x", what, i,
-                                 (unsigned)atomic_load(&words[16 * i]), (unsigned)values[i]);
-                }
+                await_word(&words[16 * i], values[i], i, what);
                 expect_output(&t[i], what);
             }
         }
@@ -1945,9 +1956,7 @@ static void test_device_waits(void **state)
     /* job i: ready word at 16 * (2i), done word at 16 * (2i + 1) */
     const uint32_t ready[3] = {5, 1, 0xfffffffeu}, stored[3] = {4, 1, 3};
     struct convd_problem p[3];
-    pick_problem(FAM_DEPTHWISE, CONVD_DTYPE_FP16, 0, &p[0]);
-    pick_problem(FAM_WIDE_CPG, CONVD_DTYPE_BF16, 0, &p[1]);
-    pick_problem(FAM_DENSE, CONVD_DTYPE_FP16, 0, &p[2]);
+    pick_three(p);
     struct tjob t[3];
     struct host_region r[3];
     for (int i = 0; i < 3; i++) {
@@ -1979,12 +1988,7 @@ static void test_device_waits(void **state)
         fail_msg("%s: a done word was stored before the first ready word came", what);
     atomic_store(&words[0], 5);
     for (int i = 0; i < 2; i++) {
-        const uint64_t deadline = now_ns() + ASYNC_DEADLINE_NS;
-        while (atomic_load_explicit(&words[32 * i + 16], memory_order_acquire) !=
-               0xd0e00000u + (uint32_t)i)
-            if (now_ns() > deadline)
-                fail_msg("%s: done word %d still %#x after 120 s", what, i,
-                         (unsigned)atomic_load(&words[32 * i + 16]));
+        await_word(&words[32 * i + 16], 0xd0e00000u + (uint32_t)i, i, what);
         expect_output(&t[i], what);
     }
     wait_slot(lane0, what);

@@ -18,6 +18,14 @@
 #error "CONVD_DAEMON_PATH must name the convd binary under test"
 #endif
 
+/* The daemon under test: $CONVD_IT_DAEMON where set (tests/tsan/run.sh points it at a
+ * ThreadSanitizer build), else this build's. */
+static const char *it_daemon_path(void)
+{
+    const char *p = getenv("CONVD_IT_DAEMON");
+    return p != NULL && *p != '\0' ? p : CONVD_DAEMON_PATH;
+}
+
 struct tu_rng *it_rng(void)
 {
     static struct tu_rng g;
@@ -113,19 +121,25 @@ bool it_metric(convd_client *c, const char *name, double *ret)
     return found;
 }
 
-convd_client *it_connect(const struct it_daemon *d, const char *name)
+convd_client *it_connect_to(const char *sock, const char *name, int use_rings)
 {
     struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
-    o.socket_path = d->sock;
+    o.socket_path = sock;
     o.client_name = name;
     o.timeout_ms = TU_TIMEOUT_MS;
+    o.use_rings = use_rings;
     convd_client *c = NULL;
     int rc = convd_connect(&o, &c);
     if (rc != 0)
-        fail_msg("convd_connect(%s): %s: %s", d->sock, convd_status_name(rc),
+        fail_msg("convd_connect(%s): %s: %s", sock, convd_status_name(rc),
                  convd_last_connect_error());
     assert_non_null(c);
     return c;
+}
+
+convd_client *it_connect(const struct it_daemon *d, const char *name)
+{
+    return it_connect_to(d->sock, name, -1);
 }
 
 /* Polls waitpid until the child exits; SIGKILLs it after the timeout. Returns the wait status,
@@ -179,7 +193,8 @@ int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *mo
         return -1;
     }
     snprintf(d->sock, sizeof(d->sock), "%s/convd.sock", d->dir);
-    const char *argv[32] = {CONVD_DAEMON_PATH, "--socket", d->sock};
+    const char *path = it_daemon_path();
+    const char *argv[32] = {path, "--socket", d->sock};
     size_t argc = 3;
     for (size_t i = 0; args != NULL && args[i] != NULL && argc < 31; i++)
         argv[argc++] = args[i];
@@ -195,8 +210,8 @@ int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *mo
     if (pid == 0) {
         /* The daemon dies with the test, even when a timeout kills the test. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execv(CONVD_DAEMON_PATH, (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", CONVD_DAEMON_PATH, strerror(errno));
+        execv(path, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
         _exit(127);
     }
     d->pid = pid;

@@ -80,6 +80,10 @@ void it_daemon_kill(struct it_daemon *d);
 /* Connects a new client to the daemon (asserts success). */
 convd_client *it_connect(const struct it_daemon *d, const char *name);
 
+/* Connects to the daemon at sock as `name`, with the library's use_rings option (-1: its
+ * default). Asserts on failure. */
+convd_client *it_connect_to(const char *sock, const char *name, int use_rings);
+
 /* Counts entries of /proc/<pid>/fd, or -1 if the process is gone. */
 int it_count_fds(pid_t pid);
 

@@ -47,19 +47,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-static convd_client *gate_connect(const char *sock, const char *name, int use_rings)
-{
-    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
-    o.socket_path = sock;
-    o.client_name = name;
-    o.use_rings = use_rings;
-    convd_client *c = NULL;
-    int rc = convd_connect(&o, &c);
-    if (rc != 0)
-        fail_msg("connect: %s: %s", convd_status_name(rc), convd_last_connect_error());
-    return c;
-}
-
 /* One case in its own region, with 64 bytes of gate words past it: ready at +0, done at +4. */
 struct gated {
     convd_region *r;
@@ -114,7 +101,7 @@ static void small_problem(struct convd_problem *p)
  * finds its done word written before its completion is handed out. */
 static void run_gated(const char *name, int use_rings)
 {
-    convd_client *c = gate_connect(daemon_.sock, name, use_rings);
+    convd_client *c = it_connect_to(daemon_.sock, name, use_rings);
     struct convd_problem p;
     small_problem(&p);
     struct gated g;
@@ -164,7 +151,7 @@ static void test_gate_holds_then_runs_socket(void **state)
 static void test_gate_cyclic_comparison(void **state)
 {
     (void)state;
-    convd_client *c = gate_connect(daemon_.sock, "it-gate-cyclic", -1);
+    convd_client *c = it_connect_to(daemon_.sock, "it-gate-cyclic", -1);
     struct convd_problem p;
     small_problem(&p);
     const struct {
@@ -205,7 +192,7 @@ static void test_gate_cyclic_comparison(void **state)
 static void test_gates_open_out_of_order(void **state)
 {
     (void)state;
-    convd_client *c = gate_connect(daemon_.sock, "it-gate-many", -1);
+    convd_client *c = it_connect_to(daemon_.sock, "it-gate-many", -1);
     enum { N = 24 };
     struct gated g[N];
     uint64_t ids[N];
@@ -239,7 +226,7 @@ static void test_gates_open_out_of_order(void **state)
 static void test_gate_timeouts(void **state)
 {
     (void)state;
-    convd_client *c = gate_connect(daemon_.sock, "it-gate-timeout", -1);
+    convd_client *c = it_connect_to(daemon_.sock, "it-gate-timeout", -1);
     struct convd_problem p;
     small_problem(&p);
     const struct {
@@ -278,8 +265,8 @@ static void test_gate_timeouts(void **state)
 static void test_library_refuses_bad_gates(void **state)
 {
     (void)state;
-    convd_client *c = gate_connect(daemon_.sock, "it-gate-lib", -1);
-    convd_client *other = gate_connect(daemon_.sock, "it-gate-other", -1);
+    convd_client *c = it_connect_to(daemon_.sock, "it-gate-lib", -1);
+    convd_client *other = it_connect_to(daemon_.sock, "it-gate-other", -1);
     convd_region *foreign = NULL;
     assert_int_equal(convd_region_create(other, 4096, &foreign), 0);
     struct convd_problem p;
@@ -477,7 +464,7 @@ static void test_refused_after_gate_check_releases(void **state)
 static void test_client_leaves_with_gated_requests(void **state)
 {
     (void)state;
-    convd_client *c = gate_connect(daemon_.sock, "it-gate-leaver", -1);
+    convd_client *c = it_connect_to(daemon_.sock, "it-gate-leaver", -1);
     struct convd_problem p;
     small_problem(&p);
     struct gated g[4];
@@ -532,7 +519,7 @@ static void test_loop_sleeps_or_spins_while_gated(void **state)
         struct it_daemon dd;
         const char *extra[] = {"--gate-poll-us", poll_us[i], NULL};
         it_daemon_start(&dd, poll_us[i] != NULL ? extra : NULL);
-        convd_client *c = gate_connect(dd.sock, "it-gate-idle", -1);
+        convd_client *c = it_connect_to(dd.sock, "it-gate-idle", -1);
         struct convd_problem p;
         small_problem(&p);
         struct gated g;
@@ -568,7 +555,7 @@ static void test_lost_daemon_releases_done_words(void **state)
     (void)state;
     struct it_daemon dd;
     it_daemon_start(&dd, NULL);
-    convd_client *c = gate_connect(dd.sock, "it-gate-orphan", -1);
+    convd_client *c = it_connect_to(dd.sock, "it-gate-orphan", -1);
     struct convd_problem p;
     small_problem(&p);
     struct gated g;

@@ -86,19 +86,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-static convd_client *lane_connect(const char *sock, const char *name, int use_rings)
-{
-    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
-    o.socket_path = sock;
-    o.client_name = name;
-    o.use_rings = use_rings;
-    convd_client *c = NULL;
-    int rc = convd_connect(&o, &c);
-    if (rc != 0)
-        fail_msg("connect: %s: %s", convd_status_name(rc), convd_last_connect_error());
-    return c;
-}
-
 /* A client's tensors (one small case) and, past them, its words: ready at +0, done at +64,
  * a second pair at +128/+192. */
 struct lane_client {
@@ -110,7 +97,7 @@ struct lane_client {
 
 static void lc_open(struct lane_client *lc, const char *sock, const char *name, int use_rings)
 {
-    lc->c = lane_connect(sock, name, use_rings);
+    lc->c = it_connect_to(sock, name, use_rings);
     struct convd_problem p;
     tu_random_problem(it_rng(), &p, 0, 0, 6);
     lc->words = (it_case_span(&p) + 63) & ~(uint64_t)63;

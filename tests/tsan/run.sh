@@ -3,7 +3,9 @@
 # only, no GPU), driven by convctl bench on the null backend with the loop launching, with the
 # launch thread (launch_threads = 1) and with three, with one slot, with batches paced by the launch thread
 # (launch_ahead) and two doorbell threads, with clients killed mid-request, and on the CPU
-# backend's worker threads. Fails on any ThreadSanitizer report or lost request.
+# backend's worker threads; then, where the main build has it (IT_LANES, default
+# build/bin/it_lanes), the lanes' integration test against this daemon (its watchdog thread,
+# launch threads taking turns on a lane). Fails on any ThreadSanitizer report or lost request.
 #
 #   tests/tsan/run.sh [BUILD_DIR]        (default build-tsan; configured here when absent)
 set -euo pipefail
@@ -61,4 +63,17 @@ for args in "--backend null --launch-threads 0" "--backend null --launch-threads
         failed=1
     fi
 done
+lanes=${IT_LANES:-$root/build/bin/it_lanes}
+if [[ -x $lanes ]]; then
+    rc=0
+    CONVD_IT_DAEMON=$build/bin/convd "$lanes" > "$tmp/lanes.log" 2>&1 || rc=$?
+    reports=$(grep -c "WARNING: ThreadSanitizer" "$tmp/lanes.log" || true)
+    echo "it_lanes: exit $rc, $reports ThreadSanitizer report(s)"
+    if [[ $rc -ne 0 || $reports -ne 0 ]]; then
+        grep -E -A30 "WARNING: ThreadSanitizer|ERROR|FAILED" "$tmp/lanes.log" | head -80
+        failed=1
+    fi
+else
+    echo "it_lanes: $lanes not built; lanes not run under ThreadSanitizer"
+fi
 exit $failed
