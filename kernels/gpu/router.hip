@@ -198,6 +198,18 @@ static int padded_c(const struct gpu_route_in *in)
     return in->ws >= GPU_WS_OUTPUT && gpu_pad_channels(in->p, in->pol) > 0;
 }
 
+/* The padding copy is a launch of its own, and an mma tile is 16 output pixels or more: with
+ * fewer pixels than that in the whole problem (the squeeze-excitation 1x1s on 1x1 images) the
+ * implicit GEMM takes it in place (H100: rgy400b1_11, 12 -> 104 on a 1x1 image, 4.8 us padded
+ * against 2.5 on the GEMM). */
+static int padded_pays(const struct gpu_route_in *in)
+{
+    const struct convd_problem *p = in->p;
+    const int64_t ho = convd_out_dim(p->h, p->pad_top, p->pad_bottom, p->r, p->stride_h, p->dil_h),
+                  wo = convd_out_dim(p->w, p->pad_left, p->pad_right, p->s, p->stride_w, p->dil_w);
+    return p->n * ho * wo >= 16;
+}
+
 /* NCHW problems the fma family runs on NHWC copies: all but those the implicit GEMM takes in
  * place (1x1 unit stride). */
 static int fma_copies(const struct gpu_route_in *in)
@@ -297,8 +309,9 @@ static const struct gpu_rule gpu_rules[] = {
      "the same in NCHW, on NHWC copies of input and weights, NCHW out from the epilogue"},
     {"mma-nchw-gather", CONVD_GPU_FAMILY_MMA, N, 0, nchw_without_copies_half, always,
      "the same in NCHW without workspace, gathering NCHW in place"},
-    {"mma-padded", CONVD_GPU_FAMILY_MMA, GPU_VIEW_PADDED_C, 0, padded_c, always,
-     "dense fp16/bf16 with K a multiple of 8 and C not, on NHWC copies with C padded to 8"},
+    {"mma-padded", CONVD_GPU_FAMILY_MMA, GPU_VIEW_PADDED_C, 0, padded_c, padded_pays,
+     "dense fp16/bf16 with K a multiple of 8 and C not, on NHWC copies with C padded to 8, with "
+     "16 output pixels or more"},
     {"fma-gemm", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_GEMM, fma_in_place, always,
      "1x1 unit stride, or NHWC with cpg % 4 == 0 and kpg >= 24 whose tiles fill the GPU: "
      "implicit GEMM on the FMA units"},
