@@ -88,6 +88,11 @@ extern "C" {
  * client for milliseconds, and a lane slot per client request would otherwise cost a driver call
  * each GPU_PROBE_NS. */
 #define GPU_LANE_PROBE_NS (20 * 1000 * 1000)
+/* A lane's staging pool, allocated when the lanes open and shared by its slots (they run one
+ * after another on its stream). It never grows: allocating device memory waits for the device,
+ * so for every lane's pending wait, which may need this very launch to finish first (measured:
+ * the H100 test and the models stalled until the watchdog). */
+#define GPU_LANE_POOL ((size_t)64 << 20)
 #define GPU_ALIGN        256 /* staging buffers start at this alignment (vector loads, cp.async) */
 #define GPU_POOL_GRAIN   ((size_t)2 << 20)  /* pool sizes are rounded up to this */
 #define GPU_POOL_MIN_CAP ((size_t)64 << 20) /* a pool cap never below this */
@@ -149,6 +154,7 @@ struct gpu_chunk {
 struct gpu_slot {
     hipStream_t stream;
     bool own_stream; /* created (and destroyed) by this slot; a lane's other slots share it */
+    bool shared_pool; /* a lane's slot whose pool belongs to the lane's first slot */
     bool lane;       /* a lane's slot: its jobs' ready words are waited on */
     hipEvent_t done; /* recorded after the last operation of a launch */
     char *pool;      /* device memory for staging and workspace, grown on demand */
@@ -309,7 +315,7 @@ static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_slot *s, cons
 
 static void gpu_pool_free(struct gpu_slot *s)
 {
-    if (s->pool) {
+    if (s->pool && !s->shared_pool) {
         (void)hipFree(s->pool);
         (void)hipGetLastError();
     }
@@ -327,6 +333,10 @@ static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_slot *s, size_t need
 {
     if (need <= s->pool_cap)
         return 0;
+    if (s->lane)
+        return why_fail(why, why_len, CONVD_ENOMEM,
+                        "the request needs %zu bytes of device staging, more than a lane's %zu",
+                        need, s->pool_cap);
     size_t want = s->pool_cap * 2;
     if (want < need)
         want = need;
@@ -1011,7 +1021,7 @@ static void gpu_trim(void *vctx)
         struct gpu_slot *s = &ctx->slots[i];
         if (s->busy)
             continue;
-        if (s->pool_cap > GPU_POOL_KEEP)
+        if (s->pool_cap > GPU_POOL_KEEP && !s->lane)
             gpu_pool_free(s);
         if (s->scratch_n > ctx->scratch_keep) {
             gpu_scratch_free(s);
@@ -1424,7 +1434,8 @@ static int gpu_stats(void *vctx, struct convd_backend_stats *ret)
     (void)hipGetLastError();
     ret->has_staging = true;
     for (unsigned i = 0; i < ctx->nslots; i++)
-        ret->staging_bytes += __atomic_load_n(&ctx->slots[i].pool_cap, __ATOMIC_RELAXED);
+        if (!ctx->slots[i].shared_pool)
+            ret->staging_bytes += __atomic_load_n(&ctx->slots[i].pool_cap, __ATOMIC_RELAXED);
 #ifdef CONVD_GPU_NVIDIA
     struct gpu_nvml_util u;
     if (ctx->nvml.utilization && ctx->nvml.utilization(ctx->nvml.dev, &u) == 0) {
@@ -1548,11 +1559,20 @@ static void gpu_lanes_open(struct gpu_ctx *ctx, int priority)
         hipStream_t stream = NULL;
         if (hipStreamCreateWithPriority(&stream, hipStreamNonBlocking, priority) != hipSuccess)
             goto refused;
+        void *pool = NULL;
+        const size_t pool_bytes = GPU_LANE_POOL < ctx->pool_limit ? GPU_LANE_POOL : ctx->pool_limit;
+        if (hipMalloc(&pool, pool_bytes) != hipSuccess) {
+            (void)hipStreamDestroy(stream);
+            goto refused;
+        }
         for (int k = 0; k < GPU_LANE_DEPTH; k++) {
             struct gpu_slot *s = &ctx->slots[GPU_SLOTS + l * GPU_LANE_DEPTH + k];
             s->stream = stream;
             s->own_stream = k == 0;
             s->lane = true;
+            s->pool = (char *)pool;
+            s->pool_cap = pool_bytes;
+            s->shared_pool = k > 0;
             if (hipEventCreateWithFlags(&s->done, hipEventDisableTiming) != hipSuccess)
                 goto refused;
             if (ctx->timing && (hipEventCreate(&s->t_start) != hipSuccess ||
@@ -1597,9 +1617,10 @@ refused:
             (void)hipEventDestroy(s->t_start);
         if (s->t_end)
             (void)hipEventDestroy(s->t_end);
+        gpu_pool_free(s);
         s->stream = NULL;
         s->done = s->t_start = s->t_end = NULL;
-        s->own_stream = s->lane = false;
+        s->own_stream = s->lane = s->shared_pool = false;
     }
     (void)hipGetLastError();
     ctx->nslots = GPU_SLOTS;

@@ -2007,6 +2007,9 @@ static void test_device_waits(void **state)
 
 int main(void)
 {
+    /* As the daemon does for its lanes (the backend sets it too, but this process starts the
+     * runtime before test_device_waits opens them): streams do not share hardware queues. */
+    (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     /* Fork the IPC peer before this process makes any GPU call. */
     int to_peer[2], from_peer[2];
     if (pipe2(to_peer, O_CLOEXEC) != 0 || pipe2(from_peer, O_CLOEXEC) != 0) {
