@@ -44,6 +44,12 @@ struct nullb_ctx {
     bool timing;                                 /* report exec_ns as device_ns */
 };
 
+/* The lane of a lane slot (slot >= NULLB_SLOTS). */
+static unsigned nullb_lane(unsigned slot)
+{
+    return (slot - NULLB_SLOTS) / NULLB_LANE_DEPTH;
+}
+
 static int nullb_why(char *why, size_t len, int code, const char *text)
 {
     if (why != NULL && len > 0)
@@ -156,7 +162,7 @@ static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs
     ctx->slots[slot].done_ns = now + ctx->exec_ns;
     ctx->slots[slot].started = slot < NULLB_SLOTS;
     if (slot >= NULLB_SLOTS)
-        ctx->slots[slot].lane_seq = ++ctx->lane_launched[(slot - NULLB_SLOTS) / NULLB_LANE_DEPTH];
+        ctx->slots[slot].lane_seq = ++ctx->lane_launched[nullb_lane(slot)];
     return 0;
 }
 
@@ -176,8 +182,7 @@ static bool nullb_lane_started(struct nullb_ctx *ctx, unsigned slot)
     struct nullb_slot *s = &ctx->slots[slot];
     if (s->started)
         return true;
-    const unsigned lane = (slot - NULLB_SLOTS) / NULLB_LANE_DEPTH;
-    if (ctx->lane_finished[lane] + 1 != s->lane_seq)
+    if (ctx->lane_finished[nullb_lane(slot)] + 1 != s->lane_seq)
         return false;
     for (size_t i = 0; i < s->n; i++)
         if (!nullb_ready(s->jobs[i]))
@@ -198,7 +203,7 @@ static int nullb_query(void *vctx, unsigned slot)
             return 0;
         nullb_complete(s->jobs, s->n, ctx->timing ? ctx->exec_ns : 0);
         if (slot >= NULLB_SLOTS) {
-            ctx->lane_finished[(slot - NULLB_SLOTS) / NULLB_LANE_DEPTH]++;
+            ctx->lane_finished[nullb_lane(slot)]++;
             /* As a device's stream does after a lane's batch: the done words, release. */
             for (size_t i = 0; i < s->n; i++) {
                 const struct convd_job *j = s->jobs[i];

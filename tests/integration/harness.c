@@ -274,9 +274,13 @@ void it_daemon_start(struct it_daemon *d, const char *const *extra)
     assert_string_equal(info.backend, "cpu");
     assert_int_equal(info.protocol_version, CONVD_PROTOCOL_VERSION);
 
-    /* Warm up once (workers and lazily opened resources), then take the baseline with only the
-     * monitor connected and nothing registered. */
+    /* Warm up once (workers and lazily opened resources), then take the baseline. */
     it_one_conv(d->mon, it_rng());
+    it_daemon_take_baseline(d);
+}
+
+void it_daemon_take_baseline(struct it_daemon *d)
+{
     uint64_t wend = tu_now_ms() + TU_TIMEOUT_MS;
     double regions = -1;
     while ((!it_metric(d->mon, IT_METRIC_REGIONS, &regions) || regions != 0) && tu_now_ms() < wend)

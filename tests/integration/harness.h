@@ -56,6 +56,12 @@ int it_daemon_spawn(struct it_daemon *d, const char *const *args, const char *mo
  * the baseline. Asserts on failure. */
 void it_daemon_start(struct it_daemon *d, const char *const *extra);
 
+/* Records the baseline it_daemon_check_baseline compares with, once the daemon has released
+ * every region: only `mon` connected, its open descriptors, no memfd mapped, the monitor's rings.
+ * it_daemon_start calls it after its warm-up; a test that spawns its own daemon calls it after
+ * its own. Asserts on failure. */
+void it_daemon_take_baseline(struct it_daemon *d);
+
 /* Waits until the daemon is back to its baseline (only `mon` connected, as many open
  * descriptors as at the start, no region registered, no memfd mapped) and asserts it, then
  * proves that it still answers a ping and a convolution. */

@@ -63,13 +63,7 @@ static void lanes_daemon_start(struct it_daemon *d, const char *drain_ms)
     convd_server_info(d->mon, &info);
     assert_string_equal(info.backend, "null");
     lanes_warm_up(d);
-    uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
-    double regions = -1;
-    while ((!it_metric(d->mon, IT_METRIC_REGIONS, &regions) || regions != 0) && tu_now_ms() < end)
-        tu_sleep_ms(10);
-    d->base_clients = 1;
-    d->base_fds = it_count_fds(d->pid);
-    d->base_ring_maps = it_count_ring_maps(d->pid);
+    it_daemon_take_baseline(d);
 }
 
 static int group_setup(void **state)
