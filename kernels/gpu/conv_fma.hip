@@ -523,6 +523,15 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
     pl.layout = p->layout;
     pl.out_nchw = out_nchw;
     const struct gpu_geom *g = &pl.g;
+    if (kernel == GPU_FMA_GEMV) {
+        const int rc = gpu_gemv_plan_make(p, &pl.gv, why, why_len);
+        if (rc != 0)
+            return rc;
+        pl.gemv = 1;
+        pl.threads = pl.gv.threads;
+        *ret = pl;
+        return 0;
+    }
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
     if (kernel != GPU_FMA_DIRECT) {
         const int rc =
@@ -744,6 +753,8 @@ int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int
 {
     if (pl->gemm)
         return gpu_pw_launch(&pl->pw, b, count, ln);
+    if (pl->gemv)
+        return gpu_gemv_launch(&pl->gv, b, count, ln);
     struct fma_args a;
     a.g = pl->g;
     a.nch = pl->nch;

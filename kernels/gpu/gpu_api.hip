@@ -389,6 +389,11 @@ extern "C" int convd_gpu_plan_describe(const struct convd_problem *p, enum convd
                      pl.u.dw.blocks_per_problem);
         break;
     case CONVD_GPU_FAMILY_FMA:
+        if (pl.u.fma.gemv) {
+            snprintf(buf, len, "fma gemv lanes %d threads %d blocks %d", pl.u.fma.gv.lanes,
+                     pl.u.fma.gv.threads, pl.u.fma.gv.blocks);
+            break;
+        }
         if (pl.u.fma.gemm) {
             snprintf(buf, len, "%s gemm tile %dx%d threads %d smem %d blocks %dx%d",
                      pl.u.fma.pw.tf32 ? "tf32" : "fma", pl.u.fma.pw.tch, pl.u.fma.pw.tpx,

@@ -40,7 +40,8 @@ static int dev_set(int *knob, int value)
     X(tf32)                                                                                        \
     X(mma_tf32)                                                                                    \
     X(mma_split_c)                                                                                 \
-    X(mma_partial_n)
+    X(mma_partial_n)                                                                               \
+    X(gemv)
 
 #define DEV_SETTER(name)                                                                           \
     int convd_gpu_tune_##name(int value)                                                           \

@@ -386,6 +386,21 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
                   const struct gpu_launch *ln);
 
+/* Matrix-vector products on the FMA units (conv_gemv.hip): part of the fma family. */
+struct gpu_gemv_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+    int lanes;   /* threads per output, a power of two up to 32 */
+    int outputs; /* N * K */
+    int blocks, threads;
+};
+/* Whether p is a matrix-vector product per image: a 1x1 filter, a 1x1 output, no padding. */
+int gpu_gemv_applies(const struct convd_problem *p);
+int gpu_gemv_plan_make(const struct convd_problem *p, struct gpu_gemv_plan *ret, char *why,
+                       size_t why_len);
+int gpu_gemv_launch(const struct gpu_gemv_plan *pl, const struct gpu_batch *b, int count,
+                    const struct gpu_launch *ln);
+
 struct gpu_fma_plan {
     struct gpu_geom g;
     int dtype, layout;
@@ -410,6 +425,8 @@ struct gpu_fma_plan {
     int out_nchw;
     int gemm; /* run on the implicit-GEMM kernel with plan pw (the fields above unused) */
     struct gpu_pw_plan pw;
+    int gemv; /* run on the matrix-vector kernel with plan gv (the fields above unused) */
+    struct gpu_gemv_plan gv;
 };
 /* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
  * the workspace; the kernel writes the output in NCHW. Problems the implicit GEMM takes
@@ -422,6 +439,7 @@ struct gpu_fma_plan {
 #define GPU_FMA_GEMM   1
 #define GPU_FMA_DIRECT 2
 #define GPU_FMA_TF32   3 /* the implicit GEMM's TF32 tiles or nothing */
+#define GPU_FMA_GEMV   4 /* the matrix-vector kernel or nothing */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
                       const struct convd_gpu_policy *pol, struct gpu_fma_plan *ret, char *why,
                       size_t why_len);

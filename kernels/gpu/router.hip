@@ -33,6 +33,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"mma_tf32", pol->mma_tf32, -1, 1, -9},
         {"mma_split_c", pol->mma_split_c, 0, 1, -9},
         {"mma_partial_n", pol->mma_partial_n, 0, 1, -9},
+        {"gemv", pol->gemv, 0, 2, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;
@@ -274,6 +275,21 @@ static int tf32_nchw_copies(const struct gpu_route_in *in)
     return tf32_allowed(in) && nchw_with_copies(in);
 }
 
+/* A matrix-vector product per image (1x1 filter, 1x1 output), in either layout (the two are
+ * the same memory there), unless the policy's gemv is 0: a fits predicate, so that the fma
+ * family asked for by name then keeps to its other kernels. */
+static int gemv_fits(const struct gpu_route_in *in)
+{
+    return in->pol->gemv != 0 && gpu_gemv_applies(in->p);
+}
+
+/* Where the matrix-vector kernel replaces the implicit GEMM's tiles: a few images, where the
+ * tiles of 32+ pixels would stage one (policy gemv 1; 2 at any image count, 0 never). */
+static int gemv_routes(const struct gpu_route_in *in)
+{
+    return in->pol->gemv == 2 || (in->pol->gemv == 1 && in->p->n <= 4);
+}
+
 /* ---- the table ---- */
 
 #define N       GPU_VIEW_NATIVE
@@ -282,6 +298,9 @@ static int tf32_nchw_copies(const struct gpu_route_in *in)
 static const struct gpu_rule gpu_rules[] = {
     {"generic-unaligned", CONVD_GPU_FAMILY_GENERIC, N, 0, unaligned, always,
      "tensors not 16-byte aligned: one thread per output"},
+    {"fma-gemv", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_GEMV, gemv_fits, gemv_routes,
+     "1x1 filter, 1x1 output, no padding, at most 4 images (squeeze-excitation 1x1s, heads): "
+     "lanes of a warp share each output, either layout"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
     {"mma-tf32", CONVD_GPU_FAMILY_MMA, N, 0, tf32_nhwc, mma_tf32_routes,

@@ -1750,6 +1750,61 @@ static void test_multi_problem(void **state)
     batch_case(p, CONVD_GPU_FAMILY_AUTO, 35);
 }
 
+/* The fma family's matrix-vector kernel (1x1 filter, 1x1 output): the squeeze-excitation shapes
+ * of regnet_y_400mf (cpg 12 and 26: lanes of 4 and 8), a grouped one (cpg 6, kpg 24), one of a
+ * channel per group and two outputs (ahead of the depthwise kernel), a long row (cpg 1,000:
+ * a warp an output, outputs past the last block's end), and a 3x3 image at stride 3 (the
+ * output's one pixel of a larger plane: NCHW reads channels a plane apart), each in every dtype
+ * and layout with and without bias and activations, alone and batched. Then the policy: past 4
+ * images only with gemv 2, and never with 0, when the other kernels still serve them. */
+static void test_fma_gemv(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family F = CONVD_GPU_FAMILY_FMA, A = CONVD_GPU_FAMILY_AUTO;
+    struct convd_problem ps[] = {
+        mk(1, 1, 1, 12, 104, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 1, 1, 26, 104, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(2, 1, 1, 104, 26, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(3, 1, 1, 96, 384, 1, 1, 16, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 1, 1, 16, 32, 1, 1, 16, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 1, 1, 1000, 37, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(4, 3, 3, 40, 20, 1, 1, 2, 3, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+    };
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    for (size_t i = 0; i < np; i++) {
+        for (int l = 0; l < 2; l++) {
+            struct convd_problem q = ps[i];
+            q.layout = layouts[l];
+            if (!described_as(&q, A, "gemv"))
+                fail_msg("case %zu layout %d not routed to the gemv kernel", i, l);
+        }
+        sweep(ps[i], F, 1, 0);
+        struct convd_problem q = ps[i];
+        q.has_bias = true;
+        set_act(&q, (int)i);
+        batch_case(q, A, 3);
+        q.layout = CONVD_LAYOUT_NCHW;
+        batch_case(q, A, 3);
+    }
+    struct convd_problem q = ps[1];
+    q.n = 5; /* past the default's images */
+    assert_false(described_as(&q, A, "gemv"));
+    assert_true(described_as(&q, F, "gemv")); /* asked for by name, the family takes it */
+    assert_int_equal(convd_gpu_tune_gemv(2), 0);
+    assert_true(described_as(&q, A, "gemv"));
+    sweep(q, A, 1, 0);
+    q = ps[1];
+    q.pad_top = q.pad_bottom = 1; /* a 3x1 output */
+    assert_false(described_as(&q, A, "gemv"));
+    assert_int_equal(convd_gpu_tune_gemv(0), 0);
+    for (size_t i = 0; i < np; i++) {
+        assert_false(described_as(&ps[i], A, "gemv"));
+        sweep(ps[i], A, 1, 0);
+    }
+    assert_int_equal(convd_gpu_tune_gemv(3), CONVD_EINVAL);
+}
+
 /* ---- API contract ---- */
 
 static void test_api(void **state)
@@ -1842,6 +1897,7 @@ int main(void)
         cmocka_unit_test_teardown(test_mma_padded, untune),
         cmocka_unit_test_teardown(test_mma_split_c, untune),
         cmocka_unit_test_teardown(test_mma_partial_n, untune),
+        cmocka_unit_test_teardown(test_fma_gemv, untune),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
         cmocka_unit_test_teardown(test_chain, untune),
@@ -1850,6 +1906,9 @@ int main(void)
         cmocka_unit_test(test_group_identity),
         cmocka_unit_test(test_multi_problem),
     };
+    /* CONVD_TEST_ONLY=test_fma_gemv (a glob) runs the tests it matches alone. */
+    if (getenv("CONVD_TEST_ONLY") != NULL)
+        cmocka_set_test_filter(getenv("CONVD_TEST_ONLY"));
     int failed = cmocka_run_group_tests(tests, NULL, report);
     /* With a GPU, a run that compared nothing is a failure, not a pass. */
     if (failed == 0 && have_gpu() && n_checked == 0) {
