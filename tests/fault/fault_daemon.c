@@ -322,8 +322,8 @@ int main(void)
         cmocka_unit_test_prestate(test_serving_faults, (void *)(uintptr_t)2),
     };
 #endif
-    /* CONVD_FAULT_ONLY=test_gpu_context_lost (a glob) runs the tests it matches alone. */
-    if (getenv("CONVD_FAULT_ONLY") != NULL)
-        cmocka_set_test_filter(getenv("CONVD_FAULT_ONLY"));
+    /* CONVD_TEST_ONLY=test_gpu_context_lost (a glob) runs the tests it matches alone. */
+    if (getenv("CONVD_TEST_ONLY") != NULL)
+        cmocka_set_test_filter(getenv("CONVD_TEST_ONLY"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
