@@ -158,6 +158,11 @@ struct gpu_slot {
     bool lane;       /* a lane's slot: its jobs' ready words are waited on */
     hipEvent_t done; /* recorded after the last operation of a launch */
     char *pool;      /* device memory for staging and workspace, grown on demand */
+    /* With lanes open, a shared slot's pool comes from the stream-ordered allocator and goes
+     * back to it on the slot's stream: cudaMalloc and cudaFree wait for the device, so for every
+     * lane's pending wait (NVIDIA only; lanes are). */
+    bool pool_async;
+    bool ordered_pools; /* allocate the next pool that way */
     size_t pool_cap; /* its size */
     /* Scratch sized for the largest batch seen (trim returns it to the configured batch). */
     size_t scratch_n;
@@ -313,13 +318,24 @@ static bool gpu_settle_after_error(struct gpu_ctx *ctx, struct gpu_slot *s, cons
 
 /* ---- the per-slot pool and scratch ---- */
 
-static void gpu_pool_free(struct gpu_slot *s)
+/* ordered: on the slot's stream where the pool came from the stream-ordered allocator (the
+ * stream must live); otherwise, or at close, a plain free, which waits for the device. */
+static void gpu_pool_free(struct gpu_slot *s, bool ordered)
 {
     if (s->pool && !s->shared_pool) {
+#ifdef CONVD_GPU_NVIDIA
+        if (s->pool_async && ordered)
+            (void)cudaFreeAsync(s->pool, s->stream);
+        else
+            (void)hipFree(s->pool);
+#else
+        (void)ordered;
         (void)hipFree(s->pool);
+#endif
         (void)hipGetLastError();
     }
     s->pool = NULL;
+    s->pool_async = false;
     __atomic_store_n(&s->pool_cap, (size_t)0, __ATOMIC_RELAXED);
 }
 
@@ -343,14 +359,23 @@ static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_slot *s, size_t need
     want = gpu_round_up(want, GPU_POOL_GRAIN);
     if (want > ctx->pool_limit)
         want = ctx->pool_limit > need ? ctx->pool_limit : need;
-    gpu_pool_free(s);
+    gpu_pool_free(s, true);
     void *p = NULL;
-    hipError_t e = hipMalloc(&p, want);
+#ifdef CONVD_GPU_NVIDIA
+    const bool async = s->ordered_pools;
+#define GPU_POOL_ALLOC(ptr, bytes)                                                                 \
+    (async ? cudaMallocAsync((ptr), (bytes), s->stream) : hipMalloc((ptr), (bytes)))
+#else
+    const bool async = false;
+#define GPU_POOL_ALLOC(ptr, bytes) hipMalloc((ptr), (bytes))
+#endif
+    hipError_t e = GPU_POOL_ALLOC(&p, want);
     if (e == hipErrorOutOfMemory && want > need) {
         (void)hipGetLastError();
         want = need;
-        e = hipMalloc(&p, want);
+        e = GPU_POOL_ALLOC(&p, want);
     }
+#undef GPU_POOL_ALLOC
     if (e != hipSuccess) {
         (void)hipGetLastError();
         char what[96];
@@ -358,6 +383,7 @@ static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_slot *s, size_t need
         return gpu_fail(e, why, why_len, what);
     }
     s->pool = (char *)p;
+    s->pool_async = async;
     __atomic_store_n(&s->pool_cap, want, __ATOMIC_RELAXED); /* stats read it on the loop */
     return 0;
 }
@@ -1022,7 +1048,7 @@ static void gpu_trim(void *vctx)
         if (s->busy)
             continue;
         if (s->pool_cap > GPU_POOL_KEEP && !s->lane)
-            gpu_pool_free(s);
+            gpu_pool_free(s, true);
         if (s->scratch_n > ctx->scratch_keep) {
             gpu_scratch_free(s);
             (void)gpu_scratch_reserve(s, ctx->scratch_keep); /* else regrown by launch */
@@ -1464,7 +1490,7 @@ static void gpu_close(struct gpu_ctx *ctx)
             (void)hipEventDestroy(s->t_start);
         if (s->t_end)
             (void)hipEventDestroy(s->t_end);
-        gpu_pool_free(s);
+        gpu_pool_free(s, false);
         gpu_scratch_free(s);
         memset(s, 0, sizeof *s);
     }
@@ -1602,6 +1628,8 @@ static void gpu_lanes_open(struct gpu_ctx *ctx, int priority)
             goto refused;
     }
     ctx->nslots = GPU_ALL_SLOTS;
+    for (int i = 0; i < GPU_SLOTS; i++)
+        ctx->slots[i].ordered_pools = true;
     return;
 refused:
     (void)hipGetLastError();
@@ -1617,7 +1645,7 @@ refused:
             (void)hipEventDestroy(s->t_start);
         if (s->t_end)
             (void)hipEventDestroy(s->t_end);
-        gpu_pool_free(s);
+        gpu_pool_free(s, false);
         s->stream = NULL;
         s->done = s->t_start = s->t_end = NULL;
         s->own_stream = s->lane = s->shared_pool = false;
