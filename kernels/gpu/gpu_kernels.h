@@ -82,14 +82,14 @@ struct convd_gpu_policy {
      * columns zero weights that are never stored; 0 leaves them to the other families. Tried
      * only where no whole-block plan exists, so no plan the others found changes. */
     int mma_partial_n;
-    /* A 1x1 filter with a 1x1 output (squeeze-excitation 1x1s, classifier heads): 1 (default)
-     * runs it on the fma family's matrix-vector kernel, a few lanes per output, where it has at
-     * most 4 images; 2 whatever the images; 0 never. */
+    /* A 1x1 filter with a 1x1 output (squeeze-excitation 1x1s, classifier heads): 1 runs it on
+     * the fma family's matrix-vector kernel, a few lanes per output, where it has at most 4
+     * images; 2 whatever the images; 0 (default until it has run on a GPU) never. */
     int gemv;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 1                           \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 0                           \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

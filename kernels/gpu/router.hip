@@ -284,7 +284,8 @@ static int gemv_fits(const struct gpu_route_in *in)
 }
 
 /* Where the matrix-vector kernel replaces the implicit GEMM's tiles: a few images, where the
- * tiles of 32+ pixels would stage one (policy gemv 1; 2 at any image count, 0 never). */
+ * tiles of 32+ pixels would stage one (policy gemv 1; 2 at any image count, 0 never, the
+ * default until the kernel has run on a GPU: bench/gpu/NOTES.md, round 22). */
 static int gemv_routes(const struct gpu_route_in *in)
 {
     return in->pol->gemv == 2 || (in->pol->gemv == 1 && in->p->n <= 4);
@@ -299,8 +300,8 @@ static const struct gpu_rule gpu_rules[] = {
     {"generic-unaligned", CONVD_GPU_FAMILY_GENERIC, N, 0, unaligned, always,
      "tensors not 16-byte aligned: one thread per output"},
     {"fma-gemv", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_GEMV, gemv_fits, gemv_routes,
-     "1x1 filter, 1x1 output, no padding, at most 4 images (squeeze-excitation 1x1s, heads): "
-     "lanes of a warp share each output, either layout"},
+     "policy gemv 1: 1x1 filter, 1x1 output, no padding, at most 4 images (squeeze-excitation "
+     "1x1s, heads): lanes of a warp share each output, either layout"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
     {"mma-tf32", CONVD_GPU_FAMILY_MMA, N, 0, tf32_nhwc, mma_tf32_routes,
