@@ -160,9 +160,8 @@ struct gpu_slot {
     char *pool;      /* device memory for staging and workspace, grown on demand */
     /* With lanes open, a shared slot's pool comes from the stream-ordered allocator and goes
      * back to it on the slot's stream: cudaMalloc and cudaFree wait for the device, so for every
-     * lane's pending wait (NVIDIA only; lanes are). */
+     * lane's pending wait (NVIDIA only; lanes are). Whether this pool came from there. */
     bool pool_async;
-    bool ordered_pools; /* allocate the next pool that way */
     size_t pool_cap; /* its size */
     /* Scratch sized for the largest batch seen (trim returns it to the configured batch). */
     size_t scratch_n;
@@ -339,6 +338,18 @@ static void gpu_pool_free(struct gpu_slot *s, bool ordered)
     __atomic_store_n(&s->pool_cap, (size_t)0, __ATOMIC_RELAXED);
 }
 
+static hipError_t gpu_pool_alloc(struct gpu_slot *s, void **p, size_t bytes, bool async)
+{
+#ifdef CONVD_GPU_NVIDIA
+    if (async)
+        return cudaMallocAsync(p, bytes, s->stream);
+#else
+    (void)s;
+    (void)async;
+#endif
+    return hipMalloc(p, bytes);
+}
+
 /* Makes the slot's pool hold at least `need` bytes (need <= ctx->pool_limit). Nothing of ours is
  * queued on the slot's stream here (a launch reserves once, for its largest chunk, before it
  * enqueues anything, and the slot's previous batch has been reported done; the warm-up waits for
@@ -361,21 +372,14 @@ static int gpu_pool_reserve(struct gpu_ctx *ctx, struct gpu_slot *s, size_t need
         want = ctx->pool_limit > need ? ctx->pool_limit : need;
     gpu_pool_free(s, true);
     void *p = NULL;
-#ifdef CONVD_GPU_NVIDIA
-    const bool async = s->ordered_pools;
-#define GPU_POOL_ALLOC(ptr, bytes)                                                                 \
-    (async ? cudaMallocAsync((ptr), (bytes), s->stream) : hipMalloc((ptr), (bytes)))
-#else
-    const bool async = false;
-#define GPU_POOL_ALLOC(ptr, bytes) hipMalloc((ptr), (bytes))
-#endif
-    hipError_t e = GPU_POOL_ALLOC(&p, want);
+    /* Lane slots never grow (above), so with lanes open this is a shared slot. */
+    const bool async = ctx->nslots == GPU_ALL_SLOTS;
+    hipError_t e = gpu_pool_alloc(s, &p, want, async);
     if (e == hipErrorOutOfMemory && want > need) {
         (void)hipGetLastError();
         want = need;
-        e = GPU_POOL_ALLOC(&p, want);
+        e = gpu_pool_alloc(s, &p, want, async);
     }
-#undef GPU_POOL_ALLOC
     if (e != hipSuccess) {
         (void)hipGetLastError();
         char what[96];
@@ -1628,8 +1632,6 @@ static void gpu_lanes_open(struct gpu_ctx *ctx, int priority)
             goto refused;
     }
     ctx->nslots = GPU_ALL_SLOTS;
-    for (int i = 0; i < GPU_SLOTS; i++)
-        ctx->slots[i].ordered_pools = true;
     return;
 refused:
     (void)hipGetLastError();
