@@ -214,15 +214,18 @@ static void test_gpu_runtime_faults(void **state)
     serving_faults(&cuda_calls);
 }
 
-/* Whether the daemon thread of s has returned within ms (without joining it). */
-static bool thread_exits_within(struct tu_srv *s, int ms)
+/* Joins the daemon thread of s if it returns within ms. */
+static bool joined_within(struct tu_srv *s, int ms)
 {
-    for (int waited = 0; waited < ms; waited += 10) {
-        if (pthread_tryjoin_np(s->thread, NULL) == 0)
-            return true;
-        usleep(10000);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
     }
-    return false;
+    return pthread_timedjoin_np(s->thread, NULL, &until) == 0;
 }
 
 /* A lost context: from one failed call on, every runtime call of the daemon fails. No request
@@ -265,7 +268,7 @@ static void test_gpu_context_lost(void **state)
                 /* A failed call whose result the daemon ignores (clearing an error) shows only at
                  * its next runtime call; when it was the scenario's last, a next client brings
                  * one, as it would after a real loss. */
-                bool ended = thread_exits_within(&s, 2000);
+                bool ended = joined_within(&s, 2000);
                 if (!ended) {
                     struct outcome next = {0};
                     scenario(s.sock, seed + 100 + (uint64_t)i, &next);
@@ -273,10 +276,7 @@ static void test_gpu_context_lost(void **state)
                         fail_msg("%s: after the loss %d requests lost, %d wrong outputs", label,
                                  next.lost, next.wrong);
                 }
-                struct timespec until;
-                clock_gettime(CLOCK_REALTIME, &until);
-                until.tv_sec += WAIT_MS / 1000;
-                if (!ended && pthread_timedjoin_np(s.thread, NULL, &until) != 0)
+                if (!ended && !joined_within(&s, WAIT_MS))
                     fail_msg("%s: the daemon kept running with a lost device", label);
                 if (s.rc != 1)
                     fail_msg("%s: daemon_run returned %d, want 1", label, s.rc);
