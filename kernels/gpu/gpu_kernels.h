@@ -84,12 +84,13 @@ struct convd_gpu_policy {
     int mma_partial_n;
     /* A 1x1 filter with a 1x1 output (squeeze-excitation 1x1s, classifier heads): 1 runs it on
      * the fma family's matrix-vector kernel, a few lanes per output, where it has at most 4
-     * images; 2 whatever the images; 0 (default until it has run on a GPU) never. */
+     * images (default: 1.4-2.0 us against the GEMM's 2.4-6.7 on regnet's, H100); 2 whatever
+     * the images; 0 never. */
     int gemv;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 0                           \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 1                           \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

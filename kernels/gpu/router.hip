@@ -284,8 +284,8 @@ static int gemv_fits(const struct gpu_route_in *in)
 }
 
 /* Where the matrix-vector kernel replaces the implicit GEMM's tiles: a few images, where the
- * tiles of 32+ pixels would stage one (policy gemv 1; 2 at any image count, 0 never, the
- * default until the kernel has run on a GPU: bench/gpu/NOTES.md, round 22). */
+ * tiles of 32+ pixels would stage one (policy gemv 1, the default: bench/gpu/NOTES.md, round
+ * 23; 2 at any image count, 0 never). */
 static int gemv_routes(const struct gpu_route_in *in)
 {
     return in->pol->gemv == 2 || (in->pol->gemv == 1 && in->p->n <= 4);

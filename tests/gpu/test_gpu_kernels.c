@@ -1756,14 +1756,14 @@ static void test_multi_problem(void **state)
  * a warp an output, outputs past the last block's end), and a 3x3 image at stride 3 (the
  * output's one pixel of a larger plane: NCHW reads channels a plane apart), each in every dtype
  * and layout with and without bias and activations, alone and batched. Then the policy: past 4
- * images only with gemv 2, and never with 0 (the default for now), when the other kernels still
- * serve them. */
+ * images only with gemv 2, and never with 0, when the other kernels still serve them; 1 is the
+ * default. */
 static void test_fma_gemv(void **state)
 {
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family F = CONVD_GPU_FAMILY_FMA, A = CONVD_GPU_FAMILY_AUTO;
-    assert_int_equal(convd_gpu_tune_gemv(1), 0); /* off by default until measured */
+    assert_int_equal(convd_gpu_policy_default.gemv, 1);
     struct convd_problem ps[] = {
         mk(1, 1, 1, 12, 104, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
         mk(1, 1, 1, 26, 104, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
@@ -1805,7 +1805,7 @@ static void test_fma_gemv(void **state)
         sweep(ps[i], A, 1, 0);
     }
     assert_int_equal(convd_gpu_tune_gemv(3), CONVD_EINVAL);
-    assert_int_equal(convd_gpu_policy_default.gemv, 0);
+    assert_int_equal(convd_gpu_tune_gemv(1), 0); /* back to the default for the tests after */
 }
 
 /* ---- API contract ---- */
