@@ -1822,9 +1822,13 @@ static int gpu_init(const struct convd_backend_config *cfg, void **ret_ctx,
     }
     /* Lanes are streams that wait: where more streams than the device's hardware queues
      * (CUDA's default is 8) share one, a lane waiting for its client holds up the others'
-     * work. Set before the runtime starts, and only where the operator has not. */
-    if (cfg->device_waits)
+     * work. And loading a kernel lazily, at its first launch, may wait for the device (CUDA's
+     * lazy loading), so for the lanes' words: every kernel loads at start instead. Set before
+     * the runtime starts, and only where the operator has not. */
+    if (cfg->device_waits) {
         (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+        (void)setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    }
     int count = 0;
     hipError_t e = hipGetDeviceCount(&count);
     if (e != hipSuccess) {

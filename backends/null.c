@@ -13,6 +13,11 @@
  * at once, so the loop polls while a modelled batch runs. With device_timing each job reports
  * the model's batch time (null_exec_us) as its device time, which is how the daemon's timing
  * metric is tested without a GPU.
+ *
+ * With lanes it keeps the GPU's rule for them too: on a GPU, importing or releasing client memory
+ * waits for the device, and so for every word a lane waits on (docs/architecture.md, "Lanes"),
+ * so the daemon must not ask while a lane has a batch. Here such a call is refused (an import
+ * fails, a release is counted and logged) instead of stalling, which is how the tests see it.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "log.h"
 
 #define NULLB_SLOTS      4
 #define NULLB_LANES      4
@@ -42,6 +48,8 @@ struct nullb_ctx {
     uint64_t lane_launched[NULLB_LANES], lane_finished[NULLB_LANES];
     uint64_t launch_ns, launch_item_ns, exec_ns; /* the model; all 0: none */
     bool timing;                                 /* report exec_ns as device_ns */
+    /* Lane batches launched and not yet reported done: set by launch threads, read by the loop. */
+    atomic_uint lane_pending;
 };
 
 /* The lane of a lane slot (slot >= NULLB_SLOTS). */
@@ -106,11 +114,15 @@ static int nullb_supports(void *ctx, const struct convd_problem *p, char *why, s
     return 0;
 }
 
-static int nullb_mem_import(void *ctx, struct convd_mem *m, char *why, size_t why_len)
+static int nullb_mem_import(void *vctx, struct convd_mem *m, char *why, size_t why_len)
 {
-    (void)ctx;
+    struct nullb_ctx *ctx = vctx;
     if (m == NULL)
         return nullb_why(why, why_len, CONVD_EINVAL, "null backend: memory is NULL");
+    if (atomic_load(&ctx->lane_pending) > 0)
+        return nullb_why(why, why_len, CONVD_EINTERNAL,
+                         "null backend: an import while a lane has a batch (a GPU would wait for "
+                         "the lane's words here)");
     if (m->kind != CONVD_MEM_HOST)
         return nullb_why(why, why_len, CONVD_EUNSUPPORTED,
                          "the null backend cannot open GPU memory");
@@ -118,10 +130,13 @@ static int nullb_mem_import(void *ctx, struct convd_mem *m, char *why, size_t wh
     return 0;
 }
 
-static void nullb_mem_release(void *ctx, struct convd_mem *m)
+static void nullb_mem_release(void *vctx, struct convd_mem *m)
 {
-    (void)ctx;
+    struct nullb_ctx *ctx = vctx;
     (void)m;
+    if (atomic_load(&ctx->lane_pending) > 0)
+        log_err("null backend: a release while a lane has a batch (a GPU would wait for the "
+                "lane's words here)");
 }
 
 static void nullb_complete(struct convd_job *const *jobs, size_t n, uint64_t device_ns)
@@ -161,8 +176,10 @@ static int nullb_launch(void *vctx, unsigned slot, struct convd_job *const *jobs
         now = convd_now_ns();
     ctx->slots[slot].done_ns = now + ctx->exec_ns;
     ctx->slots[slot].started = slot < NULLB_SLOTS;
-    if (slot >= NULLB_SLOTS)
+    if (slot >= NULLB_SLOTS) {
         ctx->slots[slot].lane_seq = ++ctx->lane_launched[nullb_lane(slot)];
+        atomic_fetch_add(&ctx->lane_pending, 1);
+    }
     return 0;
 }
 
@@ -204,6 +221,7 @@ static int nullb_query(void *vctx, unsigned slot)
         nullb_complete(s->jobs, s->n, ctx->timing ? ctx->exec_ns : 0);
         if (slot >= NULLB_SLOTS) {
             ctx->lane_finished[nullb_lane(slot)]++;
+            atomic_fetch_sub(&ctx->lane_pending, 1);
             /* As a device's stream does after a lane's batch: the done words, release. */
             for (size_t i = 0; i < s->n; i++) {
                 const struct convd_job *j = s->jobs[i];

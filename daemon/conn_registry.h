@@ -17,6 +17,8 @@ struct conn_registry {
     struct list_node rings;  /* READY connections with rings, polled by the loop */
     struct list_node notify; /* connections owed a doorbell check */
     struct list_node gates;  /* connections with requests waiting on their gates */
+    struct list_node held;   /* connections whose registration waits for the lanes */
+    uint32_t nheld;
     uint32_t gated;          /* those requests, over all connections */
     uint32_t waiting;        /* requests in lanes, over all connections */
     struct conn *lane_owner[CONN_MAX_LANES]; /* the connection holding each lane, or NULL */

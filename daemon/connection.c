@@ -1,5 +1,6 @@
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -22,6 +23,15 @@
 #define CONN_LINGER_MS        1000 /* how long a closing connection may take to flush */
 #define CONN_MAX_GIDS         64
 #define CONN_TRIM_BYTES       (256u * 1024u) /* unread replies worth returning to the system */
+
+/* A RegisterRegion held until the lanes empty (conn_hold_register): the message's fields, and a
+ * duplicate of its memfd's descriptor (the caller closes the one that came with it). */
+struct conn_held {
+    uint64_t id, size, ipc_offset;
+    Convd__RegionKind kind;
+    int fd; /* -1 for GPU_IPC */
+    uint8_t ipc_handle[CONVD_IPC_HANDLE_SIZE];
+};
 
 /* One encoded datagram waiting for the socket to take it. */
 struct conn_out {
@@ -67,6 +77,16 @@ static const char *conn_label(const struct conn *c)
 
 /* --- sending ------------------------------------------------------------------------------ */
 
+/* What c's socket is watched for: requests, unless a held registration stops reading (a
+ * hang-up is noticed when reading resumes), and room for unsent replies. */
+static int conn_events(const struct conn *c)
+{
+    if (c->state == CONN_CLOSING)
+        return UV_WRITABLE;
+    int events = c->held != NULL ? 0 : UV_READABLE | UV_DISCONNECT;
+    return list_empty(&c->outq) ? events : events | UV_WRITABLE;
+}
+
 static void conn_set_events(struct conn *c, int events)
 {
     if (c->handles_closing || events == c->poll_events)
@@ -101,7 +121,7 @@ static int conn_flush(struct conn *c)
         conn_close_handles(c);
         return 0;
     }
-    conn_set_events(c, UV_READABLE | UV_DISCONNECT);
+    conn_set_events(c, conn_events(c));
     return 0;
 }
 
@@ -146,8 +166,7 @@ static void conn_send(struct conn *c, const Convd__ServerMessage *m)
     memcpy(o->data, d->tx, (size_t)len);
     list_add_tail(&c->outq, &o->link);
     c->outq_bytes += (uint64_t)len;
-    conn_set_events(c, c->state == CONN_CLOSING ? UV_WRITABLE
-                                                : UV_READABLE | UV_DISCONNECT | UV_WRITABLE);
+    conn_set_events(c, conn_events(c));
 }
 
 static void conn_send_protocol_error(struct conn *c, int status, const char *text)
@@ -545,7 +564,10 @@ static void conn_launch_wait(struct conn *c, struct dreq *r, struct batch *b, un
 
 unsigned conn_launch_waits(struct convd_daemon *d)
 {
-    if (d->pool.lanes == 0 || d->conns.gated == 0 || d->finishing || !d->pool_started)
+    /* Paused while a registration or release waits for the lanes to empty: the loop polls the
+     * new requests' words meanwhile and runs them on the other slots. */
+    if (d->pool.lanes == 0 || d->conns.gated == 0 || d->finishing || !d->pool_started ||
+        daemon_lanes_paused(d))
         return 0;
     unsigned launched = 0;
     const uint64_t now = convd_now_ns();
@@ -733,7 +755,7 @@ static void conn_on_ring_stall(uv_timer_t *t)
 static unsigned conn_poll_ring(struct conn *c)
 {
     unsigned taken = 0;
-    while (taken < CONN_RING_BUDGET && c->state == CONN_READY && c->has_ring) {
+    while (taken < CONN_RING_BUDGET && c->state == CONN_READY && c->has_ring && c->held == NULL) {
         struct convd_ring_sqe e;
         char why[256];
         enum ring_take_result res = ring_take(&c->ring, &e, why, sizeof(why));
@@ -787,12 +809,68 @@ static bool conn_needs_doorbell(struct conn *c)
 
 /* --- regions ------------------------------------------------------------------------------ */
 
+/* With lanes busy, holds a registration that would import memory (the checks that refuse it
+ * before any import run at once): importing waits for the device, and so for the words the
+ * lanes wait on, whose clients may need this loop to launch their earlier requests first.
+ * Until it runs, nothing more is read from c: the requests behind it may name the region. True
+ * when held. */
+static bool conn_hold_register(struct conn *c, const Convd__RegisterRegion *rr, const int *fds,
+                               size_t nfds)
+{
+    struct convd_daemon *d = c->d;
+    if (d->draining || !daemon_lanes_busy(d))
+        return false;
+    const bool memfd = rr->kind == CONVD__REGION_KIND__REGION_MEMFD && nfds == 1;
+    const bool ipc = rr->kind == CONVD__REGION_KIND__REGION_GPU_IPC && nfds == 0 &&
+                     rr->ipc_handle.len == CONVD_IPC_HANDLE_SIZE;
+    if (!memfd && !ipc)
+        return false;
+    /* Without memory or a descriptor to hold it with, it imports now: the lanes' watchdog
+     * frees a stalled lane within gate_timeout_ms. */
+    struct conn_held *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return false;
+    h->fd = -1;
+    if (memfd && (h->fd = fcntl(fds[0], F_DUPFD_CLOEXEC, 0)) < 0) {
+        free(h);
+        return false;
+    }
+    h->id = rr->region_id;
+    h->size = rr->size;
+    h->kind = rr->kind;
+    h->ipc_offset = rr->ipc_offset;
+    if (ipc)
+        memcpy(h->ipc_handle, rr->ipc_handle.data, CONVD_IPC_HANDLE_SIZE);
+    c->held = h;
+    list_add_tail(&d->conns.held, &c->held_link);
+    d->conns.nheld++;
+    d->metrics.region_holds++;
+    conn_set_events(c, conn_events(c));
+    log_debug("client %llu (%s): region %llu waits for the lanes to empty",
+              (unsigned long long)c->serial, conn_label(c), (unsigned long long)rr->region_id);
+    return true;
+}
+
+/* Takes c's held registration off the list; the caller runs or drops it. */
+static struct conn_held *conn_unhold(struct conn *c)
+{
+    struct conn_held *h = c->held;
+    if (h != NULL) {
+        list_del(&c->held_link);
+        c->d->conns.nheld--;
+        c->held = NULL;
+    }
+    return h;
+}
+
 static void conn_on_register(struct conn *c, const Convd__RegisterRegion *rr, const int *fds,
                              size_t nfds)
 {
     struct convd_daemon *d = c->d;
     char why[320];
     int rc;
+    if (conn_hold_register(c, rr, fds, nfds))
+        return;
     if (d->draining) {
         rc = CONVD_ESHUTDOWN;
         snprintf(why, sizeof(why), "the daemon is shutting down; no new regions");
@@ -828,6 +906,34 @@ static void conn_on_register(struct conn *c, const Convd__RegisterRegion *rr, co
                      conn_label(c), (unsigned long long)rr->region_id, convd_status_name(rc), why);
     }
     conn_send_region_reply(c, rr->region_id, rc, why);
+}
+
+uint32_t conn_held(const struct convd_daemon *d)
+{
+    return d->conns.nheld;
+}
+
+void conn_run_held(struct convd_daemon *d)
+{
+    while (!list_empty(&d->conns.held)) {
+        struct conn *c = list_entry(d->conns.held.next, struct conn, held_link);
+        struct conn_held *h = conn_unhold(c);
+        Convd__RegisterRegion rr = CONVD__REGISTER_REGION__INIT;
+        rr.region_id = h->id;
+        rr.size = h->size;
+        rr.kind = h->kind;
+        rr.ipc_offset = h->ipc_offset;
+        if (h->fd < 0) {
+            rr.ipc_handle.data = h->ipc_handle;
+            rr.ipc_handle.len = CONVD_IPC_HANDLE_SIZE;
+        }
+        conn_on_register(c, &rr, &h->fd, h->fd >= 0 ? 1 : 0);
+        if (h->fd >= 0)
+            close(h->fd);
+        free(h);
+        if (c->state != CONN_CLOSING)
+            conn_set_events(c, conn_events(c)); /* its ring is polled on the loop's next pass */
+    }
 }
 
 static void conn_on_unregister(struct conn *c, const Convd__UnregisterRegion *ur)
@@ -1034,7 +1140,8 @@ static void conn_read(struct conn *c)
 static void conn_read_some(struct conn *c)
 {
     struct convd_daemon *d = c->d;
-    for (int i = 0; i < CONN_READS_PER_WAKEUP && c->state != CONN_CLOSING; i++) {
+    for (int i = 0; i < CONN_READS_PER_WAKEUP && c->state != CONN_CLOSING && c->held == NULL;
+         i++) {
         int fds[SOCK_MAX_FDS];
         size_t nfds = 0;
         ssize_t n = sock_recv(c->fd, d->rx, sizeof(d->rx), fds, &nfds);
@@ -1169,6 +1276,12 @@ void conn_shutdown(struct conn *c, bool flush, const char *reason)
     enum conn_state was = c->state;
     c->state = CONN_CLOSING;
     conn_detach_ring(c);
+    struct conn_held *held = conn_unhold(c);
+    if (held != NULL) {
+        if (held->fd >= 0)
+            close(held->fd);
+        free(held);
+    }
     if (c->counted) {
         d->conns.clients--;
         c->user->conns--;
@@ -1320,6 +1433,7 @@ void conn_accept(struct convd_daemon *d, int fd)
         return;
     }
     region_table_set_account(&c->regions, &c->user->regions);
+    region_table_set_releases(&c->regions, &d->releases);
     if (!config_peer_allowed(&d->cfg, c->uid, gids, n_gids)) {
         c->refuse_status = CONVD_EPERM;
         snprintf(c->refuse_why, sizeof(c->refuse_why),
@@ -1385,6 +1499,8 @@ void conn_registry_init(struct conn_registry *r)
     list_init(&r->rings);
     list_init(&r->notify);
     list_init(&r->gates);
+    list_init(&r->held);
+    r->nheld = 0;
     r->gated = 0;
     r->clients = 0;
     r->refused = 0;
@@ -1435,8 +1551,9 @@ bool conn_rings_sleep(struct convd_daemon *d, bool sleeping)
     ring_fence();
     list_for_each(pos, &d->conns.rings)
     {
-        if (ring_has_submissions(&list_entry(pos, struct conn, ring_link)->ring))
-            return true;
+        const struct conn *c = list_entry(pos, struct conn, ring_link);
+        if (c->held == NULL && ring_has_submissions(&c->ring))
+            return true; /* a held connection's ring waits for conn_run_held */
     }
     return false;
 }

@@ -93,6 +93,10 @@ struct conn {
     int lane;
     struct list_node waiting;
     uint32_t lane_inflight;
+    /* A registration that waits for the lanes to empty (daemon_lanes_busy), and until it has
+     * run nothing more is read from this connection's socket or ring; NULL: none. */
+    struct conn_held *held;
+    struct list_node held_link; /* in daemon->conns.held while held is set */
 };
 
 /* Takes over a freshly accepted descriptor: reads the peer's credentials, applies the allow-list
@@ -146,6 +150,13 @@ uint32_t conn_gated(const struct convd_daemon *d);
  * requests, oldest first, into the lane it holds (or a free one), one request a batch, while
  * its lane has a free slot; the device then waits on the ready word. Returns how many. */
 unsigned conn_launch_waits(struct convd_daemon *d);
+
+/* Connections whose registration waits for the lanes to empty. */
+uint32_t conn_held(const struct convd_daemon *d);
+
+/* Runs the registrations that waited for the lanes to empty (they are empty now), oldest
+ * first, and reads those connections again. */
+void conn_run_held(struct convd_daemon *d);
 
 /* Requests in lanes, over all connections. */
 uint32_t conn_waiting(const struct convd_daemon *d);

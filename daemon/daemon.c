@@ -212,6 +212,32 @@ static size_t dmn_batch_cap(const struct convd_daemon *d)
     return share < cap ? share : cap;
 }
 
+bool daemon_lanes_busy(const struct convd_daemon *d)
+{
+    return d->pool.lane_busy > 0;
+}
+
+bool daemon_lanes_paused(const struct convd_daemon *d)
+{
+    return d->releases.count > 0 || conn_held(d) > 0;
+}
+
+static bool dmn_releases_wait(void *arg)
+{
+    return daemon_lanes_busy(arg);
+}
+
+/* The lanes have emptied: what waited for that runs now, releases first (a registration held
+ * meanwhile may name memory one of them still maps). */
+static void dmn_run_deferred(struct convd_daemon *d)
+{
+    if (daemon_lanes_busy(d))
+        return;
+    if (d->releases.count > 0)
+        region_releases_run(&d->releases);
+    conn_run_held(d);
+}
+
 void daemon_dispatch(struct convd_daemon *d)
 {
     if (d->dispatching || d->finishing || !d->pool_started)
@@ -335,6 +361,7 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
                 d->backend.info.name);
         dmn_begin_drain(d, "device lost");
     }
+    dmn_run_deferred(d);
     daemon_dispatch(d);
     d->metrics.loop_dispatch_ns += convd_now_ns() - t1;
     daemon_check_drained(d);
@@ -379,6 +406,7 @@ static void dmn_finish(struct convd_daemon *d)
         pool_stop(&d->pool);
         d->pool_started = false;
     }
+    region_releases_run(&d->releases);
     dmn_close_handles(d);
 }
 
@@ -682,6 +710,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
     d->delay_fd = -1;
     d->start_ns = convd_now_ns();
     conn_registry_init(&d->conns);
+    region_releases_init(&d->releases, dmn_releases_wait, d);
     users_init(&d->users);
     metrics_init(&d->metrics, d->start_ns);
     daemon_apply_region_limits(d);
@@ -910,6 +939,7 @@ void daemon_destroy(struct convd_daemon *d)
             pool_stop(&d->pool);
             d->pool_started = false;
         }
+        region_releases_run(&d->releases);
         waits_stop(&d->waits);
         dmn_close_handles(d);
         uv_run(&d->loop, UV_RUN_DEFAULT);

@@ -50,6 +50,8 @@ struct convd_daemon {
     char *const *argv;
     struct region_stats region_stats;
     struct region_limits region_limits;
+    /* Region releases waiting for the lanes to empty (regions.h; device_waits only). */
+    struct region_releases releases;
 
     struct conn_registry conns; /* connection.c's: the daemon asks it, never walks it */
     bool defer_dispatch;        /* set while requests read together queue; they dispatch after */
@@ -117,6 +119,14 @@ void daemon_apply_region_limits(struct convd_daemon *d);
 
 /* Runs queued work on idle workers (and fails expired requests). */
 void daemon_dispatch(struct convd_daemon *d);
+
+/* True while a lane (device_waits) has a batch: then driver calls that wait for the device
+ * (importing and releasing client memory) would also wait for the client words the lanes wait
+ * on, and are held back until none has (docs/architecture.md, "Lanes"). */
+bool daemon_lanes_busy(const struct convd_daemon *d);
+
+/* True while something waits for the lanes to empty: new requests stay out of them meanwhile. */
+bool daemon_lanes_paused(const struct convd_daemon *d);
 
 /* Holds dispatching while requests that arrived together are queued, so that they can share
  * batches; returns whether it was held already. daemon_release_dispatch() with that value ends

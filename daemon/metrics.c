@@ -331,6 +331,9 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
                m->regions_registered);
     met_scalar(&o, "convd_region_failures_total", "counter", "Region registrations refused.",
                m->region_failures);
+    met_scalar(&o, "convd_region_holds_total", "counter",
+               "Region registrations that waited for the lanes to empty (device_waits).",
+               m->region_holds);
 
     met_scalar(&o, "convd_clients", "gauge", "Connections open.", g->clients);
     met_scalar(&o, "convd_users", "gauge", "Distinct users (peer uids) connected.", g->users);

@@ -34,6 +34,7 @@ struct metrics {
     uint64_t connections_refused; /* over max_clients or not on the allow-list */
     uint64_t regions_registered;
     uint64_t region_failures;
+    uint64_t region_holds; /* registrations that waited for the lanes to empty */
     struct met_hist queue_seconds;  /* receipt to start of execution */
     struct met_hist exec_seconds;   /* wall time of the batch */
     struct met_hist device_seconds; /* batch_timing: its time on the device */

@@ -78,13 +78,16 @@ void region_table_set_account(struct region_table *t, struct region_account *acc
     t->account = account;
 }
 
-/* Adds a region's charge to the table, the user and the daemon (add), or takes it back. */
-static void reg_charge(struct region_table *t, const struct region *r, bool add)
+void region_table_set_releases(struct region_table *t, struct region_releases *q)
 {
-    uint64_t bytes = r->mem.size;
-    uint64_t host = r->mem.kind == CONVD_MEM_HOST ? bytes : 0;
+    t->releases = q;
+}
+
+/* Adds a region's charge to its table and user (add), or takes it back. */
+static void reg_charge_table(struct region_table *t, const struct region *r, bool add)
+{
+    const uint64_t bytes = r->mem.size, host = r->mem.kind == CONVD_MEM_HOST ? bytes : 0;
     struct region_account *a = t->account;
-    struct region_stats *st = t->stats;
     if (add) {
         t->count++;
         t->bytes += bytes;
@@ -92,11 +95,6 @@ static void reg_charge(struct region_table *t, const struct region *r, bool add)
             a->regions++;
             a->bytes += bytes;
             a->host_bytes += host;
-        }
-        if (st != NULL) {
-            st->regions++;
-            st->mapped_bytes += bytes;
-            st->host_bytes += host;
         }
     } else {
         t->count--;
@@ -106,11 +104,24 @@ static void reg_charge(struct region_table *t, const struct region *r, bool add)
             a->bytes -= bytes;
             a->host_bytes -= host;
         }
-        if (st != NULL) {
-            st->regions--;
-            st->mapped_bytes -= bytes;
-            st->host_bytes -= host;
-        }
+    }
+}
+
+/* The same for the daemon-wide totals, which count a region until its release has run. */
+static void reg_charge_stats(const struct region *r, bool add)
+{
+    struct region_stats *st = r->stats;
+    if (st == NULL)
+        return;
+    const uint64_t bytes = r->mem.size, host = r->mem.kind == CONVD_MEM_HOST ? bytes : 0;
+    if (add) {
+        st->regions++;
+        st->mapped_bytes += bytes;
+        st->host_bytes += host;
+    } else {
+        st->regions--;
+        st->mapped_bytes -= bytes;
+        st->host_bytes -= host;
     }
 }
 
@@ -132,7 +143,10 @@ static int reg_install(struct region_table *t, struct region *r, char *why, size
     }
     r->registered = true;
     r->table = t;
-    reg_charge(t, r, true);
+    r->backend = t->backend;
+    r->stats = t->stats;
+    reg_charge_table(t, r, true);
+    reg_charge_stats(r, true);
     return 0;
 }
 
@@ -243,18 +257,50 @@ int region_register_gpu(struct region_table *t, uint64_t id, uint64_t size, cons
     return 0;
 }
 
-/* Unmaps, un-imports and frees a region nothing uses any more. */
-static void reg_release(struct region *r)
+/* Un-imports, unmaps and frees a region, once nothing uses it and no lane waits. */
+static void reg_free(struct region *r)
 {
-    struct region_table *t = r->table;
     if (r->imported)
-        be_mem_release(t->backend, &r->mem);
+        be_mem_release(r->backend, &r->mem);
     if (r->map != NULL)
         munmap(r->map, r->map_len);
-    reg_charge(t, r, false);
+    reg_charge_stats(r, false);
     log_debug("region %llu released (%llu bytes)", (unsigned long long)r->id,
               (unsigned long long)r->mem.size);
     free(r);
+}
+
+/* A region nothing uses any more: released now, or queued while a lane has work. */
+static void reg_release(struct region *r)
+{
+    struct region_table *t = r->table;
+    struct region_releases *q = t->releases;
+    reg_charge_table(t, r, false);
+    r->table = NULL;
+    if (r->imported && q != NULL && q->busy(q->arg)) {
+        list_add_tail(&q->queue, &r->release_link);
+        q->count++;
+        return;
+    }
+    reg_free(r);
+}
+
+void region_releases_init(struct region_releases *q, bool (*busy)(void *arg), void *arg)
+{
+    list_init(&q->queue);
+    q->count = 0;
+    q->busy = busy;
+    q->arg = arg;
+}
+
+void region_releases_run(struct region_releases *q)
+{
+    while (!list_empty(&q->queue)) {
+        struct region *r = list_entry(q->queue.next, struct region, release_link);
+        list_del(&r->release_link);
+        q->count--;
+        reg_free(r);
+    }
 }
 
 int region_unregister(struct region_table *t, uint64_t id, char *why, size_t why_len)

@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "idmap.h"
+#include "list.h"
 
 /* Totals over all connections, for status, metrics and the daemon-wide cap. */
 struct region_stats {
@@ -45,6 +46,24 @@ struct region_limits {
 
 struct region_table;
 
+/* Releases that must wait (device_waits): with lanes open, a backend's mem_release (closing an
+ * IPC mapping, unpinning host memory) waits for the device, and so for every client word a
+ * lane waits on, which may need this very loop to launch something first (docs/architecture.md,
+ * "Lanes"). While `busy` says a lane has work, a region nothing uses any more is queued here
+ * instead, its connection's and user's charges taken back at once (they may go before it) and
+ * the daemon-wide stats kept until region_releases_run releases it. */
+struct region_releases {
+    struct list_node queue; /* struct region.release_link, oldest first */
+    uint32_t count;
+    bool (*busy)(void *arg);
+    void *arg;
+};
+
+void region_releases_init(struct region_releases *q, bool (*busy)(void *arg), void *arg);
+
+/* Releases what is queued, oldest first; the caller knows that no lane has work. */
+void region_releases_run(struct region_releases *q);
+
 struct region {
     uint64_t id;
     struct convd_mem mem; /* what jobs point at */
@@ -56,7 +75,10 @@ struct region {
     size_t map_len;
     dev_t dev; /* HOST: the memfd's identity, to detect aliasing */
     ino_t ino;
-    struct region_table *table;
+    struct region_table *table;      /* NULL once queued for a deferred release */
+    struct convd_backend *backend;   /* what imported it */
+    struct region_stats *stats;      /* the daemon-wide totals it is charged to, or NULL */
+    struct list_node release_link;   /* in region_releases.queue while its release waits */
 };
 
 struct region_table {
@@ -67,6 +89,7 @@ struct region_table {
     struct convd_backend *backend;
     struct region_stats *stats;     /* may be NULL */
     struct region_account *account; /* the peer user's; NULL: per-user limits not checked */
+    struct region_releases *releases; /* NULL: release at once */
 };
 
 void region_table_init(struct region_table *t, struct convd_backend *backend,
@@ -74,6 +97,9 @@ void region_table_init(struct region_table *t, struct convd_backend *backend,
 
 /* Charges the table's regions to a user's account from now on (set before any registration). */
 void region_table_set_account(struct region_table *t, struct region_account *account);
+
+/* Queues the table's releases in q while q's busy says so (set before any registration). */
+void region_table_set_releases(struct region_table *t, struct region_releases *q);
 
 /* Registers `size` bytes of the sealed memfd that arrived as the message's only descriptor. The
  * descriptors stay the caller's to close (the mapping does not need them). Checks, in order:

@@ -11,7 +11,9 @@
  * over the rings and over the socket; more clients than lanes (the rest are polled by the loop);
  * a word that never comes (ETIMEDOUT after gate_timeout_ms, the request behind it then runs);
  * a hostile client that keeps writing a lower value while another client's chain runs
- * undisturbed; a client that leaves with requests in its lane; a drain that times out with
+ * undisturbed; a registration and a release held back while a lane has a batch (the null
+ * backend refuses them then, as a GPU would stall); a client that leaves with requests in its
+ * lane; a drain that times out with
  * requests in lanes, and a clean exit.
  */
 #include <pthread.h>
@@ -248,11 +250,9 @@ static void *chain_run(void *arg)
     return NULL;
 }
 
-/* `clients` chains at once, each in its own thread with its own connection. */
-static void run_chains(unsigned clients, unsigned n, int use_rings)
+/* Connects `clients` chains of n requests (their regions registered). */
+static void chains_open(struct chain *ch, unsigned clients, unsigned n, int use_rings)
 {
-    struct chain ch[8];
-    pthread_t th[8];
     assert_true(clients <= 8 && n <= 64);
     for (unsigned k = 0; k < clients; k++) {
         memset(&ch[k], 0, sizeof(ch[k]));
@@ -262,6 +262,12 @@ static void run_chains(unsigned clients, unsigned n, int use_rings)
         ch[k].base = k % 2 ? 0xfffffff0u : 100u * k;
         lc_open(&ch[k].lc, daemon_.sock, ch[k].name, use_rings);
     }
+}
+
+/* Runs the chains at once, each in its own thread on its own connection, and closes them. */
+static void chains_run(struct chain *ch, unsigned clients)
+{
+    pthread_t th[8];
     for (unsigned k = 0; k < clients; k++)
         assert_int_equal(pthread_create(&th[k], NULL, chain_run, &ch[k]), 0);
     for (unsigned k = 0; k < clients; k++)
@@ -271,6 +277,13 @@ static void run_chains(unsigned clients, unsigned n, int use_rings)
             fail_msg("%s", ch[k].failure);
         lc_close(&ch[k].lc);
     }
+}
+
+static void run_chains(unsigned clients, unsigned n, int use_rings)
+{
+    struct chain ch[8];
+    chains_open(ch, clients, n, use_rings);
+    chains_run(ch, clients);
 }
 
 /* Chains ten times deeper than a lane, over the rings and over the socket. Most requests go
@@ -356,11 +369,14 @@ static void *lower_run(void *arg)
 }
 
 /* A hostile client keeps storing a value below its request's: the daemon stores the value
- * back until the request has run, it fails with ETIMEDOUT, and another client's chain runs
- * meanwhile as if nothing happened. */
+ * back until the request has run, it fails with ETIMEDOUT, and other clients' chains run
+ * meanwhile as if nothing happened. (Their regions are registered first: a registration waits
+ * for the lanes to empty, test_lane_defers_memory_calls.) */
 static void test_lane_hostile_lower_value(void **state)
 {
     (void)state;
+    struct chain ch[2];
+    chains_open(ch, 2, 20, -1);
     struct lane_client bad;
     lc_open(&bad, daemon_.sock, "it-lane-hostile", -1);
     struct lowering l = {.word = lc_word(&bad, 0, 0)};
@@ -370,7 +386,7 @@ static void test_lane_hostile_lower_value(void **state)
     assert_int_equal(pthread_create(&th, NULL, lower_run, &l), 0);
     const uint64_t t0 = tu_now_ms();
     uint64_t id = lc_submit(&bad, 0, 5, 6);
-    run_chains(2, 20, -1);
+    chains_run(ch, 2);
     const uint64_t chains_ms = tu_now_ms() - t0;
     if (chains_ms >= GATE_TIMEOUT_MS)
         fail_msg("two honest chains took %llu ms beside a hostile client, past its %d ms "
@@ -386,6 +402,85 @@ static void test_lane_hostile_lower_value(void **state)
     assert_int_equal(atomic_load(lc_word(&bad, 0, 1)), 6);
     expect_metric("convd_lane_requests", 0);
     lc_close(&bad);
+}
+
+struct registering {
+    convd_client *c;
+    convd_region *r;
+    int rc;
+    char error[256];
+    atomic_bool finished;
+};
+
+static void *register_run(void *arg)
+{
+    struct registering *g = arg;
+    g->rc = convd_region_create(g->c, 4096, &g->r);
+    if (g->rc != 0)
+        snprintf(g->error, sizeof(g->error), "%s", convd_errstr(g->c));
+    atomic_store(&g->finished, true);
+    return NULL;
+}
+
+/* With a batch in a lane, importing or releasing memory would wait for the device on a GPU,
+ * and so for the lane's word. A registration waits until the lane is empty (its client is not
+ * read meanwhile) while another client is served; a release is queued until then, its region
+ * still counted. The null backend refuses an import while a lane has a batch, so a daemon that
+ * asked would fail the registration here. */
+static void test_lane_defers_memory_calls(void **state)
+{
+    (void)state;
+    struct lane_client lc, other;
+    lc_open(&lc, daemon_.sock, "it-lane-mem-lane", -1);
+    lc_open(&other, daemon_.sock, "it-lane-mem-other", -1);
+    struct registering g = {.c = it_connect_to(daemon_.sock, "it-lane-mem-register", -1)};
+    atomic_store(&g.finished, false);
+    const double holds = metric("convd_region_holds_total");
+    atomic_store(lc_word(&lc, 0, 0), 0);
+    uint64_t id = lc_submit(&lc, 0, 1, 1);
+    expect_metric("convd_lane_requests", 1);
+
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, register_run, &g), 0);
+    expect_metric("convd_region_holds_total", holds + 1);
+    struct convd_conv_args a;
+    it_case_args(&other.t, &a);
+    uint64_t oid = 0;
+    struct convd_completion done;
+    assert_int_equal(convd_conv_submit(other.c, &a, &oid), 0);
+    assert_int_equal(convd_wait(other.c, oid, TU_TIMEOUT_MS, &done), 0);
+    if (done.status != 0)
+        fail_msg("another client's request beside a held registration: %s: %s",
+                 convd_status_name(done.status), done.error);
+    usleep(HOLD_MS * 1000);
+    if (atomic_load(&g.finished))
+        fail_msg("a registration finished while a lane had a batch (%s: %s)",
+                 convd_status_name(g.rc), g.error);
+    atomic_store(lc_word(&lc, 0, 0), 1);
+    pthread_join(th, NULL);
+    if (g.rc != 0)
+        fail_msg("the held registration: %s: %s", convd_status_name(g.rc), g.error);
+    assert_int_equal(convd_wait(lc.c, id, TU_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    expect_metric("convd_lane_requests", 0);
+
+    /* A release while the lane has a batch waits for it. */
+    const double regions = metric("convd_regions");
+    uint64_t id2 = lc_submit(&lc, 0, 2, 2);
+    expect_metric("convd_lane_requests", 1);
+    assert_int_equal(convd_region_free(g.r), 0);
+    usleep(HOLD_MS * 1000);
+    if (metric("convd_regions") != regions)
+        fail_msg("a region was released while a lane had a batch (%g regions, %g before)",
+                 metric("convd_regions"), regions);
+    atomic_store(lc_word(&lc, 0, 0), 2);
+    assert_int_equal(convd_wait(lc.c, id2, TU_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    expect_metric("convd_regions", regions - 1);
+    expect_metric("convd_lane_requests", 0);
+    convd_close(g.c);
+    lc_close(&other);
+    lc_close(&lc);
 }
 
 /* A client that leaves with requests in its lane: the daemon stores their words, they finish
@@ -459,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_more_clients_than_lanes),
         cmocka_unit_test(test_lane_timeout),
         cmocka_unit_test(test_lane_hostile_lower_value),
+        cmocka_unit_test(test_lane_defers_memory_calls),
         cmocka_unit_test(test_lane_client_leaves),
         cmocka_unit_test(test_lane_drain_timeout),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
