@@ -772,9 +772,9 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
         log_notice("device_waits: %u lanes of %u slots for stream-ordered requests",
                    d->pool.lanes, d->pool.lane_depth);
         if (strcmp(d->backend.info.name, "gpu") == 0)
-            log_warn("device_waits is experimental: a driver call that waits for the device "
-                     "(an allocation, pinning a region) also waits for the lanes' words, and "
-                     "requests can stall until gate_timeout_ms (docs/architecture.md, Lanes)");
+            log_warn("device_waits is experimental: a registration waits until no lane has a "
+                     "batch, up to gate_timeout_ms behind a client whose word does not come "
+                     "(docs/architecture.md, Lanes)");
     }
     if (cfg->launch_threads > 0 && be_async(&d->backend)) {
         if (pool_start_launcher(&d->pool, cfg->launch_threads, cfg->spin_us * 1000u) != 0)
