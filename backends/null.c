@@ -16,8 +16,9 @@
  *
  * With lanes it keeps the GPU's rule for them too: on a GPU, importing or releasing client memory
  * waits for the device, and so for every word a lane waits on (docs/architecture.md, "Lanes"),
- * so the daemon must not ask while a lane has a batch. Here such a call is refused (an import
- * fails, a release is counted and logged) instead of stalling, which is how the tests see it.
+ * so the daemon must not ask while a lane has a batch. Here an import is refused then (a
+ * release, which cannot fail, is logged as an error) instead of stalling, which is how the
+ * tests see it.
  */
 #include <stdatomic.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Regions on real memfds with the real CPU backend: seals, sizes, descriptor counts, ids, limits,
  * read-only regions, GPU handles the CPU refuses, deferred release while requests hold a
- * reference, and a failing mmap (injected with -Wl,--wrap=mmap). Every test checks that no
+ * reference, releases queued while lanes have work, and a failing mmap (injected with -Wl,--wrap=mmap). Every test checks that no
  * mapping and no descriptor is left behind. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -294,6 +294,60 @@ static void test_user_and_pinned_limits(void **state)
     close(fd);
 }
 
+static bool lanes_busy_flag;
+
+static bool lanes_busy(void *arg)
+{
+    (void)arg;
+    return lanes_busy_flag;
+}
+
+/* With a release queue (device_waits): while it says the lanes are busy, a region nothing uses
+ * leaves its table and user at once but stays mapped, imported and in the daemon's totals until
+ * region_releases_run; when idle, it is released at once as without a queue. */
+static void test_release_queue(void **state)
+{
+    struct fixture *fx = *state;
+    char why[256];
+    struct region_releases q;
+    struct region_account acct = {0};
+    fx->limits.max_regions_per_user = 3;
+    fx->limits.max_mapped_bytes_per_user = 3 * 4096;
+    region_releases_init(&q, lanes_busy, NULL);
+    region_table_set_account(&fx->t, &acct);
+    region_table_set_releases(&fx->t, &q);
+    for (uint64_t id = 1; id <= 3; id++) {
+        int fd = tu_memfd("convd-unit", 4096, SEALED);
+        expect(region_register_memfd(&fx->t, id, 4096, &fd, 1, why, sizeof(why)), 0, why, NULL);
+        close(fd);
+    }
+    lanes_busy_flag = true;
+    expect(region_unregister(&fx->t, 1, why, sizeof(why)), 0, why, NULL);
+    struct region *r = region_find(&fx->t, 2);
+    region_ref(r);
+    expect(region_unregister(&fx->t, 2, why, sizeof(why)), 0, why, NULL);
+    assert_int_equal(q.count, 1); /* 2 is still in use */
+    region_unref(r);
+    assert_int_equal(q.count, 2);
+    assert_int_equal(acct.regions, 1);
+    assert_int_equal(acct.bytes, 4096);
+    assert_int_equal(fx->stats.regions, 3);
+    assert_int_equal(fx->stats.host_bytes, 3 * 4096);
+    assert_int_equal(count_memfd_maps(), fx->base_maps + 3);
+    lanes_busy_flag = false;
+    region_releases_run(&q);
+    assert_int_equal(q.count, 0);
+    assert_int_equal(fx->stats.regions, 1);
+    assert_int_equal(count_memfd_maps(), fx->base_maps + 1);
+    /* idle: at once */
+    expect(region_unregister(&fx->t, 3, why, sizeof(why)), 0, why, NULL);
+    assert_int_equal(q.count, 0);
+    assert_int_equal(fx->stats.regions, 0);
+    assert_int_equal(acct.regions, 0);
+    assert_true(region_table_empty(&fx->t));
+    assert_int_equal(count_memfd_maps(), fx->base_maps);
+}
+
 static void test_deferred_release(void **state)
 {
     struct fixture *fx = *state;
@@ -416,6 +470,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ids_and_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_user_and_pinned_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deferred_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_release_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_sealed_is_readonly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_handles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mmap_failure, setup, teardown),
