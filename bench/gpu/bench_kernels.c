@@ -13,6 +13,13 @@
  * (device-to-device copy; bf16 and fp32 GEMM through cuBLAS, dlopen'ed) or, if cuBLAS is missing,
  * the baseline's 4.20 TB/s, 748 and 50.8 TFLOP/s.
  *
+ * With --streams S (2 to 64), each row is timed a second time, ours and cuDNN's alike, as S
+ * streams running the convolution side by side (one graph, forked and joined), and the time per
+ * convolution is the graph's over S times its runs: what a GPU shared by S processes under MPS
+ * gets from each kernel, where a kernel that spreads over every SM for a short time may cost
+ * more than one that uses a few for longer. The streams share the workspaces, so these runs'
+ * outputs are not checked.
+ *
  * Prints a markdown table and summary lines; --csv-out writes the rows as CSV. The --sweep-*
  * options force kernel variants the router does not choose; the production library builds only
  * the variants the router can choose, so the depthwise and direct sweeps need a build with
@@ -44,6 +51,7 @@ struct row {
     char kernel[24]; /* the routing rule, or the family asked for */
     double ours_us, cudnn_us, floor_us, frac, rel_err;
     double ours_call_us, cudnn_call_us; /* per-call event timing, host work included */
+    double ours_conc_us, cudnn_conc_us; /* per convolution with --streams S side by side; 0: not run */
     char plan[200];
     char bound[8];
     int ok; /* output matches cuDNN's */
@@ -64,6 +72,7 @@ struct opts {
     int sweep_tf32;
     int sweep_direct;
     int tf32; /* fp32 problems allow TF32, and cuDNN may use it too */
+    int streams; /* --streams: also time S streams side by side (0: not) */
     enum convd_gpu_family family;
 };
 
@@ -108,8 +117,12 @@ struct dnn {
     __typeof__(&cudnnSetStream) set_stream;
 };
 
-/* Everything runs on this stream (graph capture needs a non-default stream). */
+/* Everything runs on this stream (graph capture needs a non-default stream)... */
 static cudaStream_t g_stream;
+/* ...except the side-by-side runs of --streams, which put each run on g_run (g_stream
+ * otherwise), the streams beside g_stream being g_side[1..S-1]. */
+#define MAX_STREAMS 64
+static cudaStream_t g_run, g_side[MAX_STREAMS];
 
 static void *sym(void *lib, const char *name)
 {
@@ -390,6 +403,70 @@ static double time_graph(run_fn fn, void *ctx, int nbuf, int reps)
     return m;
 }
 
+/* Device time per run with `nstreams` streams side by side: each stream `per` runs, forked from
+ * and joined into g_stream in one captured graph; the graph's median time over `reps` launches
+ * divided by nstreams * per. <0 on failure. */
+static double time_graph_conc(run_fn fn, void *ctx, int nbuf, int reps, int nstreams)
+{
+    const int per = 20;
+    cudaEvent_t fork, join[MAX_STREAMS];
+    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (int s = 1; s < nstreams; s++)
+        CK(cudaEventCreateWithFlags(&join[s], cudaEventDisableTiming));
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    int bad = cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeRelaxed) != cudaSuccess ||
+              cudaEventRecord(fork, g_stream) != cudaSuccess;
+    for (int s = 0; s < nstreams && !bad; s++) {
+        g_run = s == 0 ? g_stream : g_side[s];
+        if (s > 0 && cudaStreamWaitEvent(g_run, fork, 0) != cudaSuccess)
+            bad = 1;
+        for (int i = 0; i < per && !bad; i++)
+            if (fn(ctx, (s * per + i) % nbuf) != 0)
+                bad = 1;
+        if (s > 0 && !bad &&
+            (cudaEventRecord(join[s], g_run) != cudaSuccess ||
+             cudaStreamWaitEvent(g_stream, join[s], 0) != cudaSuccess))
+            bad = 1;
+    }
+    g_run = g_stream;
+    if (cudaStreamEndCapture(g_stream, &graph) != cudaSuccess || bad ||
+        cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+        cudaGetLastError();
+        bad = 1;
+    }
+    double m = -1.0;
+    if (!bad) {
+        double *us = malloc(sizeof(double) * (size_t)reps);
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        for (int i = 0; i < 2; i++)
+            CK(cudaGraphLaunch(exec, g_stream));
+        for (int r = 0; r < reps; r++) {
+            CK(cudaEventRecord(e0, g_stream));
+            CK(cudaGraphLaunch(exec, g_stream));
+            CK(cudaEventRecord(e1, g_stream));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            us[r] = ms * 1000.0 / ((double)per * nstreams);
+        }
+        m = median(us, reps);
+        free(us);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    cudaEventDestroy(fork);
+    for (int s = 1; s < nstreams; s++)
+        cudaEventDestroy(join[s]);
+    return m;
+}
+
 struct ours_ctx {
     const struct convd_problem *p;
     struct bufs *b;
@@ -400,7 +477,7 @@ static int ours_run(void *vctx, int buf)
 {
     struct ours_ctx *c = vctx;
     struct convd_tensors t = {c->b->x[buf], c->b->w, NULL, c->b->y[buf]};
-    return convd_gpu_conv_family(c->p, &t, 1, c->b->ws, c->b->ws_bytes, (void *)g_stream, c->fam);
+    return convd_gpu_conv_family(c->p, &t, 1, c->b->ws, c->b->ws_bytes, (void *)g_run, c->fam);
 }
 
 struct dnn_ctx {
@@ -412,12 +489,17 @@ struct dnn_ctx {
     void *ws;
     size_t ws_bytes;
     struct bufs *b;
+    cudaStream_t stream; /* the handle's stream */
 };
 
 static int dnn_run(void *vctx, int buf)
 {
     struct dnn_ctx *c = vctx;
     const float alpha = 1.0f, beta = 0.0f;
+    if (c->stream != g_run) {
+        c->d->set_stream(c->d->h, g_run);
+        c->stream = g_run;
+    }
     cudnnStatus_t st = c->d->fwd(c->d->h, &alpha, c->xd, c->b->x[buf], c->wd, c->b->w, c->cd,
                                  c->algo, c->ws, c->ws_bytes, &beta, c->yd, c->b->y[buf]);
     return st == CUDNN_STATUS_SUCCESS ? 0 : -1;
@@ -595,6 +677,8 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
     out->ours_us = time_graph(ours_run, &oc, b.nbuf, o->iters > 15 ? 15 : o->iters);
     if (out->ours_us <= 0)
         out->ours_us = out->ours_call_us;
+    if (o->streams > 1)
+        out->ours_conc_us = time_graph_conc(ours_run, &oc, b.nbuf, 10, o->streams);
     out->cudnn_us = out->cudnn_call_us = -1.0;
     out->rel_err = NAN;
     if (d != NULL) {
@@ -604,6 +688,8 @@ static int bench_one(const struct opts *o, struct dnn *d, const struct ceilings 
             out->cudnn_us = time_graph(dnn_run, &dc, b.nbuf, o->iters > 15 ? 15 : o->iters);
             if (out->cudnn_us <= 0)
                 out->cudnn_us = out->cudnn_call_us;
+            if (o->streams > 1)
+                out->cudnn_conc_us = time_graph_conc(dnn_run, &dc, b.nbuf, 10, o->streams);
             /* Same input, both outputs, compared. */
             void *y0 = b.y[0];
             dnn_run(&dc, 0);
@@ -900,6 +986,7 @@ static void usage(void)
            "         [--layouts nhwc,nchw] [--only NAME,...] [--iters N] [--warmup N]\n"
            "         [--family auto|depthwise|fma|mma|generic|direct] [--no-cudnn] [--tf32]\n"
            "         [--tune KNOB=VALUE]... (a knob of the development policy, gpu_dev.h)\n"
+           "         [--streams S] (also time S streams side by side, 2 to 64)\n"
            "         [--sweep-mma] [--sweep-pdl] [--sweep-dw] [--sweep-nchw] [--sweep-fma] "
            "[--sweep-direct] [--sweep-tf32]\n"
            "(the depthwise and direct sweeps reach every variant only in a build with\n"
@@ -1039,7 +1126,8 @@ static void summary(const struct row *rows, int nrows, const struct ceilings *ce
 
 int main(int argc, char **argv)
 {
-    struct opts o = {"bench/shapes.csv", NULL, NULL, 50, 10, 0, 0, 0, 0, CONVD_GPU_FAMILY_AUTO};
+    struct opts o = {.shapes = "bench/shapes.csv", .iters = 50, .warmup = 10,
+                     .family = CONVD_GPU_FAMILY_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1072,6 +1160,11 @@ int main(int argc, char **argv)
             char why[160];
             if (convd_gpu_tune_arg(v, why, sizeof(why)) != 0)
                 die("%s", why);
+            i++;
+        } else if (strcmp(a, "--streams") == 0 && v) {
+            o.streams = atoi(v);
+            if (o.streams < 2 || o.streams > MAX_STREAMS)
+                die("--streams takes 2 to %d", MAX_STREAMS);
             i++;
         } else if (strcmp(a, "--no-cudnn") == 0) {
             o.no_cudnn = 1;
@@ -1116,6 +1209,9 @@ int main(int argc, char **argv)
     struct cli_shape *shapes = load_shapes(o.shapes, MAX_ROWS, &nshapes);
 
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    g_run = g_stream;
+    for (int s = 1; s < o.streams; s++)
+        CK(cudaStreamCreateWithFlags(&g_side[s], cudaStreamNonBlocking));
     struct ceilings ce;
     measure_ceilings(&ce);
     struct dnn dnn_s, *d = NULL;
@@ -1167,6 +1263,26 @@ int main(int argc, char **argv)
         }
     }
     free(shapes);
+    if (o.streams > 1) {
+        double sp[MAX_ROWS * 6];
+        int ns = 0;
+        printf("\n%d streams side by side (one graph): device time per convolution, and against "
+               "one stream\n\n",
+               o.streams);
+        printf("| shape | dtype | layout | ours us | cuDNN us | speedup | ours alone us | cuDNN "
+               "alone us |\n|---|---|---|---:|---:|---:|---:|---:|\n");
+        for (int i = 0; i < nrows; i++) {
+            const struct row *r = &rows[i];
+            const int both = r->ours_conc_us > 0 && r->cudnn_conc_us > 0;
+            if (both)
+                sp[ns++] = r->cudnn_conc_us / r->ours_conc_us;
+            printf("| %s | %s | %s | %.2f | %.2f | %.2fx | %.2f | %.2f |\n", r->shape,
+                   convd_dtype_name(r->dtype), convd_layout_name(r->layout), r->ours_conc_us,
+                   r->cudnn_conc_us, both ? r->cudnn_conc_us / r->ours_conc_us : 0.0, r->ours_us,
+                   r->cudnn_us);
+        }
+        printf("\nSide by side: geomean %.2fx cuDNN over %d rows\n", geomean(sp, ns), ns);
+    }
     summary(rows, nrows, &ce, o.tf32);
     printf("\nPlans:\n");
     for (int i = 0; i < nrows; i++)
@@ -1178,14 +1294,15 @@ int main(int argc, char **argv)
         if (f == NULL)
             die("cannot write %s", o.csv_out);
         fprintf(f, "shape,dtype,layout,kernel,ours_us,cudnn_us,speedup,floor_us,frac,bound,"
-                   "rel_err,ok,ours_call_us,cudnn_call_us,groups\n");
+                   "rel_err,ok,ours_call_us,cudnn_call_us,groups,ours_conc_us,cudnn_conc_us\n");
         for (int i = 0; i < nrows; i++) {
             const struct row *r = &rows[i];
-            fprintf(f, "%s,%s,%s,%s,%.2f,%.2f,%.3f,%.2f,%.3f,%s,%.3g,%d,%.2f,%.2f,%d\n", r->shape,
+            fprintf(f, "%s,%s,%s,%s,%.2f,%.2f,%.3f,%.2f,%.3f,%s,%.3g,%d,%.2f,%.2f,%d,%.2f,%.2f\n",
+                    r->shape,
                     convd_dtype_name(r->dtype), convd_layout_name(r->layout), r->kernel, r->ours_us,
                     r->cudnn_us, r->cudnn_us > 0 && r->ours_us > 0 ? r->cudnn_us / r->ours_us : 0.0,
                     r->floor_us, r->frac, r->bound, r->rel_err, r->ok, r->ours_call_us,
-                    r->cudnn_call_us, r->groups);
+                    r->cudnn_call_us, r->groups, r->ours_conc_us, r->cudnn_conc_us);
         }
         fclose(f);
     }
