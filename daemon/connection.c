@@ -1140,8 +1140,7 @@ static void conn_read(struct conn *c)
 static void conn_read_some(struct conn *c)
 {
     struct convd_daemon *d = c->d;
-    for (int i = 0; i < CONN_READS_PER_WAKEUP && c->state != CONN_CLOSING && c->held == NULL;
-         i++) {
+    for (int i = 0; i < CONN_READS_PER_WAKEUP && c->state != CONN_CLOSING && c->held == NULL; i++) {
         int fds[SOCK_MAX_FDS];
         size_t nfds = 0;
         ssize_t n = sock_recv(c->fd, d->rx, sizeof(d->rx), fds, &nfds);

@@ -75,10 +75,10 @@ struct region {
     size_t map_len;
     dev_t dev; /* HOST: the memfd's identity, to detect aliasing */
     ino_t ino;
-    struct region_table *table;      /* NULL once queued for a deferred release */
-    struct convd_backend *backend;   /* what imported it */
-    struct region_stats *stats;      /* the daemon-wide totals it is charged to, or NULL */
-    struct list_node release_link;   /* in region_releases.queue while its release waits */
+    struct region_table *table;    /* NULL once queued for a deferred release */
+    struct convd_backend *backend; /* what imported it */
+    struct region_stats *stats;    /* the daemon-wide totals it is charged to, or NULL */
+    struct list_node release_link; /* in region_releases.queue while its release waits */
 };
 
 struct region_table {
@@ -87,8 +87,8 @@ struct region_table {
     uint64_t bytes;     /* their sizes */
     const struct region_limits *limits;
     struct convd_backend *backend;
-    struct region_stats *stats;     /* may be NULL */
-    struct region_account *account; /* the peer user's; NULL: per-user limits not checked */
+    struct region_stats *stats;       /* may be NULL */
+    struct region_account *account;   /* the peer user's; NULL: per-user limits not checked */
     struct region_releases *releases; /* NULL: release at once */
 };
 

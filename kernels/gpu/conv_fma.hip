@@ -513,8 +513,8 @@ static int fma_ks(const struct gpu_geom *g, int nhwc_input)
 }
 
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
-                      const struct convd_gpu_policy *pol, struct gpu_fma_plan *ret, char *why,
-                      size_t why_len)
+                      const struct convd_gpu_policy *pol, size_t ws_avail, struct gpu_fma_plan *ret,
+                      char *why, size_t why_len)
 {
     struct gpu_fma_plan pl;
     memset(&pl, 0, sizeof(pl));
@@ -534,8 +534,8 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
     }
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
     if (kernel != GPU_FMA_DIRECT) {
-        const int rc =
-            gpu_pw_plan_make(p, out_nchw, kernel == GPU_FMA_TF32, pol, &pl.pw, why, why_len);
+        const int rc = gpu_pw_plan_make(p, out_nchw, kernel == GPU_FMA_TF32, pol, ws_avail, &pl.pw,
+                                        why, why_len);
         if (rc == 0) {
             pl.gemm = 1;
             pl.threads = pl.pw.threads;

@@ -24,6 +24,12 @@
  * epilogue, operands rounded to TF32 as they are staged, and each warp multiplies a 32 x 32 part
  * of the tile on the tensor cores (mma m16n8k8) instead of each thread a 4 x 8 outer product;
  * the accumulators go through shared memory into the FMA path's layout for the epilogue.
+ *
+ * Split K (policy fma_split_k; NOTES round 23): where the tiles leave most SMs idle (the large-C
+ * 1x1s of 7x7 and 14x14 images: 49 pixels, 16 blocks for 132 SMs, each walking all of K), ksplit
+ * blocks share a tile, each a kchunk of K, and store their fp32 sums in the problem's workspace
+ * ([ksplit][N*Ho*Wo][K]); pw_reduce_kernel adds them in split order (deterministic) and applies
+ * the epilogue.
  */
 #include "gpu_internal.h"
 
@@ -38,6 +44,9 @@
 #define PW_MIN_EFF 0.6
 /* TF32 tiles: warps of 32 outputs x 32 pixels, 128 to 256 threads. */
 #define PW_TF32_WARP 32
+/* Split K: at most this many splits, each at least PW_SPLIT_STEPS K steps. */
+#define PW_MAX_SPLIT   16
+#define PW_SPLIT_STEPS 4
 
 static int pw_is_pointwise(const struct convd_problem *p)
 {
@@ -80,12 +89,12 @@ static __device__ __forceinline__ int pw_opaque(int v)
 template <class DT, int NHWC, int VEC, int TF32>
 __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     pw_kernel(const struct gpu_geom g, const struct gpu_batch b, int tch, int tpx, int ctiles,
-              int ptiles, int vec_out, int out_nchw)
+              int ptiles, int vec_out, int out_nchw, int ksplit, int kchunk)
 {
     convd_grid_dependency();
     typedef typename DT::T T;
     extern __shared__ float pw_smem[];
-    const int prob = blockIdx.z;
+    const int prob = (int)blockIdx.z / ksplit, ks = (int)blockIdx.z - prob * ksplit;
     const int grp = (int)blockIdx.y / ctiles, ct = (int)blockIdx.y - grp * ctiles;
     int pt = (int)blockIdx.x, n = 0;
     if (!NHWC) {
@@ -93,6 +102,8 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
         pt -= n * ptiles;
     }
     const int howo = g.ho * g.wo, hw = g.h * g.w, rs = g.r * g.s, kdim = g.cpg * rs;
+    /* This block's part of K (all of it without a split); kdim stays the weight rows' length. */
+    const int kbeg = ks * kchunk, kend = min(kdim, kbeg + kchunk);
     const int npix = NHWC ? g.n * howo : howo; /* output pixels the tiles run over */
     const int p0 = pt * tpx, c0 = ct * tch;
     const int tid = (int)threadIdx.x, nthr = (int)blockDim.x;
@@ -155,7 +166,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             /* This thread's k quad: 4 channels of one tap (cpg % 4 == 0). */
             const int kq = k0 + vk * 4, tap = kq / g.cpg, c = kq - tap * g.cpg;
             const int r = tap / g.s, dr = r * g.dh, ds = (tap - r * g.s) * g.dw;
-            const bool kok = kq < kdim;
+            const bool kok = kq < kend;
 #pragma unroll
             for (int u = 0; u < PW_UV; u++) {
                 if (NHWC) {
@@ -165,7 +176,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                 } else {
                     const int e = tid + u * nthr, row = e >> qsh, q = e - (row << qsh);
                     const int k = k0 + row, pix = p0 + q * 4;
-                    const bool ok = row < PW_KC && k < kdim && pix < npix;
+                    const bool ok = row < PW_KC && k < kend && pix < npix;
                     gpu_load4<DT>(xg + (ok ? k * hw + pix : 0), ok, vx[u]);
                 }
                 /* Weights: NHWC [kpg][R][S][cpg] is tap-major like k; pointwise NCHW too. */
@@ -181,20 +192,20 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             for (int u = 0; u < PW_U; u++) {
                 if (NHWC) {
                     const int j = lr + u * lstep, k = k0 + lk;
-                    const bool ok = j < tpx && k < g.cpg && p0 + j < npix;
+                    const bool ok = j < tpx && k < kend && p0 + j < npix;
                     /* 32-bit offsets: tensors have fewer than 2^31 elements. */
                     sx[u] = ok ? DT::load(xg[(p0 + j) * g.c + k]) : 0.0f;
                 } else {
                     const int k = k0 + u, pix = p0 + tid;
-                    const bool ok = u < PW_KC && tid < tpx && k < kdim && pix < npix;
+                    const bool ok = u < PW_KC && tid < tpx && k < kend && pix < npix;
                     sx[u] = ok ? DT::load(xg[k * hw + pix]) : 0.0f;
                 }
                 const int i = lr + u * lstep;
                 bool ok;
                 if constexpr (WCOUNT)
-                    ok = u < nwl && kw < kdim;
+                    ok = u < nwl && kw < kend;
                 else
-                    ok = i < tch && c0 + i < g.kpg && kw < kdim;
+                    ok = i < tch && c0 + i < g.kpg && kw < kend;
                 sw[u] = ok ? DT::load(w[(c0 + i) * kdim + kw]) : 0.0f;
             }
         }
@@ -262,13 +273,13 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
                 for (int i = 0; i < 4; i++)
                     d[mt][nt][i] = 0.0f;
 
-    load(0);
-    for (int k0 = 0; k0 < kdim; k0 += PW_KC) {
+    load(kbeg);
+    for (int k0 = kbeg; k0 < kend; k0 += PW_KC) {
         if constexpr (NHWC && !VEC)
             lstep = pw_opaque(lstep);
         store();
         __syncthreads();
-        if (k0 + PW_KC < kdim)
+        if (k0 + PW_KC < kend)
             load(k0 + PW_KC);
 #if defined(CONVD_GPU_NVIDIA)
         if constexpr (TF32) {
@@ -301,7 +312,7 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
             continue;
         }
 #endif
-        const int kn = min(PW_KC, kdim - k0);
+        const int kn = min(PW_KC, kend - k0);
         const float *wr = wsm + ti * PW_TC, *xr = xsm + tj * 4;
 #pragma unroll 4
         for (int kk = 0; kk < kn; kk++) {
@@ -347,9 +358,27 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     }
 
     /* Epilogue. Pixels of the thread: p0 + tj * 4 + {0..3} and the same half a tile on. */
+    const int ch0 = c0 + ti * PW_TC;
+    if (ksplit > 1) {
+        /* This split's sums, [pixel][K] over every image's pixels (NCHW: image n's from n * howo
+         * on); pw_reduce_kernel does the rest. */
+        float *part = (float *)b.ws[prob] + (size_t)ks * g.n * howo * g.k;
+        const int pbase = NHWC ? 0 : n * howo;
+#pragma unroll
+        for (int j = 0; j < PW_TP; j++) {
+            const int pix = p0 + tj * 4 + (j & 3) + (j >> 2) * (tpx / 2);
+            if (pix >= npix)
+                continue;
+            float *pp = part + (size_t)(pbase + pix) * g.k + (size_t)grp * g.kpg + ch0;
+#pragma unroll
+            for (int i = 0; i < PW_TC; i++)
+                if (ch0 + i < g.kpg)
+                    pp[i] = acc[i][j];
+        }
+        return;
+    }
     const T *bias = (const T *)b.b[prob];
     T *y = (T *)b.y[prob];
-    const int ch0 = c0 + ti * PW_TC;
     float bv[PW_TC];
 #pragma unroll
     for (int i = 0; i < PW_TC; i++)
@@ -433,6 +462,39 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
     }
 }
 
+/* Split K's second pass: one thread an output element, the splits' sums added in split order,
+ * then bias and activation; elements in the output's order (NCHW: [n][K][HoWo]) so that the
+ * stores coalesce. */
+template <class DT>
+__global__ void __launch_bounds__(256)
+    pw_reduce_kernel(const struct gpu_geom g, const struct gpu_batch b, int ksplit, int nchw)
+{
+    convd_grid_dependency();
+    typedef typename DT::T T;
+    const int prob = (int)blockIdx.y, howo = g.ho * g.wo;
+    const int64_t total = (int64_t)g.n * howo * g.k;
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total)
+        return;
+    int64_t pix;
+    int k;
+    if (nchw) {
+        const int64_t img = e / ((int64_t)g.k * howo), rem = e - img * g.k * howo;
+        k = (int)(rem / howo);
+        pix = img * howo + (rem - (int64_t)k * howo);
+    } else {
+        pix = e / g.k;
+        k = (int)(e - pix * g.k);
+    }
+    const float *part = (const float *)b.ws[prob] + pix * g.k + k;
+    float s = 0.0f;
+    for (int ks = 0; ks < ksplit; ks++)
+        s += part[(int64_t)ks * total];
+    const T *bias = (const T *)b.b[prob];
+    const float bv = g.bias ? DT::load(bias[k]) : 0.0f;
+    ((T *)b.y[prob])[e] = DT::store(gpu_epilogue(s, bv, g));
+}
+
 /*
  * Tile choice: tpx from a few multiples of 8, tch a multiple of 4 up to 128, threads
  * (tch / 4) * (tpx / 8) between 128 and 256 (so that PW_U staging registers hold a K step). Cost
@@ -447,8 +509,8 @@ __global__ void __launch_bounds__(256, CONVD_MIN_BLOCKS(256, 2))
 #define PW_TF32_MATH 4
 
 int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
-                     const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
-                     size_t why_len)
+                     const struct convd_gpu_policy *pol, size_t ws_avail, struct gpu_pw_plan *ret,
+                     char *why, size_t why_len)
 {
     struct gpu_device_info dev;
     const int have_dev = gpu_device_info_get(&dev) == 0;
@@ -538,6 +600,28 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
             return CONVD_EUNSUPPORTED;
         }
     }
+    /* Split K where the grid fills less than half the GPU's block slots (two an SM) and the
+     * partial sums fit the workspace the caller gives; never for an NCHW output of NHWC copies
+     * (their workspace is taken). */
+    const int ksteps = (g->cpg * g->r * g->s + PW_KC - 1) / PW_KC;
+    pl.ksplit = 1;
+    pl.kchunk = ksteps * PW_KC;
+    if (pol->fma_split_k && ws_avail > 0 && !pl.out_nchw) {
+        const int64_t blocks = (int64_t)pl.ptiles * (nhwc ? 1 : g->n) * pl.ctiles * g->g;
+        const int64_t outs = (int64_t)g->n * g->ho * g->wo * g->k;
+        int64_t want = (int64_t)dev.sm_count * 2 / blocks;
+        if (want > ksteps / PW_SPLIT_STEPS)
+            want = ksteps / PW_SPLIT_STEPS;
+        if (want > PW_MAX_SPLIT)
+            want = PW_MAX_SPLIT;
+        if (want > (int64_t)(ws_avail / ((size_t)outs * sizeof(float))))
+            want = (int64_t)(ws_avail / ((size_t)outs * sizeof(float)));
+        if (want >= 2) {
+            const int steps = (ksteps + (int)want - 1) / (int)want;
+            pl.kchunk = steps * PW_KC;
+            pl.ksplit = (ksteps + steps - 1) / steps;
+        }
+    }
     pl.smem = PW_KC * (pl.tpx + 4 + pl.tch + 4) * (int)sizeof(float);
     pl.tf32 = tf32;
     if (tf32 && pl.tch * (pl.tpx + 4) * (int)sizeof(float) > pl.smem)
@@ -554,18 +638,44 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
     return 0;
 }
 
+size_t gpu_pw_workspace(const struct gpu_pw_plan *pl)
+{
+    if (pl->ksplit <= 1)
+        return 0;
+    const struct gpu_geom *g = &pl->g;
+    return (size_t)pl->ksplit * g->n * g->ho * g->wo * g->k * sizeof(float);
+}
+
+/* Split K's second pass over `count` problems. */
+template <class DT>
+static int pw_reduce_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
+                        const struct gpu_launch *ln)
+{
+    const struct gpu_geom *g = &pl->g;
+    const int64_t total = (int64_t)g->n * g->ho * g->wo * g->k;
+    dim3 grid((unsigned)((total + 255) / 256), (unsigned)count);
+    GPU_LAUNCH((pw_reduce_kernel<DT>), grid, dim3(256), 0, ln, *g, *b, pl->ksplit,
+               pl->layout == CONVD_LAYOUT_NCHW);
+    CONVD_GPU_CHECK(hipGetLastError());
+    return 0;
+}
+
 template <class DT>
 static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
                         const struct gpu_launch *ln)
 {
     const struct gpu_geom *g = &pl->g;
     const int nhwc = pl->layout == CONVD_LAYOUT_NHWC;
+    if (pl->ksplit > 1)
+        for (int i = 0; i < count; i++)
+            if (b->ws[i] == NULL)
+                return CONVD_EINVAL; /* the caller gave no workspace for the partial sums */
     dim3 grid((unsigned)(pl->ptiles * (nhwc ? 1 : g->n)), (unsigned)(pl->ctiles * g->g),
-              (unsigned)count);
+              (unsigned)(count * pl->ksplit));
     dim3 block((unsigned)pl->threads);
 #define PW_GO(NHWC, VEC, TF32)                                                                     \
     GPU_LAUNCH((pw_kernel<DT, NHWC, VEC, TF32>), grid, block, pl->smem, ln, *g, *b, pl->tch,       \
-               pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw)
+               pl->tpx, pl->ctiles, pl->ptiles, pl->vec_out, pl->out_nchw, pl->ksplit, pl->kchunk)
 #if defined(CONVD_GPU_NVIDIA)
     if constexpr (DT::id == CONVD_DTYPE_FP32) {
         if (pl->tf32) {
@@ -578,7 +688,7 @@ static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b,
             else
                 PW_GO(0, 0, 1);
             CONVD_GPU_CHECK(hipGetLastError());
-            return 0;
+            return pl->ksplit > 1 ? pw_reduce_dt<DT>(pl, b, count, ln) : 0;
         }
     }
 #endif
@@ -592,7 +702,7 @@ static int pw_launch_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b,
         PW_GO(0, 0, 0);
 #undef PW_GO
     CONVD_GPU_CHECK(hipGetLastError());
-    return 0;
+    return pl->ksplit > 1 ? pw_reduce_dt<DT>(pl, b, count, ln) : 0;
 }
 
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,

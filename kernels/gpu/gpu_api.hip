@@ -263,12 +263,24 @@ static size_t ws_slot(const struct convd_problem *p, const struct convd_gpu_poli
     return in + w + out > pin + pw ? in + w + out : pin + pw;
 }
 
+size_t gpu_ws_slot_out(const struct convd_problem *p, const struct convd_gpu_policy *pol)
+{
+    return ws_slot(p, pol, 1, NULL, NULL, NULL);
+}
+
+/* Whether plan pl's own kernels use workspace (the FMA GEMM's split K). */
+static int plan_own_ws(const struct gpu_plan *pl)
+{
+    return pl->family == CONVD_GPU_FAMILY_FMA && pl->u.fma.gemm && pl->u.fma.pw.ksplit > 1;
+}
+
 /* Workspace bytes one problem of plan pl uses (0: none): the GPU_WS_COPIES slot for NCHW on
- * NHWC copies, the GPU_WS_OUTPUT one for NHWC on NCHW copies and for padded channels. */
+ * NHWC copies, the GPU_WS_OUTPUT one for NHWC on NCHW copies, for padded channels and for split
+ * K's partial sums (its planner keeps them within that slot). */
 static size_t plan_slot(const struct convd_problem *p, const struct convd_gpu_policy *pol,
                         const struct gpu_plan *pl)
 {
-    if (pl->via_nchw || pl->padded_c)
+    if (pl->via_nchw || pl->padded_c || plan_own_ws(pl))
         return ws_slot(p, pol, 1, NULL, NULL, NULL);
     return pl->transposed ? ws_slot(p, pol, 0, NULL, NULL, NULL) : 0;
 }
@@ -401,6 +413,11 @@ extern "C" int convd_gpu_plan_describe(const struct convd_problem *p, enum convd
                      pl.u.fma.pw.ptiles *
                          (pl.u.fma.pw.layout == CONVD_LAYOUT_NHWC ? 1 : pl.u.fma.g.n),
                      pl.u.fma.pw.ctiles * pl.u.fma.g.g);
+            if (pl.u.fma.pw.ksplit > 1) {
+                const size_t l = strlen(buf);
+                snprintf(buf + l, len - l, " split k %dx%d", pl.u.fma.pw.ksplit,
+                         pl.u.fma.pw.kchunk);
+            }
             break;
         }
         snprintf(buf, len,
@@ -582,6 +599,9 @@ extern "C" int convd_gpu_run(const struct convd_problem *p, const struct convd_t
             if (rc != 0)
                 return rc;
         }
+        if (plan_own_ws(&pl))
+            for (int i = 0; i < n; i++)
+                b.ws[i] = (uint8_t *)workspace + (size_t)i * stride;
         rc = gpu_plan_launch(&pl, &b, n, &ln_kernel);
         if (rc != 0)
             return rc;

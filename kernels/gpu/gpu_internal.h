@@ -70,6 +70,9 @@ struct gpu_batch {
     const void *w[CONVD_GPU_BATCH_MAX];
     const void *b[CONVD_GPU_BATCH_MAX];
     void *y[CONVD_GPU_BATCH_MAX];
+    /* Per problem, the workspace a plan's own kernels use (the FMA GEMM's split-K partial sums);
+     * NULL where it has none. */
+    void *ws[CONVD_GPU_BATCH_MAX];
 };
 
 /* dtype traits. Storage types are plain integers for the 16-bit formats so that nothing depends
@@ -373,16 +376,23 @@ struct gpu_pw_plan {
     int vec_in;   /* operands arrive as 4-element loads */
     int out_nchw; /* NHWC input (transposed copies of an NCHW problem), NCHW output */
     int tf32;     /* TF32 tensor-core tiles (fp32 problems that allow it) */
+    /* Split K (policy fma_split_k): ksplit blocks share each tile, each kchunk K elements (a
+     * multiple of PW_KC); their fp32 partial sums go to the problem's workspace,
+     * [ksplit][N*Ho*Wo][K], and a second kernel adds them and applies the epilogue. 1: no split. */
+    int ksplit, kchunk;
 };
 /* Whether the implicit GEMM takes p's shape (1x1 unit stride; NHWC cpg % 4 == 0, kpg >= 24)
  * and pol does not switch it off; its planner may still refuse a grid that would not fill the
  * GPU. */
 int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy *pol);
 /* tf32: TF32 tiles (p fp32 with allow_tf32, NVIDIA sm_80+, the shape as above whatever
- * pol->fma_gemm says), or a refusal. */
+ * pol->fma_gemm says), or a refusal. ws_avail: workspace bytes per problem the plan may use for
+ * split-K partial sums (0: none, no split). */
 int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
-                     const struct convd_gpu_policy *pol, struct gpu_pw_plan *ret, char *why,
-                     size_t why_len);
+                     const struct convd_gpu_policy *pol, size_t ws_avail, struct gpu_pw_plan *ret,
+                     char *why, size_t why_len);
+/* Bytes of workspace a problem of plan pl uses (its split-K partial sums; 0 without a split). */
+size_t gpu_pw_workspace(const struct gpu_pw_plan *pl);
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
                   const struct gpu_launch *ln);
 
@@ -441,8 +451,8 @@ struct gpu_fma_plan {
 #define GPU_FMA_TF32   3 /* the implicit GEMM's TF32 tiles or nothing */
 #define GPU_FMA_GEMV   4 /* the matrix-vector kernel or nothing */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
-                      const struct convd_gpu_policy *pol, struct gpu_fma_plan *ret, char *why,
-                      size_t why_len);
+                      const struct convd_gpu_policy *pol, size_t ws_avail, struct gpu_fma_plan *ret,
+                      char *why, size_t why_len);
 int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int count,
                    const struct gpu_launch *ln);
 

@@ -87,10 +87,14 @@ struct convd_gpu_policy {
      * images (default: 1.4-2.0 us against the GEMM's 2.4-6.7 on regnet's, H100); 2 whatever
      * the images; 0 never. */
     int gemv;
+    /* The FMA GEMM's K loop split over blocks (partial sums in the workspace, a second kernel
+     * adding them and applying the epilogue) where its tiles leave most SMs idle: the large-C
+     * 1x1s of small images in fp32. 1 on; 0 (default until it has run on a GPU) off. */
+    int fma_split_k;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 1                           \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 0                        \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

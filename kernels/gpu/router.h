@@ -70,6 +70,10 @@ int gpu_route_plan(const struct gpu_route_in *in, enum convd_gpu_family family,
 int gpu_plan_launch(const struct gpu_plan *pl, const struct gpu_batch *b, int count,
                     const struct gpu_launch *ln);
 
+/* Bytes of the GPU_WS_OUTPUT workspace level per problem (gpu_api.hip): what a plan of the
+ * native view may use for its own scratch (the FMA GEMM's split-K partial sums). */
+size_t gpu_ws_slot_out(const struct convd_problem *p, const struct convd_gpu_policy *pol);
+
 /* The padded channel count of p's GPU_VIEW_PADDED_C under pol, or 0 where it does not apply. */
 int gpu_pad_channels(const struct convd_problem *p, const struct convd_gpu_policy *pol);
 

@@ -34,6 +34,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"mma_split_c", pol->mma_split_c, 0, 1, -9},
         {"mma_partial_n", pol->mma_partial_n, 0, 1, -9},
         {"gemv", pol->gemv, 0, 2, -9},
+        {"fma_split_k", pol->fma_split_k, 0, 1, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;
@@ -428,7 +429,10 @@ static int plan_rule(const struct gpu_rule *r, const struct gpu_route_in *in, st
     case CONVD_GPU_FAMILY_MMA:
         return gpu_mma_plan_make(&q, out_nchw, in->pol, &ret->u.mma, why, why_len);
     case CONVD_GPU_FAMILY_FMA:
-        return gpu_fma_plan_make(&q, out_nchw, r->fma_kernel, in->pol, &ret->u.fma, why, why_len);
+        return gpu_fma_plan_make(
+            &q, out_nchw, r->fma_kernel, in->pol,
+            r->view == GPU_VIEW_NATIVE && in->ws >= GPU_WS_OUTPUT ? gpu_ws_slot_out(p, in->pol) : 0,
+            &ret->u.fma, why, why_len);
     case CONVD_GPU_FAMILY_GENERIC:
         return gpu_generic_plan_make(&q, &ret->u.gen);
     case CONVD_GPU_FAMILY_AUTO:

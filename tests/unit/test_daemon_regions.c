@@ -1,7 +1,7 @@
 /* Regions on real memfds with the real CPU backend: seals, sizes, descriptor counts, ids, limits,
  * read-only regions, GPU handles the CPU refuses, deferred release while requests hold a
- * reference, releases queued while lanes have work, and a failing mmap (injected with -Wl,--wrap=mmap). Every test checks that no
- * mapping and no descriptor is left behind. */
+ * reference, releases queued while lanes have work, and a failing mmap (injected with
+ * -Wl,--wrap=mmap). Every test checks that no mapping and no descriptor is left behind. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
