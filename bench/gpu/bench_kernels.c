@@ -51,7 +51,8 @@ struct row {
     char kernel[24]; /* the routing rule, or the family asked for */
     double ours_us, cudnn_us, floor_us, frac, rel_err;
     double ours_call_us, cudnn_call_us; /* per-call event timing, host work included */
-    double ours_conc_us, cudnn_conc_us; /* per convolution with --streams S side by side; 0: not run */
+    /* Per convolution with --streams S side by side; 0: not run. */
+    double ours_conc_us, cudnn_conc_us;
     char plan[200];
     char bound[8];
     int ok; /* output matches cuDNN's */
@@ -71,7 +72,7 @@ struct opts {
     int sweep_fma;
     int sweep_tf32;
     int sweep_direct;
-    int tf32; /* fp32 problems allow TF32, and cuDNN may use it too */
+    int tf32;    /* fp32 problems allow TF32, and cuDNN may use it too */
     int streams; /* --streams: also time S streams side by side (0: not) */
     enum convd_gpu_family family;
 };
@@ -348,6 +349,34 @@ static double time_fn(run_fn fn, void *ctx, int nbuf, int iters, int warmup)
     return m;
 }
 
+/* The median over `reps` timed launches of an instantiated graph (after two untimed ones), in
+ * microseconds divided by `runs`, the runs one launch makes. */
+static double graph_median_us(cudaGraphExec_t exec, int reps, double runs)
+{
+    double *us = malloc(sizeof(double) * (size_t)reps);
+    if (us == NULL)
+        die("out of memory");
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 2; i++)
+        CK(cudaGraphLaunch(exec, g_stream));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(e0, g_stream));
+        CK(cudaGraphLaunch(exec, g_stream));
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        us[r] = ms * 1000.0 / runs;
+    }
+    const double m = median(us, reps);
+    free(us);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return m;
+}
+
 /* Device time per run: `per` runs (rotating buffers) captured in a CUDA graph, the graph launched
  * `reps` times, each launch timed with events; median over launches divided by `per`. Host-side
  * work (our planning and launch, cuDNN's dispatch) is out of the measurement. <0 on failure. */
@@ -379,25 +408,7 @@ static double time_graph(run_fn fn, void *ctx, int nbuf, int reps)
         cudaGraphDestroy(graph);
         return -1.0;
     }
-    double *us = malloc(sizeof(double) * (size_t)reps);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 2; i++)
-        CK(cudaGraphLaunch(exec, g_stream));
-    for (int r = 0; r < reps; r++) {
-        CK(cudaEventRecord(e0, g_stream));
-        CK(cudaGraphLaunch(exec, g_stream));
-        CK(cudaEventRecord(e1, g_stream));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        us[r] = ms * 1000.0 / per;
-    }
-    double m = median(us, reps);
-    free(us);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    const double m = graph_median_us(exec, reps, per);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     return m;
@@ -435,28 +446,7 @@ static double time_graph_conc(run_fn fn, void *ctx, int nbuf, int reps, int nstr
         cudaGetLastError();
         bad = 1;
     }
-    double m = -1.0;
-    if (!bad) {
-        double *us = malloc(sizeof(double) * (size_t)reps);
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        for (int i = 0; i < 2; i++)
-            CK(cudaGraphLaunch(exec, g_stream));
-        for (int r = 0; r < reps; r++) {
-            CK(cudaEventRecord(e0, g_stream));
-            CK(cudaGraphLaunch(exec, g_stream));
-            CK(cudaEventRecord(e1, g_stream));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            us[r] = ms * 1000.0 / ((double)per * nstreams);
-        }
-        m = median(us, reps);
-        free(us);
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-    }
+    const double m = bad ? -1.0 : graph_median_us(exec, reps, (double)per * nstreams);
     if (exec)
         cudaGraphExecDestroy(exec);
     if (graph)
@@ -1126,8 +1116,8 @@ static void summary(const struct row *rows, int nrows, const struct ceilings *ce
 
 int main(int argc, char **argv)
 {
-    struct opts o = {.shapes = "bench/shapes.csv", .iters = 50, .warmup = 10,
-                     .family = CONVD_GPU_FAMILY_AUTO};
+    struct opts o = {
+        .shapes = "bench/shapes.csv", .iters = 50, .warmup = 10, .family = CONVD_GPU_FAMILY_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1298,11 +1288,11 @@ int main(int argc, char **argv)
         for (int i = 0; i < nrows; i++) {
             const struct row *r = &rows[i];
             fprintf(f, "%s,%s,%s,%s,%.2f,%.2f,%.3f,%.2f,%.3f,%s,%.3g,%d,%.2f,%.2f,%d,%.2f,%.2f\n",
-                    r->shape,
-                    convd_dtype_name(r->dtype), convd_layout_name(r->layout), r->kernel, r->ours_us,
-                    r->cudnn_us, r->cudnn_us > 0 && r->ours_us > 0 ? r->cudnn_us / r->ours_us : 0.0,
-                    r->floor_us, r->frac, r->bound, r->rel_err, r->ok, r->ours_call_us,
-                    r->cudnn_call_us, r->groups, r->ours_conc_us, r->cudnn_conc_us);
+                    r->shape, convd_dtype_name(r->dtype), convd_layout_name(r->layout), r->kernel,
+                    r->ours_us, r->cudnn_us,
+                    r->cudnn_us > 0 && r->ours_us > 0 ? r->cudnn_us / r->ours_us : 0.0, r->floor_us,
+                    r->frac, r->bound, r->rel_err, r->ok, r->ours_call_us, r->cudnn_call_us,
+                    r->groups, r->ours_conc_us, r->cudnn_conc_us);
         }
         fclose(f);
     }
