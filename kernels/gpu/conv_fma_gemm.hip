@@ -638,14 +638,6 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
     return 0;
 }
 
-size_t gpu_pw_workspace(const struct gpu_pw_plan *pl)
-{
-    if (pl->ksplit <= 1)
-        return 0;
-    const struct gpu_geom *g = &pl->g;
-    return (size_t)pl->ksplit * g->n * g->ho * g->wo * g->k * sizeof(float);
-}
-
 /* Split K's second pass over `count` problems. */
 template <class DT>
 static int pw_reduce_dt(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,

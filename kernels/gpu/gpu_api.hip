@@ -281,7 +281,7 @@ static size_t plan_slot(const struct convd_problem *p, const struct convd_gpu_po
                         const struct gpu_plan *pl)
 {
     if (pl->via_nchw || pl->padded_c || plan_own_ws(pl))
-        return ws_slot(p, pol, 1, NULL, NULL, NULL);
+        return gpu_ws_slot_out(p, pol);
     return pl->transposed ? ws_slot(p, pol, 0, NULL, NULL, NULL) : 0;
 }
 

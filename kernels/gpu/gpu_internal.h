@@ -391,8 +391,6 @@ int gpu_pw_applies(const struct convd_problem *p, const struct convd_gpu_policy 
 int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
                      const struct convd_gpu_policy *pol, size_t ws_avail, struct gpu_pw_plan *ret,
                      char *why, size_t why_len);
-/* Bytes of workspace a problem of plan pl uses (its split-K partial sums; 0 without a split). */
-size_t gpu_pw_workspace(const struct gpu_pw_plan *pl);
 int gpu_pw_launch(const struct gpu_pw_plan *pl, const struct gpu_batch *b, int count,
                   const struct gpu_launch *ln);
 
