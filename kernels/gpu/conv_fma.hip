@@ -532,6 +532,16 @@ int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
         *ret = pl;
         return 0;
     }
+    if (kernel == GPU_FMA_STEM) {
+        const int rc = gpu_stem_plan_make(p, &pl.st, why, why_len);
+        if (rc != 0)
+            return rc;
+        pl.stem = 1;
+        pl.threads = pl.st.threads;
+        pl.smem = pl.st.smem;
+        *ret = pl;
+        return 0;
+    }
     /* The implicit GEMM where it applies and its planner takes the problem; else direct. */
     if (kernel != GPU_FMA_DIRECT) {
         const int rc = gpu_pw_plan_make(p, out_nchw, kernel == GPU_FMA_TF32, pol, ws_avail, &pl.pw,
@@ -755,6 +765,8 @@ int gpu_fma_launch(const struct gpu_fma_plan *pl, const struct gpu_batch *b, int
         return gpu_pw_launch(&pl->pw, b, count, ln);
     if (pl->gemv)
         return gpu_gemv_launch(&pl->gv, b, count, ln);
+    if (pl->stem)
+        return gpu_stem_launch(&pl->st, b, count, ln);
     struct fma_args a;
     a.g = pl->g;
     a.nch = pl->nch;

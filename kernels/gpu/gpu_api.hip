@@ -406,6 +406,11 @@ extern "C" int convd_gpu_plan_describe(const struct convd_problem *p, enum convd
                      pl.u.fma.gv.threads, pl.u.fma.gv.blocks);
             break;
         }
+        if (pl.u.fma.stem) {
+            snprintf(buf, len, "fma stem 2 pixels x 8 outputs a thread, threads %d smem %d blocks %d",
+                     pl.u.fma.st.threads, pl.u.fma.st.smem, pl.u.fma.st.blocks);
+            break;
+        }
         if (pl.u.fma.gemm) {
             snprintf(buf, len, "%s gemm tile %dx%d threads %d smem %d blocks %dx%d",
                      pl.u.fma.pw.tf32 ? "tf32" : "fma", pl.u.fma.pw.tch, pl.u.fma.pw.tpx,

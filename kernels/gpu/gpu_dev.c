@@ -42,7 +42,8 @@ static int dev_set(int *knob, int value)
     X(mma_split_c)                                                                                 \
     X(mma_partial_n)                                                                               \
     X(gemv)                                                                                        \
-    X(fma_split_k)
+    X(fma_split_k)                                                                                 \
+    X(stem)
 
 #define DEV_SETTER(name)                                                                           \
     int convd_gpu_tune_##name(int value)                                                           \

@@ -54,6 +54,7 @@ int convd_gpu_tune_mma_split_c(int mode);
 int convd_gpu_tune_mma_partial_n(int mode);
 int convd_gpu_tune_gemv(int mode);
 int convd_gpu_tune_fma_split_k(int mode);
+int convd_gpu_tune_stem(int mode);
 
 /* "KNOB=VALUE" (a field of struct convd_gpu_policy, a whole number): that knob's setter. 0, or
  * CONVD_EINVAL with the reason in why (an unknown knob, or a value the setter refuses). For the

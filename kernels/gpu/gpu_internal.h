@@ -409,6 +409,23 @@ int gpu_gemv_plan_make(const struct convd_problem *p, struct gpu_gemv_plan *ret,
 int gpu_gemv_launch(const struct gpu_gemv_plan *pl, const struct gpu_batch *b, int count,
                     const struct gpu_launch *ln);
 
+/* Dense problems of a few input channels (network stems) on the FMA units (conv_stem.hip): part
+ * of the fma family. */
+struct gpu_stem_plan {
+    struct gpu_geom g;
+    int dtype, layout;
+    int pairs;   /* output pixel pairs per row */
+    int kchunks; /* K / 8 */
+    int items;   /* threads with work: N * Ho * pairs * kchunks */
+    int blocks, threads, smem;
+};
+/* Whether the stem kernel takes p: groups 1, C <= 4, K % 8 == 0, its weights within 48 KB. */
+int gpu_stem_applies(const struct convd_problem *p);
+int gpu_stem_plan_make(const struct convd_problem *p, struct gpu_stem_plan *ret, char *why,
+                       size_t why_len);
+int gpu_stem_launch(const struct gpu_stem_plan *pl, const struct gpu_batch *b, int count,
+                    const struct gpu_launch *ln);
+
 struct gpu_fma_plan {
     struct gpu_geom g;
     int dtype, layout;
@@ -435,6 +452,8 @@ struct gpu_fma_plan {
     struct gpu_pw_plan pw;
     int gemv; /* run on the matrix-vector kernel with plan gv (the fields above unused) */
     struct gpu_gemv_plan gv;
+    int stem; /* run on the stem kernel with plan st (the fields above unused) */
+    struct gpu_stem_plan st;
 };
 /* out_nchw: p is the NHWC view of an NCHW problem whose input and weights were transposed into
  * the workspace; the kernel writes the output in NCHW. Problems the implicit GEMM takes
@@ -448,6 +467,7 @@ struct gpu_fma_plan {
 #define GPU_FMA_DIRECT 2
 #define GPU_FMA_TF32   3 /* the implicit GEMM's TF32 tiles or nothing */
 #define GPU_FMA_GEMV   4 /* the matrix-vector kernel or nothing */
+#define GPU_FMA_STEM   5 /* the stem kernel or nothing */
 int gpu_fma_plan_make(const struct convd_problem *p, int out_nchw, int kernel,
                       const struct convd_gpu_policy *pol, size_t ws_avail, struct gpu_fma_plan *ret,
                       char *why, size_t why_len);

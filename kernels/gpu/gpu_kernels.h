@@ -91,10 +91,15 @@ struct convd_gpu_policy {
      * adding them and applying the epilogue) where its tiles leave most SMs idle: the large-C
      * 1x1s of small images in fp32. 1 on; 0 (default until it has run on a GPU) off. */
     int fma_split_k;
+    /* Dense problems of at most 4 input channels (network stems: 3 channels, 3x3 to 7x7 filters)
+     * on the fma family's stem kernel, in either layout, where C padded to 8 for the tensor
+     * cores or the FMA tiles' halo cost more than the few FMAs: 1 on; 0 (default until it has
+     * run on a GPU) off. */
+    int stem;
 };
 #define CONVD_GPU_POLICY_DEFAULT                                                                   \
     {                                                                                              \
-        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 0                        \
+        -1, -1, -1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 0, 0                     \
     }
 extern const struct convd_gpu_policy convd_gpu_policy_default;
 

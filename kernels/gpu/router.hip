@@ -35,6 +35,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"mma_partial_n", pol->mma_partial_n, 0, 1, -9},
         {"gemv", pol->gemv, 0, 2, -9},
         {"fma_split_k", pol->fma_split_k, 0, 1, -9},
+        {"stem", pol->stem, 0, 1, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;
@@ -292,6 +293,14 @@ static int gemv_routes(const struct gpu_route_in *in)
     return in->pol->gemv == 2 || (in->pol->gemv == 1 && in->p->n <= 4);
 }
 
+/* A dense problem of a few input channels (a network's stem) that the stem kernel takes, unless
+ * the policy's stem is 0: a fits predicate, so that the fma family asked for by name then keeps
+ * to its other kernels. */
+static int stem_fits(const struct gpu_route_in *in)
+{
+    return in->pol->stem != 0 && gpu_stem_applies(in->p);
+}
+
 /* ---- the table ---- */
 
 #define N       GPU_VIEW_NATIVE
@@ -303,6 +312,9 @@ static const struct gpu_rule gpu_rules[] = {
     {"fma-gemv", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_GEMV, gemv_fits, gemv_routes,
      "policy gemv 1: 1x1 filter, 1x1 output, no padding, at most 4 images (squeeze-excitation "
      "1x1s, heads): lanes of a warp share each output, either layout"},
+    {"fma-stem", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_STEM, stem_fits, always,
+     "policy stem 1: dense, C <= 4, K a multiple of 8 (network stems): 2 pixels x 8 outputs a "
+     "thread, weights in shared memory, either layout"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
     {"mma-tf32", CONVD_GPU_FAMILY_MMA, N, 0, tf32_nhwc, mma_tf32_routes,

@@ -1673,7 +1673,9 @@ static void batch_case(struct convd_problem p, enum convd_gpu_family fam, int co
     }
     size_t ws = 1;
     assert_int_equal(convd_gpu_dev_workspace(&p, (size_t)count, &ws), 0);
-    if (p.layout == CONVD_LAYOUT_NHWC && !described_as(&p, CONVD_GPU_FAMILY_AUTO, "NCHW copies"))
+    /* NHWC asks for workspace only for NCHW copies and for split K's partial sums. */
+    if (p.layout == CONVD_LAYOUT_NHWC && !described_as(&p, CONVD_GPU_FAMILY_AUTO, "NCHW copies") &&
+        !described_as(&p, CONVD_GPU_FAMILY_AUTO, "split k"))
         assert_int_equal(ws, 0);
     /* The same per-problem room as the single runs get, so both take the same path. */
     const size_t slot = cs[0].ws_bytes;
@@ -1808,6 +1810,129 @@ static void test_fma_gemv(void **state)
     assert_int_equal(convd_gpu_tune_gemv(1), 0); /* back to the default for the tests after */
 }
 
+/* Runs p on `fam` without any workspace and compares with the reference: plans that
+ * would use workspace of their own must take another way then. */
+static void check_without_workspace(const struct convd_problem *p, enum convd_gpu_family fam)
+{
+    char desc[160];
+    convd_problem_str(p, desc, sizeof(desc));
+    struct tcase c;
+    tc_init(&c, p);
+    tc_reference(&c);
+    int rc = tc_run_ws(&c, fam, 0);
+    if (rc != 0) {
+        tc_free(&c);
+        fail_msg("%s [%s, no workspace]: %s", desc, convd_gpu_family_name(fam), convd_strerror(rc));
+    }
+    double err = tu_rel_error(p->dtype, c.hy, c.ref, c.z.output_elems, NULL);
+    tc_free(&c);
+    if (!(err <= tu_tolerance_of(p)))
+        fail_msg("%s [%s, no workspace]: rel error %.3g", desc, convd_gpu_family_name(fam), err);
+    n_checked++;
+}
+
+/* Split K in the FMA GEMM (policy fma_split_k): the large-C 1x1s of small images that resnext50
+ * and regnet meet at batch 1 (7x7 and 14x14, C 512-2048, grouped too), K not a multiple of 4
+ * (scalar stores), several images. In fp32 (the GEMM's route; 16-bit takes the mma family) in
+ * both layouts, with and without bias and activations, batched (each problem's partial sums in
+ * its own workspace) and without workspace (no split then); every dtype through the router.
+ * Off by default; with 0 no plan splits. */
+static void test_fma_split_k(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
+    assert_int_equal(convd_gpu_policy_default.fma_split_k, 0);
+    struct convd_problem ps[] = {
+        mk(1, 7, 7, 2048, 512, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+        mk(1, 14, 14, 1024, 256, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+        mk(2, 7, 7, 512, 100, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+        mk(1, 7, 7, 1024, 256, 1, 1, 4, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+    };
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    for (size_t i = 0; i < np; i++)
+        assert_false(described_as(&ps[i], A, "split k"));
+    assert_int_equal(convd_gpu_tune_fma_split_k(1), 0);
+    for (size_t i = 0; i < np; i++) {
+        for (int l = 0; l < 2; l++) {
+            struct convd_problem q = ps[i];
+            q.layout = layouts[l];
+            if (!described_as(&q, A, "split k"))
+                fail_msg("case %zu layout %d does not split K", i, l);
+        }
+        sweep(ps[i], A, 1, 0);
+        struct convd_problem q = ps[i];
+        q.has_bias = true;
+        set_act(&q, (int)i);
+        batch_case(q, A, 3);
+        check_without_workspace(&q, A);
+        q.layout = CONVD_LAYOUT_NCHW;
+        batch_case(q, A, 3);
+    }
+    assert_int_equal(convd_gpu_tune_fma_split_k(2), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_fma_split_k(0), 0);
+    for (size_t i = 0; i < np; i++)
+        assert_false(described_as(&ps[i], A, "split k"));
+}
+
+/* The fma family's stem kernel (policy stem): regnet's 3x3 stride-2 stem and resnext50's 7x7
+ * one on small odd images (a row's last pixel pair half outside), one input channel with
+ * dilation, four with asymmetric padding and strides, two on a 1x1 filter; every dtype and
+ * layout with and without bias and activations, batched past one launch. Off by default; with 1
+ * the router takes these problems to it, with 0 never. */
+static void test_fma_stem(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
+    assert_int_equal(convd_gpu_policy_default.stem, 0);
+    struct convd_problem ps[] = {
+        mk(2, 17, 19, 3, 32, 3, 3, 1, 2, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 23, 21, 3, 64, 7, 7, 1, 2, 3, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(2, 15, 16, 1, 8, 5, 5, 1, 1, 4, 2, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(3, 13, 11, 4, 16, 3, 2, 1, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+        mk(1, 9, 10, 2, 24, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
+    };
+    ps[3].pad_top = 2;
+    ps[3].pad_bottom = 0;
+    ps[3].pad_right = 0;
+    ps[3].stride_w = 2;
+    const size_t np = sizeof(ps) / sizeof(ps[0]);
+    for (size_t i = 0; i < np; i++)
+        assert_false(described_as(&ps[i], A, "stem"));
+    assert_int_equal(convd_gpu_tune_stem(1), 0);
+    for (size_t i = 0; i < np; i++) {
+        for (int l = 0; l < 2; l++) {
+            struct convd_problem q = ps[i];
+            q.layout = layouts[l];
+            if (!described_as(&q, A, "stem"))
+                fail_msg("case %zu layout %d not routed to the stem kernel", i, l);
+        }
+        sweep(ps[i], A, 1, 0);
+        struct convd_problem q = ps[i];
+        q.has_bias = true;
+        set_act(&q, (int)i);
+        batch_case(q, A, i == 0 ? 35 : 3);
+        q.layout = CONVD_LAYOUT_NCHW;
+        batch_case(q, A, 3);
+    }
+    /* Past the kernel's reach: five channels, a group, K not a multiple of 8. */
+    struct convd_problem q = ps[0];
+    q.c = 5;
+    assert_false(described_as(&q, A, "stem"));
+    q = ps[0];
+    q.c = 4;
+    q.groups = 2;
+    assert_false(described_as(&q, A, "stem"));
+    q = ps[0];
+    q.k = 36;
+    assert_false(described_as(&q, A, "stem"));
+    assert_int_equal(convd_gpu_tune_stem(2), CONVD_EINVAL);
+    assert_int_equal(convd_gpu_tune_stem(0), 0);
+    for (size_t i = 0; i < np; i++)
+        assert_false(described_as(&ps[i], A, "stem"));
+}
+
 /* ---- API contract ---- */
 
 static void test_api(void **state)
@@ -1901,6 +2026,8 @@ int main(void)
         cmocka_unit_test_teardown(test_mma_split_c, untune),
         cmocka_unit_test_teardown(test_mma_partial_n, untune),
         cmocka_unit_test_teardown(test_fma_gemv, untune),
+        cmocka_unit_test_teardown(test_fma_split_k, untune),
+        cmocka_unit_test_teardown(test_fma_stem, untune),
         cmocka_unit_test_teardown(test_mma_configs, untune),
         cmocka_unit_test_teardown(test_mma_tma, untune),
         cmocka_unit_test_teardown(test_chain, untune),
