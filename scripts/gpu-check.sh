@@ -10,8 +10,7 @@
 # -exceptiongroup, for the Python GPU tests where the GPU machine has no pytest), both carried to
 # the GPU machine. Writes full logs to OUTDIR and prints a short table last:
 #   nvidia-smi.txt     the device as found
-#   gpu-tests.log      ctest -L gpu (python_gpu aside)
-#   pytest-gpu.log     the Python package's GPU tests (python/tests/test_gpu.py) on python3
+#   gpu-tests.log      ctest -L gpu, the Python package's GPU tests (python_gpu) among them
 #   sass.txt.gz        cuobjdump --dump-sass of the kernel library
 #   sass-summary.txt   per kernel: HMMA, LDSM, LDGSTS, 16-byte global loads/stores, local memory
 #   bench.md/.csv      convd-bench-kernels against cuDNN on $SHAPES (default bench/shapes.csv;
@@ -46,18 +45,11 @@ head -15 "$OUT/nvidia-smi.txt"
 tests_rc=0
 if [ "${TESTS:-1}" = 1 ]; then
     step "GPU tests"
-    # python_gpu runs below with the python3 on PATH: ctest's is the build machine's
-    # /usr/bin/python3, and the GPU machine's torch lives in another.
-    (cd "$BUILD" && ctest -L gpu -E '^python_gpu$' --output-on-failure --timeout 300) \
-        >"$OUT/gpu-tests.log" 2>&1
+    # python_gpu among them, on the python3 on PATH (CONVD_TEST_PYTHON, from gpu-env.sh): the
+    # build machine's /usr/bin/python3 that ctest names has no CUDA torch.
+    (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) >"$OUT/gpu-tests.log" 2>&1
     tests_rc=$?
     tail -25 "$OUT/gpu-tests.log"
-    step "Python GPU tests ($(command -v python3))"
-    (cd python && CONVD_CLIENT_LIB=$PWD/../$BUILD/lib/libconvd-client.so \
-        CONVD_DAEMON=$PWD/../$BUILD/bin/convd CONVD_BUILD_DIR=$PWD/../$BUILD \
-        timeout 600 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py) \
-        >"$OUT/pytest-gpu.log" 2>&1 || tests_rc=1
-    tail -15 "$OUT/pytest-gpu.log"
 fi
 
 step "SASS"

@@ -7,6 +7,7 @@
 #    LD_LIBRARY_PATH;
 #  - pytest, where the GPU machine's python3 lacks it, from the python3-pytest .debs among them
 #    (and each of its dependencies python3 lacks), through PYTHONPATH, for the Python GPU tests;
+#  - CONVD_TEST_PYTHON, the python3 on PATH, which ctest's Python tests then run on;
 #  - the build machine's source path, which the build folder's files name, is made to resolve
 #    here (a symbolic link to this checkout) when it does not exist;
 #  - CONVD_CUDART is set, when the loader cannot find libcudart by itself, to a libcudart of the
@@ -38,6 +39,11 @@ if command -v python3 >/dev/null && ! python3 -c 'import pytest' 2>/dev/null &&
     done
     export PYTHONPATH=/tmp/deps-py${PYTHONPATH:+:$PYTHONPATH}
     echo "pytest from .deps: $(python3 -c 'import pytest; print(pytest.__version__)' 2>&1 | tail -1)"
+fi
+# ctest's Python tests run on the interpreter the build machine configured (/usr/bin/python3);
+# here they take the python3 on PATH, the one with CUDA torch (python/CMakeLists.txt).
+if command -v python3 >/dev/null; then
+    export CONVD_TEST_PYTHON=$(command -v python3)
 fi
 command -v python3 >/dev/null && echo "python3: $(command -v python3), $(python3 -c '
 try:
