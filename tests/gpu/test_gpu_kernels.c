@@ -1831,55 +1831,64 @@ static void check_without_workspace(const struct convd_problem *p, enum convd_gp
     n_checked++;
 }
 
-/* Split K in the FMA GEMM (policy fma_split_k): the large-C 1x1s of small images that resnext50
- * and regnet meet at batch 1 (7x7 and 14x14, C 512-2048, grouped too), K not a multiple of 4
- * (scalar stores), several images. In fp32 (the GEMM's route; 16-bit takes the mma family) in
- * both layouts, with and without bias and activations, batched (each problem's partial sums in
- * its own workspace) and without workspace (no split then); every dtype through the router.
- * Off by default; with 0 no plan splits. */
-static void test_fma_split_k(void **state)
+/* A policy knob that sends problems to one kernel (0 off, the default; 1 on; 2 refused): under
+ * 0 none of ps is described as `word`; under 1 each is, in both layouts, and runs right through
+ * the router in every dtype and layout with and without bias and activations, batched (the
+ * first `first_batch` problems at once, the others 3), and, with `no_ws`, without workspace
+ * too; back at 0, none is again. */
+static void knob_routes(const struct convd_problem *ps, size_t np, const char *word,
+                        int (*tune)(int), int first_batch, int no_ws)
 {
-    (void)state;
-    REQUIRE_GPU();
     const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
-    assert_int_equal(convd_gpu_policy_default.fma_split_k, 0);
-    struct convd_problem ps[] = {
-        mk(1, 7, 7, 2048, 512, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
-        mk(1, 14, 14, 1024, 256, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
-        mk(2, 7, 7, 512, 100, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
-        mk(1, 7, 7, 1024, 256, 1, 1, 4, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
-    };
-    const size_t np = sizeof(ps) / sizeof(ps[0]);
     for (size_t i = 0; i < np; i++)
-        assert_false(described_as(&ps[i], A, "split k"));
-    assert_int_equal(convd_gpu_tune_fma_split_k(1), 0);
+        assert_false(described_as(&ps[i], A, word));
+    assert_int_equal(tune(1), 0);
     for (size_t i = 0; i < np; i++) {
         for (int l = 0; l < 2; l++) {
             struct convd_problem q = ps[i];
             q.layout = layouts[l];
-            if (!described_as(&q, A, "split k"))
-                fail_msg("case %zu layout %d does not split K", i, l);
+            if (!described_as(&q, A, word))
+                fail_msg("case %zu layout %d not routed to the %s kernel", i, l, word);
         }
         sweep(ps[i], A, 1, 0);
         struct convd_problem q = ps[i];
         q.has_bias = true;
         set_act(&q, (int)i);
-        batch_case(q, A, 3);
-        check_without_workspace(&q, A);
+        batch_case(q, A, i == 0 ? first_batch : 3);
+        if (no_ws)
+            check_without_workspace(&q, A);
         q.layout = CONVD_LAYOUT_NCHW;
         batch_case(q, A, 3);
     }
-    assert_int_equal(convd_gpu_tune_fma_split_k(2), CONVD_EINVAL);
-    assert_int_equal(convd_gpu_tune_fma_split_k(0), 0);
+    assert_int_equal(tune(2), CONVD_EINVAL);
+    assert_int_equal(tune(0), 0);
     for (size_t i = 0; i < np; i++)
-        assert_false(described_as(&ps[i], A, "split k"));
+        assert_false(described_as(&ps[i], A, word));
+}
+
+/* Split K in the FMA GEMM (policy fma_split_k): the large-C 1x1s of small images that resnext50
+ * and regnet meet at batch 1 (7x7 and 14x14, C 512-2048, grouped too), K not a multiple of 4
+ * (scalar stores), several images. Their fp32 route is the GEMM (16-bit takes the mma family);
+ * batched, each problem's partial sums go to its own workspace, and without workspace nothing
+ * splits. */
+static void test_fma_split_k(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    assert_int_equal(convd_gpu_policy_default.fma_split_k, 0);
+    const struct convd_problem ps[] = {
+        mk(1, 7, 7, 2048, 512, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+        mk(1, 14, 14, 1024, 256, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+        mk(2, 7, 7, 512, 100, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+        mk(1, 7, 7, 1024, 256, 1, 1, 4, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
+    };
+    knob_routes(ps, sizeof(ps) / sizeof(ps[0]), "split k", convd_gpu_tune_fma_split_k, 3, 1);
 }
 
 /* The fma family's stem kernel (policy stem): regnet's 3x3 stride-2 stem and resnext50's 7x7
  * one on small odd images (a row's last pixel pair half outside), one input channel with
- * dilation, four with asymmetric padding and strides, two on a 1x1 filter; every dtype and
- * layout with and without bias and activations, batched past one launch. Off by default; with 1
- * the router takes these problems to it, with 0 never. */
+ * dilation, four with asymmetric padding and strides, two on a 1x1 filter; batched past one
+ * launch. Past its reach: five channels, a group, K not a multiple of 8. */
 static void test_fma_stem(void **state)
 {
     (void)state;
@@ -1897,26 +1906,8 @@ static void test_fma_stem(void **state)
     ps[3].pad_bottom = 0;
     ps[3].pad_right = 0;
     ps[3].stride_w = 2;
-    const size_t np = sizeof(ps) / sizeof(ps[0]);
-    for (size_t i = 0; i < np; i++)
-        assert_false(described_as(&ps[i], A, "stem"));
+    knob_routes(ps, sizeof(ps) / sizeof(ps[0]), "stem", convd_gpu_tune_stem, 35, 0);
     assert_int_equal(convd_gpu_tune_stem(1), 0);
-    for (size_t i = 0; i < np; i++) {
-        for (int l = 0; l < 2; l++) {
-            struct convd_problem q = ps[i];
-            q.layout = layouts[l];
-            if (!described_as(&q, A, "stem"))
-                fail_msg("case %zu layout %d not routed to the stem kernel", i, l);
-        }
-        sweep(ps[i], A, 1, 0);
-        struct convd_problem q = ps[i];
-        q.has_bias = true;
-        set_act(&q, (int)i);
-        batch_case(q, A, i == 0 ? 35 : 3);
-        q.layout = CONVD_LAYOUT_NCHW;
-        batch_case(q, A, 3);
-    }
-    /* Past the kernel's reach: five channels, a group, K not a multiple of 8. */
     struct convd_problem q = ps[0];
     q.c = 5;
     assert_false(described_as(&q, A, "stem"));
@@ -1927,10 +1918,6 @@ static void test_fma_stem(void **state)
     q = ps[0];
     q.k = 36;
     assert_false(described_as(&q, A, "stem"));
-    assert_int_equal(convd_gpu_tune_stem(2), CONVD_EINVAL);
-    assert_int_equal(convd_gpu_tune_stem(0), 0);
-    for (size_t i = 0; i < np; i++)
-        assert_false(described_as(&ps[i], A, "stem"));
 }
 
 /* ---- API contract ---- */
