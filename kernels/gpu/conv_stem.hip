@@ -18,10 +18,10 @@
  */
 #include "gpu_internal.h"
 
-#define ST_THREADS 256
-#define ST_KT      8 /* output channels per thread */
-#define ST_PX      2 /* adjacent output pixels of a row per thread */
-#define ST_CMAX    4 /* input channels the kernel takes */
+#define ST_THREADS 128 /* 2-3 blocks an SM on the stems: an even spread over the SMs */
+#define ST_KT      8   /* output channels per thread */
+#define ST_PX      2   /* adjacent output pixels of a row per thread */
+#define ST_CMAX    4   /* input channels the kernel takes */
 #define ST_SMEM    (48 * 1024)
 
 template <class DT, int NHWC, int CC>
