@@ -1109,6 +1109,7 @@ static void test_mma_padded(void **state)
     (void)state;
     REQUIRE_GPU();
     require_mma();
+    assert_int_equal(convd_gpu_tune_stem(0), 0); /* the stems' own kernel aside (test_fma_stem) */
     struct convd_problem ps[] = {
         mk(2, 19, 21, 3, 16, 7, 7, 1, 2, 3, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC), /* stem */
         mk(3, 9, 10, 5, 24, 3, 3, 1, 1, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
@@ -1831,15 +1832,16 @@ static void check_without_workspace(const struct convd_problem *p, enum convd_gp
     n_checked++;
 }
 
-/* A policy knob that sends problems to one kernel (0 off, the default; 1 on; 2 refused): under
- * 0 none of ps is described as `word`; under 1 each is, in both layouts, and runs right through
- * the router in every dtype and layout with and without bias and activations, batched (the
- * first `first_batch` problems at once, the others 3), and, with `no_ws`, without workspace
- * too; back at 0, none is again. */
+/* A policy knob that sends problems to one kernel (0 off, 1 on, 2 refused): under 0 none of ps
+ * is described as `word`; under 1 each is, in both layouts, and runs right through the router
+ * in every dtype and layout with and without bias and activations, batched (the first
+ * `first_batch` problems at once, the others 3), and, with `no_ws`, without workspace too; back
+ * at 0, none is again. The test's teardown puts the default back. */
 static void knob_routes(const struct convd_problem *ps, size_t np, const char *word,
                         int (*tune)(int), int first_batch, int no_ws)
 {
     const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
+    assert_int_equal(tune(0), 0);
     for (size_t i = 0; i < np; i++)
         assert_false(described_as(&ps[i], A, word));
     assert_int_equal(tune(1), 0);
