@@ -47,6 +47,8 @@
 /* Split K: at most this many splits, each at least PW_SPLIT_STEPS K steps. */
 #define PW_MAX_SPLIT   16
 #define PW_SPLIT_STEPS 4
+/* ...and only where the grid would leave at least this many block slots a block. */
+#define PW_SPLIT_MIN_FILL 4
 
 static int pw_is_pointwise(const struct convd_problem *p)
 {
@@ -600,9 +602,11 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
             return CONVD_EUNSUPPORTED;
         }
     }
-    /* Split K where the grid fills less than half the GPU's block slots (two an SM) and the
-     * partial sums fit the workspace the caller gives; never for an NCHW output of NHWC copies
-     * (their workspace is taken). */
+    /* Split K where the grid fills at most a quarter of the GPU's block slots (two an SM) and
+     * the partial sums fit the workspace the caller gives; never for an NCHW output of NHWC
+     * copies (their workspace is taken). A grid of a third to a half gained nothing from two
+     * splits, and lost up to 33% (H100: 98-104 blocks, rx50b1_l1_a, l2_ds, l3_in; NOTES round
+     * 24). */
     const int ksteps = (g->cpg * g->r * g->s + PW_KC - 1) / PW_KC;
     pl.ksplit = 1;
     pl.kchunk = ksteps * PW_KC;
@@ -610,6 +614,8 @@ int gpu_pw_plan_make(const struct convd_problem *p, int out_nchw, int tf32,
         const int64_t blocks = (int64_t)pl.ptiles * (nhwc ? 1 : g->n) * pl.ctiles * g->g;
         const int64_t outs = (int64_t)g->n * g->ho * g->wo * g->k;
         int64_t want = (int64_t)dev.sm_count * 2 / blocks;
+        if (want < PW_SPLIT_MIN_FILL)
+            want = 1;
         if (want > ksteps / PW_SPLIT_STEPS)
             want = ksteps / PW_SPLIT_STEPS;
         if (want > PW_MAX_SPLIT)

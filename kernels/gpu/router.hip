@@ -35,7 +35,7 @@ extern "C" int convd_gpu_policy_check(const struct convd_gpu_policy *pol, char *
         {"mma_partial_n", pol->mma_partial_n, 0, 1, -9},
         {"gemv", pol->gemv, 0, 2, -9},
         {"fma_split_k", pol->fma_split_k, 0, 1, -9},
-        {"stem", pol->stem, 0, 1, -9},
+        {"stem", pol->stem, 0, 2, -9},
     };
     for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++) {
         const int v = knobs[i].value;
@@ -301,6 +301,16 @@ static int stem_fits(const struct gpu_route_in *in)
     return in->pol->stem != 0 && gpu_stem_applies(in->p);
 }
 
+/* Where the stem kernel beats the other routes (policy stem 1; 2 wherever it applies): NHWC
+ * filters of up to 9 taps on up to 8 images. regnet's 3x3 stride-2 stem took 5.4-6.4 us against
+ * mma-padded's 11.0 and fma's 10.9, 16.1-16.8 against 26.5-35.5 at 8 images (H100); 7x7 filters
+ * ran 2-4x slower than mma-padded, and NCHW's 3x3 is the direct kernel's (NOTES round 24). */
+static int stem_routes(const struct gpu_route_in *in)
+{
+    const struct convd_problem *p = in->p;
+    return in->pol->stem == 2 || (p->layout == CONVD_LAYOUT_NHWC && p->r * p->s <= 9 && p->n <= 8);
+}
+
 /* ---- the table ---- */
 
 #define N       GPU_VIEW_NATIVE
@@ -312,9 +322,9 @@ static const struct gpu_rule gpu_rules[] = {
     {"fma-gemv", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_GEMV, gemv_fits, gemv_routes,
      "policy gemv 1: 1x1 filter, 1x1 output, no padding, at most 4 images (squeeze-excitation "
      "1x1s, heads): lanes of a warp share each output, either layout"},
-    {"fma-stem", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_STEM, stem_fits, always,
-     "policy stem 1: dense, C <= 4, K a multiple of 8 (network stems): 2 pixels x 8 outputs a "
-     "thread, weights in shared memory, either layout"},
+    {"fma-stem", CONVD_GPU_FAMILY_FMA, N, GPU_FMA_STEM, stem_fits, stem_routes,
+     "dense, C <= 4, K a multiple of 8, NHWC, up to 9 taps and 8 images (network stems): 2 "
+     "pixels x 8 outputs a thread, weights in shared memory"},
     {"depthwise", CONVD_GPU_FAMILY_DEPTHWISE, N, 0, always, depthwise,
      "cpg 1, kpg 1-2, either layout"},
     {"mma-tf32", CONVD_GPU_FAMILY_MMA, N, 0, tf32_nhwc, mma_tf32_routes,

@@ -1832,19 +1832,19 @@ static void check_without_workspace(const struct convd_problem *p, enum convd_gp
     n_checked++;
 }
 
-/* A policy knob that sends problems to one kernel (0 off, 1 on, 2 refused): under 0 none of ps
- * is described as `word`; under 1 each is, in both layouts, and runs right through the router
- * in every dtype and layout with and without bias and activations, batched (the first
- * `first_batch` problems at once, the others 3), and, with `no_ws`, without workspace too; back
- * at 0, none is again. The test's teardown puts the default back. */
+/* A policy knob that sends problems to one kernel: under 0 none of ps is described as `word`;
+ * under `on` each is, in both layouts, and runs right through the router in every dtype and
+ * layout with and without bias and activations, batched (the first `first_batch` problems at
+ * once, the others 3), and, with `no_ws`, without workspace too; back at 0, none is again, and
+ * on + 1 is refused. The test's teardown puts the default back. */
 static void knob_routes(const struct convd_problem *ps, size_t np, const char *word,
-                        int (*tune)(int), int first_batch, int no_ws)
+                        int (*tune)(int), int on, int first_batch, int no_ws)
 {
     const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
     assert_int_equal(tune(0), 0);
     for (size_t i = 0; i < np; i++)
         assert_false(described_as(&ps[i], A, word));
-    assert_int_equal(tune(1), 0);
+    assert_int_equal(tune(on), 0);
     for (size_t i = 0; i < np; i++) {
         for (int l = 0; l < 2; l++) {
             struct convd_problem q = ps[i];
@@ -1862,41 +1862,50 @@ static void knob_routes(const struct convd_problem *ps, size_t np, const char *w
         q.layout = CONVD_LAYOUT_NCHW;
         batch_case(q, A, 3);
     }
-    assert_int_equal(tune(2), CONVD_EINVAL);
+    assert_int_equal(tune(on + 1), CONVD_EINVAL);
     assert_int_equal(tune(0), 0);
     for (size_t i = 0; i < np; i++)
         assert_false(described_as(&ps[i], A, word));
 }
 
-/* Split K in the FMA GEMM (policy fma_split_k): the large-C 1x1s of small images that resnext50
- * and regnet meet at batch 1 (7x7 and 14x14, C 512-2048, grouped too), K not a multiple of 4
- * (scalar stores), several images. Their fp32 route is the GEMM (16-bit takes the mma family);
- * batched, each problem's partial sums go to its own workspace, and without workspace nothing
- * splits. */
+/* Split K in the FMA GEMM (policy fma_split_k, on by default): the large-C 1x1s of small images
+ * that resnext50 and regnet meet at batch 1 (7x7 and 14x14, C 512-2048, grouped too), K not a
+ * multiple of 4 (scalar stores), several images. Their fp32 route is the GEMM (16-bit takes the
+ * mma family); batched, each problem's partial sums go to its own workspace, and without
+ * workspace nothing splits. A grid that fills more than a quarter of the block slots (56x56
+ * pixels) does not split. */
 static void test_fma_split_k(void **state)
 {
     (void)state;
     REQUIRE_GPU();
-    assert_int_equal(convd_gpu_policy_default.fma_split_k, 0);
+    const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
+    assert_int_equal(convd_gpu_policy_default.fma_split_k, 1);
     const struct convd_problem ps[] = {
         mk(1, 7, 7, 2048, 512, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
         mk(1, 14, 14, 1024, 256, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
         mk(2, 7, 7, 512, 100, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
         mk(1, 7, 7, 1024, 256, 1, 1, 4, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NHWC),
     };
-    knob_routes(ps, sizeof(ps) / sizeof(ps[0]), "split k", convd_gpu_tune_fma_split_k, 3, 1);
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+        assert_true(described_as(&ps[i], A, "split k"));
+    knob_routes(ps, sizeof(ps) / sizeof(ps[0]), "split k", convd_gpu_tune_fma_split_k, 1, 3, 1);
+    assert_int_equal(convd_gpu_tune_fma_split_k(1), 0);
+    const struct convd_problem big =
+        mk(1, 56, 56, 256, 128, 1, 1, 1, 1, 0, 1, CONVD_DTYPE_FP32, CONVD_LAYOUT_NCHW);
+    assert_false(described_as(&big, A, "split k"));
 }
 
 /* The fma family's stem kernel (policy stem): regnet's 3x3 stride-2 stem and resnext50's 7x7
  * one on small odd images (a row's last pixel pair half outside), one input channel with
  * dilation, four with asymmetric padding and strides, two on a 1x1 filter; batched past one
- * launch. Past its reach: five channels, a group, K not a multiple of 8. */
+ * launch, in either layout with stem 2. The default (1) takes NHWC filters of up to 9 taps on up
+ * to 8 images only. Past its reach: five channels, a group, K not a multiple of 8. */
 static void test_fma_stem(void **state)
 {
     (void)state;
     REQUIRE_GPU();
     const enum convd_gpu_family A = CONVD_GPU_FAMILY_AUTO;
-    assert_int_equal(convd_gpu_policy_default.stem, 0);
+    assert_int_equal(convd_gpu_policy_default.stem, 1);
     struct convd_problem ps[] = {
         mk(2, 17, 19, 3, 32, 3, 3, 1, 2, 1, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
         mk(1, 23, 21, 3, 64, 7, 7, 1, 2, 3, 1, CONVD_DTYPE_FP16, CONVD_LAYOUT_NHWC),
@@ -1908,9 +1917,20 @@ static void test_fma_stem(void **state)
     ps[3].pad_bottom = 0;
     ps[3].pad_right = 0;
     ps[3].stride_w = 2;
-    knob_routes(ps, sizeof(ps) / sizeof(ps[0]), "stem", convd_gpu_tune_stem, 35, 0);
-    assert_int_equal(convd_gpu_tune_stem(1), 0);
+    /* The default's reach. */
     struct convd_problem q = ps[0];
+    assert_true(described_as(&q, A, "stem"));
+    q.n = 8;
+    assert_true(described_as(&q, A, "stem"));
+    q.n = 9;
+    assert_false(described_as(&q, A, "stem"));
+    q = ps[0];
+    q.layout = CONVD_LAYOUT_NCHW;
+    assert_false(described_as(&q, A, "stem"));
+    assert_false(described_as(&ps[1], A, "stem")); /* 7x7 */
+    knob_routes(ps, sizeof(ps) / sizeof(ps[0]), "stem", convd_gpu_tune_stem, 2, 35, 0);
+    assert_int_equal(convd_gpu_tune_stem(2), 0);
+    q = ps[0];
     q.c = 5;
     assert_false(described_as(&q, A, "stem"));
     q = ps[0];
