@@ -24,7 +24,9 @@
 #define ST_CMAX    4   /* input channels the kernel takes */
 #define ST_SMEM    (48 * 1024)
 
-template <class DT, int NHWC, int CC>
+/* KS: the filter's width when compiled for it (3 or 7, with 3 channels: the stems), so that a
+ * filter row's input loads issue together; 0 loops over g.s at run time. */
+template <class DT, int NHWC, int CC, int KS>
 __global__ void __launch_bounds__(ST_THREADS)
     stem_kernel(const struct gpu_geom g, const struct gpu_batch b, int pairs, int kchunks,
                 int items)
@@ -80,7 +82,9 @@ __global__ void __launch_bounds__(ST_THREADS)
         const int ih = convd_math_in_coord(oh, r, g.sh, g.pt, g.dh);
         if (!convd_math_inside(ih, g.h))
             continue;
-        for (int s = 0; s < g.s; s++) {
+        const int ns = KS > 0 ? KS : g.s;
+#pragma unroll
+        for (int s = 0; s < ns; s++) {
             float xv[ST_PX][CC];
 #pragma unroll
             for (int px = 0; px < ST_PX; px++) {
@@ -93,7 +97,7 @@ __global__ void __launch_bounds__(ST_THREADS)
                     xv[px][c] = in ? DT::load(x[xi]) : 0.0f;
                 }
             }
-            const float *wt = st_w + ((r * g.s + s) * CC) * g.k + k0;
+            const float *wt = st_w + ((r * ns + s) * CC) * g.k + k0;
 #pragma unroll
             for (int c = 0; c < CC; c++) {
                 const float4 w0 = *(const float4 *)(wt + c * g.k);
@@ -177,20 +181,31 @@ static int stem_launch_c(const struct gpu_stem_plan *pl, const struct gpu_batch 
                          const struct gpu_launch *ln)
 {
     const dim3 grid((unsigned)pl->blocks, 1, (unsigned)count);
+#define ST_GO(CC, KS)                                                                              \
+    GPU_LAUNCH((stem_kernel<DT, NHWC, CC, KS>), grid, dim3(ST_THREADS), (size_t)pl->smem, ln,      \
+               pl->g, *b, pl->pairs, pl->kchunks, pl->items)
     switch (pl->g.c) {
-#define ST_CASE(CC)                                                                                \
-    case CC:                                                                                       \
-        GPU_LAUNCH((stem_kernel<DT, NHWC, CC>), grid, dim3(ST_THREADS), (size_t)pl->smem, ln,      \
-                   pl->g, *b, pl->pairs, pl->kchunks, pl->items);                                  \
+    case 1:
+        ST_GO(1, 0);
         break;
-        ST_CASE(1)
-        ST_CASE(2)
-        ST_CASE(3)
-        ST_CASE(4)
-#undef ST_CASE
+    case 2:
+        ST_GO(2, 0);
+        break;
+    case 3:
+        if (pl->g.s == 3)
+            ST_GO(3, 3);
+        else if (pl->g.s == 7)
+            ST_GO(3, 7);
+        else
+            ST_GO(3, 0);
+        break;
+    case 4:
+        ST_GO(4, 0);
+        break;
     default:
         return CONVD_EINVAL;
     }
+#undef ST_GO
     CONVD_GPU_CHECK(hipGetLastError());
     return 0;
 }
