@@ -95,7 +95,7 @@ struct convd_gpu_policy {
     /* Dense problems of at most 4 input channels (network stems: 3 channels) on the fma
      * family's stem kernel, where C padded to 8 for the tensor cores or the FMA tiles' halo cost
      * more than the few FMAs: 1 (default) NHWC filters of up to 9 taps on up to 8 images, where
-     * it measured faster (regnet's 3x3 stem 5.4-6.4 us against 11.0, H100); 2 wherever it
+     * it measured faster (regnet's 3x3 stem 4.7-4.9 us against 11.0, H100); 2 wherever it
      * applies, either layout; 0 never. */
     int stem;
 };

@@ -302,9 +302,9 @@ static int stem_fits(const struct gpu_route_in *in)
 }
 
 /* Where the stem kernel beats the other routes (policy stem 1; 2 wherever it applies): NHWC
- * filters of up to 9 taps on up to 8 images. regnet's 3x3 stride-2 stem took 5.4-6.4 us against
- * mma-padded's 11.0 and fma's 10.9, 16.1-16.8 against 26.5-35.5 at 8 images (H100); 7x7 filters
- * ran 2-4x slower than mma-padded, and NCHW's 3x3 is the direct kernel's (NOTES round 24). */
+ * filters of up to 9 taps on up to 8 images. regnet's 3x3 stride-2 stem takes 4.7-4.9 us against
+ * mma-padded's 11.0 and fma's 10.9, 15.6-15.7 against 26.5-35.5 at 8 images (H100); 7x7 filters
+ * ran 2.5x slower than mma-padded, and NCHW's 3x3 is the direct kernel's (NOTES round 24). */
 static int stem_routes(const struct gpu_route_in *in)
 {
     const struct convd_problem *p = in->p;
