@@ -324,8 +324,13 @@ static void dmn_on_batch_done(struct worker_pool *p, struct batch *b)
     d->metrics.batches++;
     metrics_hist_observe(&d->metrics.exec_seconds, (double)exec_ns / 1e9);
     metrics_hist_observe(&d->metrics.batch_size, (double)b->n);
-    if (p->slots)
+    if (p->slots) {
         metrics_hist_observe(&d->metrics.launch_seconds, (double)b->launch_ns / 1e9);
+        if (p->launcher && b->launch_begin_ns >= b->start_ns)
+            metrics_hist_observe(&d->metrics.launch_wait_seconds,
+                                 (double)(b->launch_begin_ns - b->start_ns) / 1e9);
+        metrics_hist_observe(&d->metrics.seen_lag_seconds, (double)b->seen_lag_ns / 1e9);
+    }
     /* batch_timing: the jobs of a batch share its device time; 0 where nothing was timed. */
     if (b->n > 0 && b->jobs[0]->device_ns > 0)
         metrics_hist_observe(&d->metrics.device_seconds, (double)b->jobs[0]->device_ns / 1e9);
@@ -813,8 +818,12 @@ static bool dmn_poll(struct convd_daemon *d)
         t1 = convd_now_ns();
         d->metrics.loop_rings_ns += t1 - t0;
     }
-    if (conn_gated(d) > 0 && !d->finishing)
+    if (conn_gated(d) > 0 && !d->finishing) {
+        const uint64_t g0 = convd_now_ns();
         work += conn_poll_gates(d);
+        t1 = convd_now_ns();
+        d->metrics.loop_gates_ns += t1 - g0;
+    }
     if (d->pool_started) {
         unsigned done = pool_poll(&d->pool);
         work += done;

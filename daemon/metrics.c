@@ -39,6 +39,8 @@ void metrics_init(struct metrics *m, uint64_t now_ns)
     met_hist_init(&m->exec_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->device_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->launch_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
+    met_hist_init(&m->launch_wait_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
+    met_hist_init(&m->seen_lag_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     met_hist_init(&m->batch_size, met_batch_bounds, ARRAY_LEN(met_batch_bounds));
     met_hist_init(&m->gate_seconds, met_time_bounds, ARRAY_LEN(met_time_bounds));
     m->start_ns = now_ns;
@@ -293,7 +295,8 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_sample_f(&o, "convd_loop_busy_seconds_total", NULL, 6, (double)m->loop_busy_ns / 1e9);
     met_head(&o, "convd_loop_seconds_total", "counter",
              "Time the loop thread spent in each step: polling the rings and taking their "
-             "submissions, idle polls included (rings), handling finished batches "
+             "submissions, idle polls included (rings), looking at gated requests' ready words "
+             "(gates), handling finished batches "
              "(completions; of which waking sleeping clients, doorbells, and forming and "
              "submitting the next batches, dispatch), asking the device whether batches are done "
              "(query), running libuv "
@@ -301,6 +304,8 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
              "convd_launch_seconds.");
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"rings\"", 6,
                  (double)m->loop_rings_ns / 1e9);
+    met_sample_f(&o, "convd_loop_seconds_total", "step=\"gates\"", 6,
+                 (double)m->loop_gates_ns / 1e9);
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"completions\"", 6,
                  (double)m->loop_done_ns / 1e9);
     met_sample_f(&o, "convd_loop_seconds_total", "step=\"doorbells\"", 6,
@@ -399,6 +404,15 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
     met_hist(&o, "convd_launch_seconds",
              "Host time the loop spent launching each batch (asynchronous backends).",
              &m->launch_seconds);
+    met_hist(&o, "convd_launch_wait_seconds",
+             "Time each batch waited for a launch thread, from the loop's queueing to the start of "
+             "its launch (launch threads only).",
+             &m->launch_wait_seconds);
+    met_hist(&o, "convd_seen_lag_seconds",
+             "For each batch of an asynchronous backend, the time between the loop's last look "
+             "that found it running (or its launch's return) and the look that found it done: a "
+             "bound on how late the loop learned that it had finished.",
+             &m->seen_lag_seconds);
     met_hist(&o, "convd_batch_size", "Requests per batch.", &m->batch_size);
     met_hist(&o, "convd_gate_wait_seconds",
              "Time gated requests waited for their ready words, from receipt (the client's GPU "

@@ -39,6 +39,8 @@ struct metrics {
     struct met_hist exec_seconds;   /* wall time of the batch */
     struct met_hist device_seconds; /* batch_timing: its time on the device */
     struct met_hist launch_seconds; /* asynchronous backends: host time of the launch itself */
+    struct met_hist launch_wait_seconds; /* launch threads: queued until a thread took it */
+    struct met_hist seen_lag_seconds;    /* asynchronous backends: bound on how late seen done */
     struct met_hist batch_size;     /* requests per backend call */
     struct met_hist gate_seconds;   /* gated requests: receipt to their ready word */
     /* The loop thread's passes that found work (rings, completions, sockets), end to end: with
@@ -48,6 +50,7 @@ struct metrics {
      * completions are also in launch_seconds): taking ring submissions, handling finished
      * batches, running libuv. The pool counts its device queries itself. */
     uint64_t loop_rings_ns, loop_done_ns, loop_uv_ns;
+    uint64_t loop_gates_ns; /* looking at gated requests' ready words (and launching lanes) */
     uint64_t loop_doorbell_ns, loop_dispatch_ns; /* inside loop_done_ns, for finished batches */
     uint64_t start_ns;
     /* Configuration reloads (SIGHUP): applied, refused (a key that takes a restart changed),

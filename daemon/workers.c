@@ -61,9 +61,14 @@ unsigned pool_poll(struct worker_pool *p)
         const uint64_t t0 = convd_now_ns();
         int q = be_query(p->backend, i);
         p->query_ns += convd_now_ns() - t0;
-        if (q == 0)
+        if (q == 0) {
+            w->looked_ns = t0;
             continue;
+        }
         struct batch *b = w->running;
+        const uint64_t prev = w->looked_ns > b->launched_ns ? w->looked_ns : b->launched_ns;
+        b->seen_lag_ns = t0 > prev ? t0 - prev : 0;
+        w->looked_ns = 0;
         if (q < 0)
             b->rc = q; /* finished, and the backend is broken since */
         w->running = NULL;
@@ -255,6 +260,8 @@ static void *pool_launcher(void *arg)
             __atomic_store_n(&p->lane_turn[lane], lane_seq + 1, __ATOMIC_RELEASE);
         b->rc = rc;
         b->launch_ns = last - t0;
+        b->launch_begin_ns = t0;
+        b->launched_ns = last;
         /* From this store on the batch is the loop's, which may free it: b is not read again. */
         __atomic_store_n(&p->workers[b->worker].launched, 1, __ATOMIC_RELEASE);
         if (rc != 0)
@@ -347,8 +354,10 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
     }
     if (p->slots) {
         b->start_ns = convd_now_ns();
+        b->launch_begin_ns = b->start_ns;
         b->rc = pool_launch_counted(p, b);
-        b->launch_ns = convd_now_ns() - b->start_ns;
+        b->launched_ns = convd_now_ns();
+        b->launch_ns = b->launched_ns - b->start_ns;
         if (b->lane >= 0)
             p->lane_turn[b->lane] = b->lane_seq + 1;
         p->workers[w].running = b;

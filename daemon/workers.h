@@ -26,6 +26,11 @@ struct batch {
     int rc; /* what run_batch returned */
     uint64_t start_ns, end_ns;
     uint64_t launch_ns;       /* asynchronous backends: how long launch itself took */
+    uint64_t launched_ns;     /* asynchronous backends: when launch began, and when it returned */
+    uint64_t launch_begin_ns;
+    /* The gap between the loop's last look that found it running (or its launch's return) and
+     * the look that found it done: an upper bound on how late the loop learned it was done. */
+    uint64_t seen_lag_ns;
     uint64_t seq;             /* launch order, for pool_arm */
     int lane;                 /* the lane of its slot, or -1 */
     unsigned lane_seq;        /* its place in its lane: launches keep that order */
@@ -44,6 +49,7 @@ struct worker {
     bool started;
     struct batch *running; /* asynchronous slots: the batch in flight */
     int launched;          /* with a launch thread: its launch has returned (atomic) */
+    uint64_t looked_ns;    /* asynchronous slots: the last look that found its batch running */
 };
 
 typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);

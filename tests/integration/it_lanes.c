@@ -175,6 +175,9 @@ static void test_lane_holds_then_runs(void **state)
 {
     (void)state;
     const double launches = metric("convd_lane_launches_total");
+    const double lags = metric("convd_seen_lag_seconds_count");
+    const double lag_sum = metric("convd_seen_lag_seconds_sum");
+    const double waits = metric("convd_launch_wait_seconds_count");
     struct lane_client lc;
     lc_open(&lc, daemon_.sock, "it-lane-hold", -1);
     atomic_store(lc_word(&lc, 0, 0), 6);
@@ -195,6 +198,13 @@ static void test_lane_holds_then_runs(void **state)
         fail_msg("lane request: %s: %s", convd_status_name(done.status), done.error);
     assert_int_equal(atomic_load(lc_word(&lc, 0, 1)), 0x1234567u);
     expect_metric("convd_lane_requests", 0);
+    /* Its batch was timed once: the wait for a launch thread, and how late the loop saw it done,
+     * which is bounded by the gap between two looks, not by the HOLD_MS it ran. */
+    assert_true(metric("convd_seen_lag_seconds_count") == lags + 1);
+    assert_true(metric("convd_launch_wait_seconds_count") == waits + 1);
+    const double lag = metric("convd_seen_lag_seconds_sum") - lag_sum;
+    if (lag >= HOLD_MS / 3 / 1e3)
+        fail_msg("the loop saw a lane's batch done %.1f ms after its previous look", lag * 1e3);
     lc_close(&lc);
 }
 
