@@ -307,14 +307,31 @@ int cl_pump(convd_client *c, cl_done_fn done, const void *arg, uint64_t deadline
     int rc;
     while ((rc = cl_pump_once(c, done, arg, deadline, &spin_end)) == CONVD_EAGAIN)
         ;
-    /* Back to the default for whatever the caller does next: its own poll loop must be woken.
-     * A completion posted after the last look at the ring, while the flag was still clear, rang
-     * no doorbell; take it into the queue now, where convd_poll() finds it. */
-    if (c->has_ring && spin_end != 0) {
-        cl_ring_set_waiting(c, true);
+    /* Back to the caller's setting for whatever it does next: its own poll loop must be woken,
+     * unless it turned doorbells off (a wait that slept set the flag). A completion posted
+     * after the last look at the ring, while the flag was clear, rang no doorbell; take it
+     * into the queue now, where convd_poll() finds it. */
+    if (c->has_ring && (spin_end != 0 || c->no_doorbells)) {
+        cl_ring_set_waiting(c, !c->no_doorbells);
         cl_ring_drain(c);
     }
     return rc;
+}
+
+int convd_client_doorbells(convd_client *c, int on)
+{
+    if (c == NULL)
+        return CONVD_EINVAL;
+    const int was = !c->no_doorbells;
+    c->no_doorbells = on == 0;
+    if (c->has_ring && !c->closed) {
+        cl_ring_set_waiting(c, on != 0);
+        /* With the flag clear a completion rang nothing: it waits in the ring, and turning the
+         * doorbells on announces only later ones. Queue it now for convd_poll(). */
+        if (on != 0)
+            cl_ring_drain(c);
+    }
+    return was;
 }
 
 int cl_send(convd_client *c, const Convd__ClientMessage *m, int pass_fd, uint64_t deadline)

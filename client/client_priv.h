@@ -123,6 +123,9 @@ struct convd_client {
     bool has_ring;
     struct cl_ring ring;
     uint64_t spin_ns; /* how long a wait spins on the completion ring before it sleeps */
+    /* Between waits, whether completions ring the socket (convd_client_doorbells); calloc's
+     * zero is read as on. */
+    bool no_doorbells;
 };
 
 struct convd_region {

@@ -304,6 +304,17 @@ int convd_client_process(convd_client *c);
 /* Returns a queued completion (0), or CONVD_EAGAIN when none is queued. Never blocks. */
 int convd_poll(convd_client *c, struct convd_completion *ret);
 
+/* Whether completions that arrive while no wait of this client is in progress announce
+ * themselves on convd_client_fd() (on != 0: the default) or only in the completion ring (0),
+ * where convd_client_process() takes them. A caller that takes its completions on a schedule of
+ * its own, without polling the descriptor, turns them off: the daemon then sends no doorbell
+ * (a datagram, and a hand-off on its side) per completion. Waits (convd_wait(), convd_wait_any(),
+ * convd_conv()) still sleep on the socket and are woken in either mode. Without rings every
+ * completion comes on the socket and this changes nothing. After turning them back on, call
+ * convd_poll(): completions that came meanwhile are queued and announce nothing. Returns the
+ * previous setting (1 or 0), or CONVD_EINVAL for a NULL client. */
+int convd_client_doorbells(convd_client *c, int on);
+
 /* Blocking convenience: copies input, weight and (if p->has_bias) bias from plain host memory
  * into a region the client keeps for this purpose, runs the problem, waits, and copies the output
  * to `output`. The region grows as needed and is reused by later calls. Returns 0 or the

@@ -273,6 +273,12 @@ _PROTOTYPES = [
     ("convd_status_name", c_char_p, [c_int]),
 ]
 
+# Functions of later library versions: bound where the library has them, absent otherwise
+# (callers look them up with getattr(lib, name, None)).
+_OPTIONAL = [
+    ("convd_client_doorbells", c_int, [c_void_p, c_int]),  # CONVD_0.3
+]
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _path: str | None = None
@@ -335,6 +341,11 @@ def load() -> ctypes.CDLL:
                 raise LibraryError(f"{_path} has no {name}: not libconvd-client, or too old")
             fn.restype = restype
             fn.argtypes = argtypes
+        for name, restype, argtypes in _OPTIONAL:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = restype
+                fn.argtypes = argtypes
         check_layouts(lib)
         _lib = lib
         return lib

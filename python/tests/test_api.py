@@ -9,6 +9,7 @@ import ctypes
 import gc
 import os
 import pickle
+import re
 import threading
 import time
 
@@ -284,6 +285,34 @@ def test_future_timeout_and_done(client, rng):
         assert time.monotonic() < deadline
         time.sleep(0.001)
     assert rel_l2(f.result(timeout=0), want_of(x, w, padding=1)) <= TOL["fp32"]
+
+
+def doorbells(client) -> float:
+    m = re.search(r"^convd_doorbells_total (\S+)$", client.metrics(), re.M)
+    assert m, "the daemon exports no convd_doorbells_total"
+    return float(m.group(1))
+
+
+def test_polled_completions_ring_no_doorbell(client, rng):
+    # The package takes completions itself (here through done()), so it turns the library's
+    # doorbells off: the daemon must not send one per completion. The first round makes the
+    # staging regions, whose replies the library waits for (and a wait asks for doorbells).
+    x, w = small(rng)
+
+    def round_of(n):
+        fs = [client.submit(x * (i + 1), w) for i in range(n)]
+        deadline = time.monotonic() + 60
+        while not all(f.done() for f in fs):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for i, f in enumerate(fs):
+            assert rel_l2(f.result(), want_of(x * (i + 1), w)) <= TOL["fp32"]
+
+    round_of(8)
+    before = doorbells(client)
+    for _ in range(3):
+        round_of(8)
+    assert doorbells(client) == before
 
 
 def test_done_callback(client, rng):

@@ -297,6 +297,96 @@ static void test_close_without_unregistering(void **state)
     it_daemon_check_clean(&daemon_);
 }
 
+/* Takes c's next completion by polling, as a caller with its own schedule does: never sleeping
+ * on the socket. */
+static void poll_completion(convd_client *c, uint64_t id, struct convd_completion *done)
+{
+    const uint64_t end = tu_now_ms() + TU_TIMEOUT_MS;
+    for (;;) {
+        assert_int_equal(convd_client_process(c), 0);
+        int rc = convd_poll(c, done);
+        if (rc == 0)
+            break;
+        assert_int_equal(rc, CONVD_EAGAIN);
+        if (tu_now_ms() > end)
+            fail_msg("request %llu: no completion within %d ms", (unsigned long long)id,
+                     TU_TIMEOUT_MS);
+        tu_sleep_ms(1);
+    }
+    assert_true(done->id == id);
+    if (done->status != 0)
+        fail_msg("request %llu: %s: %s", (unsigned long long)id, convd_status_name(done->status),
+                 done->error);
+}
+
+static bool fd_readable(int fd, int ms)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    return poll(&pf, 1, ms) > 0;
+}
+
+/* With its doorbells off (convd_client_doorbells) a client's completions wait in its ring: the
+ * daemon sends no doorbell, the descriptor stays quiet and convd_client_process() takes them; a
+ * blocking wait still sleeps on the socket and is woken. Back on, a completion makes the
+ * descriptor readable again. */
+static void test_doorbells_off(void **state)
+{
+    (void)state;
+    struct convd_connect_options o = CONVD_CONNECT_OPTIONS_INIT;
+    o.socket_path = daemon_.sock;
+    o.client_name = "it-doorbells";
+    o.timeout_ms = TU_TIMEOUT_MS;
+    o.use_rings = 1;
+    o.spin_us = 0; /* a wait sleeps on the socket at once: only a doorbell can end it */
+    convd_client *c = NULL;
+    assert_int_equal(convd_connect(&o, &c), 0);
+    struct convd_problem q;
+    tu_random_problem(it_rng(), &q, 0, 0, 8);
+    convd_region *r = NULL;
+    assert_int_equal(convd_region_create(c, it_case_span(&q), &r), 0);
+    struct it_case t;
+    it_case_init(&t, r, 0, &q, it_rng());
+    struct convd_conv_args a;
+    it_case_args(&t, &a);
+    const int fd = convd_client_fd(c);
+    assert_int_equal(convd_client_doorbells(NULL, 0), CONVD_EINVAL);
+    assert_int_equal(convd_client_doorbells(c, 0), 1);
+    assert_int_equal(convd_client_doorbells(c, 0), 0);
+    double bells0 = 0, bells1 = 0;
+    assert_true(it_metric(daemon_.mon, "convd_doorbells_total", &bells0));
+    struct convd_completion done;
+    uint64_t id;
+    for (int i = 0; i < 3; i++) {
+        it_case_refresh(&t, it_rng());
+        assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+        poll_completion(c, id, &done);
+        it_case_check(&t);
+    }
+    tu_sleep_ms(20); /* a doorbell would be on its way by now */
+    assert_false(fd_readable(fd, 0));
+    assert_true(it_metric(daemon_.mon, "convd_doorbells_total", &bells1));
+    if (bells1 != bells0)
+        fail_msg("the daemon rang %.0f doorbell(s) to a client that turned them off",
+                 bells1 - bells0);
+    /* A blocking wait asks for its doorbell, whatever the setting. */
+    it_case_refresh(&t, it_rng());
+    assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+    assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
+    assert_int_equal(done.status, 0);
+    it_case_check(&t);
+    /* Back on: the next completion announces itself on the descriptor. */
+    assert_int_equal(convd_client_doorbells(c, 1), 0);
+    it_case_refresh(&t, it_rng());
+    assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+    if (!fd_readable(fd, TU_TIMEOUT_MS))
+        fail_msg("doorbells on again, and the descriptor stayed quiet");
+    poll_completion(c, id, &done);
+    it_case_check(&t);
+    it_case_fini(&t);
+    assert_int_equal(convd_region_free(r), 0);
+    convd_close(c);
+}
+
 /* A client that sends requests and never reads a single completion: its replies pile up, but
  * the daemon goes on serving others, and releases everything when the client finally closes. */
 static void test_client_never_reads(void **state)
@@ -415,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_with_requests_in_flight),
         cmocka_unit_test(test_close_without_unregistering),
         cmocka_unit_test(test_client_never_reads),
+        cmocka_unit_test(test_doorbells_off),
         cmocka_unit_test(test_max_clients),
         cmocka_unit_test(test_hello_timeout),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),
