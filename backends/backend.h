@@ -69,6 +69,7 @@ struct convd_backend_info {
     char device[128];     /* "cpu: 2 threads", "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" */
     unsigned max_workers; /* worker threads the daemon may run run_batch on concurrently */
     unsigned max_slots;   /* asynchronous backends: batches that may be in flight at once */
+    unsigned default_slots; /* of those, how many the daemon uses when not told (0: all) */
     /* Asynchronous backends with device_waits: `lanes` ordered queues of `lane_depth` slots
      * each, beside the max_slots: lane l's slots are max_slots + l * lane_depth + k. A lane's
      * batches run on the device one after another in launch order, each once its jobs' ready

@@ -76,8 +76,11 @@ extern "C" {
 
 #define GPU_WORKERS 2 /* run_batch callers at once (max_workers); worker w runs on slot w */
 /* Batches in flight at once (max_slots), one stream each: copies of one batch overlap compute of
- * another, and the loop always has a free slot while the GPU works on the others. */
-#define GPU_SLOTS        4
+ * another, and the loop always has a free slot while the GPU works on the others. The daemon
+ * uses GPU_DEFAULT_SLOTS unless its `slots` says otherwise: with many clients whose requests do
+ * not batch (patched models), batches in flight are what bounds the requests served. */
+#define GPU_SLOTS         16
+#define GPU_DEFAULT_SLOTS 4
 /* Lanes (device_waits): one stream per client that uses one, and how many of its requests may be
  * on that stream at once; ahead of the device by this many, the loop's turn-around (tens of
  * microseconds) stays off the client's chain. */
@@ -1699,11 +1702,12 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
     }
     /* By default the pools together may take a quarter of the device: clients of the daemon
      * allocate on the same GPU (IPC regions), and staging beyond that buys nothing. A batch
-     * whose staging exceeds the limit runs in several chunks. pool_bytes applies per slot. */
+     * whose staging exceeds the limit runs in several chunks. pool_bytes applies per slot, and
+     * so does the default, reckoned for the default slots: more slots may stage more. */
     if (pool_bytes) {
         ctx->pool_limit = gpu_round_up((size_t)pool_bytes, GPU_ALIGN);
     } else {
-        ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_SLOTS, GPU_POOL_GRAIN);
+        ctx->pool_limit = gpu_round_up(mem_total / 4 / GPU_DEFAULT_SLOTS, GPU_POOL_GRAIN);
         if (ctx->pool_limit < GPU_POOL_MIN_CAP)
             ctx->pool_limit = GPU_POOL_MIN_CAP;
     }
@@ -1761,6 +1765,7 @@ static int gpu_open(struct gpu_ctx *ctx, int dev, uint64_t pool_bytes, bool comp
                  completion_flags && !ctx->flags ? ", completion by events" : "", pri);
         info->max_workers = GPU_WORKERS;
         info->max_slots = GPU_SLOTS;
+        info->default_slots = GPU_DEFAULT_SLOTS;
         if (ctx->nslots > GPU_SLOTS) {
             info->lanes = GPU_LANES;
             info->lane_depth = GPU_LANE_DEPTH;

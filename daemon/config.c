@@ -88,7 +88,8 @@ static const struct cfg_option cfg_options[] = {
      LIVE},
     {"max_batch", CFG_U32, OFF(max_batch), 1, 1024, "N", "requests per backend call"},
     {"slots", CFG_U32, OFF(slots), 0, 64, "N",
-     "batches in flight at once on the GPU (and null) backend, at most its own number (0: all)"},
+     "batches in flight at once on the GPU (and null) backend, at most its own number (0: the "
+     "backend's default: 4 of the GPU's 16)"},
     {"launch_threads", CFG_U32, OFF(launch_threads), 0, 4, "N",
      "threads that make the GPU (and null) backend's launch calls, beside the loop, each "
      "launching a different slot's batch (0: the loop launches itself; default 3 with 16 or more "

@@ -139,6 +139,8 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
                bool lanes, pool_done_cb on_done, void *data)
 {
     memset(p, 0, sizeof(*p));
+    if (be_async(backend) && n == 0 && backend->info.default_slots != 0)
+        n = backend->info.default_slots;
     if (be_async(backend) && (n == 0 || n > backend->info.max_slots))
         n = backend->info.max_slots;
     if (n == 0 || on_done == NULL)

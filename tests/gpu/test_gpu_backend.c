@@ -360,7 +360,8 @@ static void test_init_destroy(void **state)
     assert_non_null(ctx);
     assert_string_equal(info.name, "gpu");
     assert_int_equal(info.max_workers, 2);
-    assert_int_equal(info.max_slots, 4);
+    assert_int_equal(info.max_slots, 16);
+    assert_int_equal(info.default_slots, 4);
     assert_non_null(ops->launch);
     assert_non_null(ops->query);
     assert_non_null(ops->notify);
