@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,7 @@
 
 static const char bench_usage[] =
     "Usage: convctl bench [--clients N] [--depth D] [--duration S | --requests R]\n"
-    "                     [--memory host|gpu] [--json]\n"
+    "                     [--memory host|gpu] [--gated] [--json]\n"
     "                     [shape options | --shape NAME --csv FILE | --all --csv FILE]\n"
     "                     [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
@@ -55,6 +56,12 @@ static const char bench_usage[] =
     "  --device N      the daemon of GPU N (gpuN.sock, see convctl --help) and, with\n"
     "                  --memory gpu, the GPU the clients allocate on (default 0); with --socket\n"
     "                  or $CONVD_SOCKET naming the daemon, only the latter\n"
+    "  --gated         stream-ordered chains (gates), as patched models send them: each of a\n"
+    "                  client's D requests names a ready word in a region of its own, and the\n"
+    "                  client writes the oldest one's word when the one before it completes,\n"
+    "                  standing in for its GPU stream; D - 1 wait on their words in the daemon\n"
+    "                  meanwhile. Latency is from the ready write to the completion (needs a\n"
+    "                  daemon of protocol 3)\n"
     "  --json          one JSON object per shape on stdout instead of the report\n"
     "  --shape NAME --csv FILE   a row of a shapes CSV (bench/shapes.csv)\n"
     "  --all --csv FILE          every row of the CSV in turn, one table line each\n"
@@ -84,6 +91,7 @@ struct bench_params {
     struct convd_problem_sizes z;
     int clients, depth;
     bool memory_gpu; /* tensors in the clients' GPU memory */
+    bool gated;      /* chains of stream-ordered requests (--gated) */
     int device;      /* the GPU they allocate on */
     double duration_s;
     uint64_t requests; /* 0: run for duration_s */
@@ -144,6 +152,49 @@ struct bench_fds {
 };
 
 /* The body of one client process. Returns its exit code. */
+/* --gated: slot's request joins the chain's tail with the slot's next gate value (its words still
+ * hold the last one, so it waits). Returns -1 when the chain already holds depth slots. */
+static int bench_gate_next(struct convd_conv_args *a, uint32_t *val, int *chain, int depth,
+                           size_t head, size_t *len, int slot)
+{
+    if (*len >= (size_t)depth)
+        return -1;
+    *val += 1;
+    a->gate.ready_value = a->gate.done_value = *val;
+    chain[(head + *len) % (size_t)depth] = slot;
+    (*len)++;
+    return 0;
+}
+
+/* Takes slot out of the chain, wherever it is. */
+static void bench_gate_drop(int *chain, int depth, size_t *head, size_t *len, int slot)
+{
+    size_t i = 0;
+    while (i < *len && chain[(*head + i) % (size_t)depth] != slot)
+        i++;
+    if (i == *len)
+        return;
+    for (; i + 1 < *len; i++)
+        chain[(*head + i) % (size_t)depth] = chain[(*head + i + 1) % (size_t)depth];
+    (*len)--;
+    if (*len == 0)
+        *head = 0;
+}
+
+/* Writes the ready word of the chain's head (once: a word already at its value is left alone)
+ * and starts its latency clock there. */
+static void bench_gate_open(_Atomic uint32_t *words, const uint32_t *val, const int *chain,
+                            int depth, size_t head, size_t len, uint64_t *sent)
+{
+    if (len == 0)
+        return;
+    const int s = chain[head % (size_t)depth];
+    if (atomic_load_explicit(&words[2 * s], memory_order_relaxed) == val[s])
+        return;
+    sent[s] = ctl_now_ns();
+    atomic_store_explicit(&words[2 * s], val[s], memory_order_release);
+}
+
 static int bench_child(const struct ctl_global *g, const struct bench_params *bp, uint64_t quota,
                        uint64_t seed, struct bench_result *res, const struct bench_fds *fds)
 {
@@ -162,11 +213,17 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
     uint64_t *ids = calloc((size_t)depth, sizeof(*ids));
     uint64_t *sent = calloc((size_t)depth, sizeof(*sent));
     struct convd_conv_args *args = calloc((size_t)depth, sizeof(*args));
+    /* --gated: each slot's gate value, and the slots in submission order (a ring). */
+    uint32_t *gate_val = calloc((size_t)depth, sizeof(*gate_val));
+    int *chain = calloc((size_t)depth, sizeof(*chain));
+    size_t chain_head = 0, chain_len = 0;
+    convd_region *gr = NULL;
+    _Atomic uint32_t *words = NULL;
     struct convd_completion done;
     char ready = 'e', why[512];
     int rc;
 
-    if (ids == NULL || sent == NULL || args == NULL) {
+    if (ids == NULL || sent == NULL || args == NULL || gate_val == NULL || chain == NULL) {
         bench_note(res, CONVD_ENOMEM, "out of memory");
         goto signal;
     }
@@ -246,6 +303,16 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
         bench_note(res, done.status, "warm-up request failed: %s", done.error);
         goto signal;
     }
+    if (bp->gated) {
+        /* Two words a slot, ready then done, as the Python package lays out its gates. */
+        if ((rc = convd_region_create(c, (size_t)depth * 8, &gr)) != 0) {
+            bench_note(res, rc, "cannot create the gates' region: %s", convd_errstr(c));
+            goto signal;
+        }
+        words = convd_region_data(gr);
+        for (int i = 0; i < depth; i++)
+            args[i].gate = (struct convd_gate){gr, 8 * (uint64_t)i, 8 * (uint64_t)i + 4, 0, 0};
+    }
     ready = 'r';
 signal:;
     /* Closed at once, so that the parent sees the end of the pipe even if a child dies. */
@@ -264,6 +331,11 @@ signal:;
     size_t inflight = 0;
     for (int i = 0; i < depth && submitted < quota; i++) {
         sent[i] = ctl_now_ns();
+        if (bp->gated && bench_gate_next(&args[i], &gate_val[i], chain, depth, chain_head,
+                                         &chain_len, i) != 0) {
+            bench_note(res, CONVD_EINTERNAL, "the chain is full");
+            goto finish;
+        }
         if ((rc = convd_conv_submit(c, &args[i], &ids[i])) != 0) {
             bench_note(res, rc, "submit: %s", convd_errstr(c));
             goto finish;
@@ -271,6 +343,8 @@ signal:;
         submitted++;
         inflight++;
     }
+    if (bp->gated)
+        bench_gate_open(words, gate_val, chain, depth, chain_head, chain_len, sent);
     while (inflight > 0) {
         rc = convd_wait_any(c, bp->wait_ms, &done);
         if (rc != 0) {
@@ -285,6 +359,12 @@ signal:;
         if (slot == depth) {
             bench_note(res, CONVD_EINTERNAL, "completion for unknown request");
             goto finish;
+        }
+        if (bp->gated) {
+            /* Out of the chain (the head, unless requests failed out of order); the next one's
+             * word is written now, as its stream would once this one's done word came. */
+            bench_gate_drop(chain, depth, &chain_head, &chain_len, slot);
+            bench_gate_open(words, gate_val, chain, depth, chain_head, chain_len, sent);
         }
         if (done.status == 0) {
             res->completed++;
@@ -301,12 +381,19 @@ signal:;
         res->t_end = now;
         if (now < deadline && submitted < quota) {
             sent[slot] = ctl_now_ns();
+            if (bp->gated && bench_gate_next(&args[slot], &gate_val[slot], chain, depth,
+                                             chain_head, &chain_len, slot) != 0) {
+                bench_note(res, CONVD_EINTERNAL, "the chain is full");
+                goto finish;
+            }
             if ((rc = convd_conv_submit(c, &args[slot], &ids[slot])) != 0) {
                 bench_note(res, rc, "submit: %s", convd_errstr(c));
                 goto finish;
             }
             submitted++;
             inflight++;
+            if (bp->gated)
+                bench_gate_open(words, gate_val, chain, depth, chain_head, chain_len, sent);
         }
     }
 finish:
@@ -315,6 +402,7 @@ finish:
     close(fds->done);
     while (wrote && read(fds->release, &ch, 1) < 0 && errno == EINTR)
         ;
+    convd_region_free(gr);
     convd_region_free(r);
     convd_close(c);
     if (dev != NULL && gpumem_free(dev, why, sizeof(why)) != 0 && res->fatal == 0)
@@ -323,13 +411,15 @@ finish:
     free(ids);
     free(sent);
     free(args);
+    free(gate_val);
+    free(chain);
     return res->fatal != 0 ? CTL_EXIT_FAIL : 0;
 }
 
 /* The steps of convd_loop_seconds_total, as the daemon labels them. */
-#define BENCH_STEPS 6
-static const char *const bench_steps[BENCH_STEPS] = {"rings", "completions", "query",
-                                                     "uv",    "doorbells",   "dispatch"};
+#define BENCH_STEPS 7
+static const char *const bench_steps[BENCH_STEPS] = {"rings",     "completions", "query", "uv",
+                                                     "doorbells", "dispatch",    "gates"};
 
 /* The daemon's counters and CPU time at one moment. */
 struct bench_snap {
@@ -724,8 +814,8 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     double mean_batch;
     bench_batches(s, hist, sizeof(hist), &mean_batch);
     printf("bench %s: %s\n", name, convd_problem_str(&bp->p, desc, sizeof(desc)));
-    printf("  clients    %d x depth %d, %s backend (%s)", bp->clients, bp->depth, info->backend,
-           info->device);
+    printf("  clients    %d x depth %d%s, %s backend (%s)", bp->clients, bp->depth,
+           bp->gated ? " (gated chains)" : "", info->backend, info->device);
     if (bp->memory_gpu)
         printf(", tensors in GPU memory of device %d", bp->device);
     printf("\n");
@@ -733,10 +823,11 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
            (unsigned long long)s->completed, (unsigned long long)s->failed, s->seconds);
     printf("  throughput %.1f requests/s, %.1f images/s, %.3f TFLOP/s\n", rps, rps * bp->p.n,
            rps * (double)bp->z.flops / 1e12);
-    printf("  latency    p50 %s, p99 %s, p99.9 %s (submit to completion, per request)\n",
+    printf("  latency    p50 %s, p99 %s, p99.9 %s (%s to completion, per request)\n",
            ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.50), b1, sizeof(b1)),
            ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.99), b2, sizeof(b2)),
-           ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.999), b3, sizeof(b3)));
+           ctl_fmt_ns(bench_percentile(s->lat, s->completed, 0.999), b3, sizeof(b3)),
+           bp->gated ? "ready word" : "submit");
     if (s->completed > 0)
         printf("  daemon     queue %s, exec %s (means); batch sizes %s (mean %.2f per request)\n",
                ctl_fmt_ns((double)s->queue_ns / (double)s->completed, b1, sizeof(b1)),
@@ -761,10 +852,11 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     struct bench_loop_use u;
     if (bench_loop(s, &u))
         printf("  loop       busy %.0f%% of the time, its CPU %.0f%%; launching %.0f%%, rings "
-               "%.0f%%, completions %.0f%% (doorbells %.0f%%, dispatch %.0f%%), device "
-               "queries %.0f%%, libuv %.0f%%\n",
-               u.busy * 100, u.cpu * 100, u.launch * 100, u.step[0] * 100, u.step[1] * 100,
-               u.step[4] * 100, u.step[5] * 100, u.step[2] * 100, u.step[3] * 100);
+               "%.0f%%, ready words %.0f%%, completions %.0f%% (doorbells %.0f%%, dispatch "
+               "%.0f%%), device queries %.0f%%, libuv %.0f%%\n",
+               u.busy * 100, u.cpu * 100, u.launch * 100, u.step[0] * 100, u.step[6] * 100,
+               u.step[1] * 100, u.step[4] * 100, u.step[5] * 100, u.step[2] * 100,
+               u.step[3] * 100);
     if (s->fair_max > 0)
         printf("  fairness   per-client requests/s from %+.1f%% to %+.1f%% of the mean\n",
                (s->fair_min - 1) * 100, (s->fair_max - 1) * 100);
@@ -790,6 +882,7 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
     ctl_json_int(&j, "clients", bp->clients);
     ctl_json_int(&j, "depth", bp->depth);
     ctl_json_str(&j, "memory", bp->memory_gpu ? "gpu" : "host");
+    ctl_json_bool(&j, "gated", bp->gated);
     if (bp->memory_gpu)
         ctl_json_int(&j, "gpu_device", bp->device);
     ctl_json_str(&j, "backend", info->backend);
@@ -840,6 +933,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         B_CSV,
         B_ALL,
         B_MEMORY,
+        B_GATED,
         B_JSON
     };
     static const struct option opts[] = {
@@ -852,6 +946,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         {"csv", required_argument, NULL, B_CSV},
         {"all", no_argument, NULL, B_ALL},
         {"memory", required_argument, NULL, B_MEMORY},
+        {"gated", no_argument, NULL, B_GATED},
         {"json", no_argument, NULL, B_JSON},
         CTL_PROBLEM_LONG_OPTIONS_END,
     };
@@ -934,6 +1029,9 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
                 return CTL_EXIT_USAGE;
             }
             break;
+        case B_GATED:
+            bp.gated = true;
+            break;
         case B_JSON:
             json = true;
             break;
@@ -995,6 +1093,11 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         ctl_err("--depth %d is more than the %u requests the daemon allows in flight per client",
                 bp.depth, info.max_inflight);
         code = CTL_EXIT_USAGE;
+        goto finish;
+    }
+    if (bp.gated && info.protocol_version < 3) {
+        ctl_err("--gated: the daemon speaks protocol %u, and gates came with protocol 3",
+                info.protocol_version);
         goto finish;
     }
     if (bp.memory_gpu) {
