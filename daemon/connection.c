@@ -1,3 +1,4 @@
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -231,8 +232,32 @@ static void conn_send_region_reply(struct conn *c, uint64_t id, int status, cons
 
 /* --- requests ----------------------------------------------------------------------------- */
 
+/* Adds r to c's watch array, at the end (the list's order). Returns false when out of memory. */
+static bool conn_watch_gate(struct conn *c, struct dreq *r)
+{
+    if (c->gw_len == c->gw_cap) {
+        uint32_t cap = c->gw_cap != 0 ? 2 * c->gw_cap : 16;
+        struct gate_watch *gw = realloc(c->gw, cap * sizeof(*gw));
+        if (gw == NULL)
+            return false;
+        c->gw = gw;
+        c->gw_cap = cap;
+    }
+    c->gw[c->gw_len++] = (struct gate_watch){r->gate_ready, r->ready_value, r->gate_deadline_ns, r};
+    return true;
+}
+
 static void conn_ungate(struct conn *c, struct dreq *r)
 {
+    /* Usually the oldest: the client's stream writes its words in order. */
+    uint32_t i = 0;
+    while (i < c->gw_len && c->gw[i].r != r)
+        i++;
+    assert(i < c->gw_len);
+    if (i < c->gw_len) {
+        memmove(&c->gw[i], &c->gw[i + 1], (c->gw_len - i - 1) * sizeof(c->gw[0]));
+        c->gw_len--;
+    }
     r->gated = false;
     list_del(&r->gate_link);
     c->d->conns.gated--;
@@ -443,6 +468,14 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
         r->gate_deadline_ns = r->sched.deadline_ns != 0 && r->sched.deadline_ns < gate_dl
                                   ? r->sched.deadline_ns
                                   : gate_dl;
+        if (!conn_watch_gate(c, r)) {
+            idmap_del(&c->inflight, r->id);
+            req_gate_release(r);
+            free(r);
+            conn_reject(c, via_ring, pb->id, CONVD_ENOMEM,
+                        "out of memory for watching the request's ready word");
+            return;
+        }
         r->gated = true;
         if (list_empty(&c->gated))
             list_add_tail(&d->conns.gates, &c->gate_link);
@@ -635,19 +668,22 @@ unsigned conn_poll_gates(struct convd_daemon *d)
     list_for_each_safe(cpos, ctmp, &d->conns.gates)
     {
         struct conn *c = list_entry(cpos, struct conn, gate_link);
-        struct list_node *pos, *tmp;
-        list_for_each_safe(pos, tmp, &c->gated)
-        {
-            struct dreq *r = list_entry(pos, struct dreq, gate_link);
-            if (req_gate_open(r))
-                conn_gate_opened(c, r, now);
-            else if (now >= r->gate_deadline_ns)
-                conn_gate_expired(c, r, now);
-            else
+        uint32_t i = 0;
+        while (i < c->gw_len) {
+            const struct gate_watch *w = &c->gw[i];
+            /* req_gate_open's cyclic comparison, on the copy. */
+            const uint32_t v = atomic_load_explicit(w->word, memory_order_acquire);
+            if ((int32_t)(v - w->value) >= 0)
+                conn_gate_opened(c, w->r, now); /* takes entry i out */
+            else if (now >= w->deadline_ns)
+                conn_gate_expired(c, w->r, now);
+            else {
+                i++;
                 continue;
+            }
             moved++;
             /* A failure's completion may have closed the connection (a full send queue), which
-             * cancelled the rest of its list, tmp included. */
+             * cancelled the rest of its requests. */
             if (c->state != CONN_READY)
                 break;
         }
@@ -1228,6 +1264,7 @@ static void conn_maybe_free(struct conn *c)
     idmap_free(&c->inflight);
     region_table_destroy(&c->regions);
     users_put(&d->users, c->user);
+    free(c->gw);
     free(c);
     daemon_check_drained(d);
 }
