@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The daemon's threads under ThreadSanitizer: convd built with -fsanitize=thread (CPU backend
 # only, no GPU), driven by convctl bench on the null backend with the loop launching, with the
-# launch thread (launch_threads = 1) and with three, with one slot, with batches paced by the launch thread
-# (launch_ahead) and two doorbell threads, with clients killed mid-request, and on the CPU
-# backend's worker threads; then, where the main build has it (IT_LANES, default
-# build/bin/it_lanes), the lanes' integration test against this daemon (its watchdog thread,
-# launch threads taking turns on a lane). Fails on any ThreadSanitizer report or lost request.
+# launch thread (launch_threads = 1) and with three, with one slot, with batches paced by the
+# launch thread (launch_ahead) and two doorbell threads, with clients killed mid-request, and on
+# the CPU backend's worker threads, each also with gated chains (convctl bench --gated); then,
+# where the main build has it (IT_LANES, default build/bin/it_lanes), the lanes' integration
+# test against this daemon (its watchdog thread, launch threads taking turns on a lane). Fails
+# on any ThreadSanitizer report or lost request.
 #
 #   tests/tsan/run.sh [BUILD_DIR]        (default build-tsan; configured here when absent)
 set -euo pipefail
@@ -45,6 +46,9 @@ for args in "--backend null --launch-threads 0" "--backend null --launch-threads
     [[ $args == *cpu* ]] && n=2000
     out=$(ctl bench --clients 3 --depth 4 --requests "$n" 2>&1) || true
     grep -q "$n completed, 0 failed" <<< "$out" || { echo "$args: $out"; failed=1; }
+    # Stream-ordered chains: the loop's scan of ready words beside the launch threads.
+    out=$(ctl bench --gated --clients 3 --depth 8 --requests "$n" 2>&1) || true
+    grep -q "$n completed, 0 failed" <<< "$out" || { echo "$args --gated: $out"; failed=1; }
     # Clients killed with requests in flight.
     for _ in 1 2 3; do
         (timeout -s KILL 0.3 "$build/bin/convctl" --socket "$tmp/s.sock" bench --clients 2 \
