@@ -254,6 +254,17 @@ static void test_sigkill_with_requests_in_flight(void **state)
 
 /* Raw clients that register regions, submit, and close the socket without unregistering
  * anything; then a library client that closes with requests in flight. */
+/* A small random convolution laid out in a region of its own, with its arguments. */
+static void random_case(convd_client *c, convd_region **r, struct it_case *t,
+                        struct convd_conv_args *a)
+{
+    struct convd_problem q;
+    tu_random_problem(it_rng(), &q, 0, 0, 8);
+    assert_int_equal(convd_region_create(c, it_case_span(&q), r), 0);
+    it_case_init(t, *r, 0, &q, it_rng());
+    it_case_args(t, a);
+}
+
 static void test_close_without_unregistering(void **state)
 {
     (void)state;
@@ -280,14 +291,10 @@ static void test_close_without_unregistering(void **state)
         close(fd);
     }
     convd_client *c = it_connect(&daemon_, "it-abandon");
-    struct convd_problem q;
-    tu_random_problem(it_rng(), &q, 0, 0, 8);
     convd_region *r = NULL;
-    assert_int_equal(convd_region_create(c, it_case_span(&q), &r), 0);
     struct it_case t;
-    it_case_init(&t, r, 0, &q, it_rng());
     struct convd_conv_args a;
-    it_case_args(&t, &a);
+    random_case(c, &r, &t, &a);
     for (int i = 0; i < 20; i++) {
         uint64_t id;
         assert_int_equal(convd_conv_submit(c, &a, &id), 0);
@@ -340,14 +347,10 @@ static void test_doorbells_off(void **state)
     o.spin_us = 0; /* a wait sleeps on the socket at once: only a doorbell can end it */
     convd_client *c = NULL;
     assert_int_equal(convd_connect(&o, &c), 0);
-    struct convd_problem q;
-    tu_random_problem(it_rng(), &q, 0, 0, 8);
     convd_region *r = NULL;
-    assert_int_equal(convd_region_create(c, it_case_span(&q), &r), 0);
     struct it_case t;
-    it_case_init(&t, r, 0, &q, it_rng());
     struct convd_conv_args a;
-    it_case_args(&t, &a);
+    random_case(c, &r, &t, &a);
     const int fd = convd_client_fd(c);
     assert_int_equal(convd_client_doorbells(NULL, 0), CONVD_EINVAL);
     assert_int_equal(convd_client_doorbells(c, 0), 1);
