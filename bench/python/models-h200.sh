@@ -28,7 +28,9 @@
 # Each row: images/s of all processes together, the latency of one forward p50/p99/p99.9.
 # Writes to OUTDIR: models.log (this script's trace), nvidia-smi.txt, daemon.log,
 # daemon-status.txt, daemon-metrics-{convd,convd-mps}.txt, pytest-gpu.log, models.jsonl,
-# mps-log/ and models.md (the table, printed last, with each convd mode's ratio to MPS).
+# mps-log/, models.md (the table, printed last, with each convd mode's ratio to MPS) and
+# batch-split.md (bench/python/batch_split.py over the daemons' metrics: where their batches'
+# time went; the split is complete with DAEMON_ARGS="--batch-timing 1").
 #
 # Environment: BUILD; DTYPE (fp16, bf16 or fp32; default fp16); SECONDS_PER_ROW (measured
 # seconds per model and row, default 2); WARMUP (default 1); MODELS (comma-separated, default
@@ -189,7 +191,14 @@ fi
 step "table"
 python3 "$here/models.py" --report "$OUT/models.jsonl" >"$OUT/models.md" 2>"$OUT/report.err" ||
     cat "$OUT/report.err"
+# Where each daemon's batches spent their time (bench/python/batch_split.py).
+set -- "$OUT"/daemon-metrics-*.txt
+if [ -e "$1" ]; then
+    python3 "$here/batch_split.py" "$@" >"$OUT/batch-split.md" 2>>"$OUT/report.err" ||
+        cat "$OUT/report.err"
+fi
 echo "total: ${SECONDS}s"
 exec 1>&3 2>&3
 cat "$OUT/models.md"
+[ -f "$OUT/batch-split.md" ] && cat "$OUT/batch-split.md"
 echo "total: ${SECONDS}s; logs and JSON in $OUT"
