@@ -35,7 +35,7 @@
 
 static const char bench_usage[] =
     "Usage: convctl bench [--clients N] [--depth D] [--duration S | --requests R]\n"
-    "                     [--memory host|gpu] [--gated] [--json]\n"
+    "                     [--memory host|gpu] [--gated] [--distinct K] [--json]\n"
     "                     [shape options | --shape NAME --csv FILE | --all --csv FILE]\n"
     "                     [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
@@ -62,6 +62,10 @@ static const char bench_usage[] =
     "                  standing in for its GPU stream; D - 1 wait on their words in the daemon\n"
     "                  meanwhile. Latency is from the ready write to the completion (needs a\n"
     "                  daemon of protocol 3)\n"
+    "  --distinct K    the shape with K different activations (1 to 7: none, relu, relu6,\n"
+    "                  silu, hardswish, gelu, gelu_tanh) in turn, client i starting at the\n"
+    "                  i-th: K problems of the same sizes, which do not batch with each other,\n"
+    "                  as the layers of patched models do not (default 1: the shape as given)\n"
     "  --json          one JSON object per shape on stdout instead of the report\n"
     "  --shape NAME --csv FILE   a row of a shapes CSV (bench/shapes.csv)\n"
     "  --all --csv FILE          every row of the CSV in turn, one table line each\n"
@@ -92,6 +96,7 @@ struct bench_params {
     int clients, depth;
     bool memory_gpu; /* tensors in the clients' GPU memory */
     bool gated;      /* chains of stream-ordered requests (--gated) */
+    int distinct;    /* problems a client cycles through (--distinct), 1 to 7 */
     int device;      /* the GPU they allocate on */
     double duration_s;
     uint64_t requests; /* 0: run for duration_s */
@@ -195,8 +200,23 @@ static void bench_gate_open(_Atomic uint32_t *words, const uint32_t *val, const 
     atomic_store_explicit(&words[2 * s], val[s], memory_order_release);
 }
 
+/* --distinct: slot i of client `index` takes the (index + i)-th of bp->distinct activations. */
+static void bench_distinct(struct convd_problem *p, const struct bench_params *bp, int index, int i)
+{
+    static const enum convd_activation acts[] = {
+        CONVD_ACT_NONE,      CONVD_ACT_RELU, CONVD_ACT_CLAMP,     CONVD_ACT_SILU,
+        CONVD_ACT_HARDSWISH, CONVD_ACT_GELU, CONVD_ACT_GELU_TANH,
+    };
+    if (bp->distinct <= 1)
+        return;
+    p->activation = acts[(unsigned)(index + i) % (unsigned)bp->distinct];
+    p->act_min = 0;
+    p->act_max = p->activation == CONVD_ACT_CLAMP ? 6 : 0;
+}
+
 static int bench_child(const struct ctl_global *g, const struct bench_params *bp, uint64_t quota,
-                       uint64_t seed, struct bench_result *res, const struct bench_fds *fds)
+                       int index, uint64_t seed, struct bench_result *res,
+                       const struct bench_fds *fds)
 {
     const struct convd_problem_sizes *z = &bp->z;
     const int depth = bp->depth;
@@ -285,6 +305,7 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
         struct convd_conv_args *a = &args[i];
         *a = (struct convd_conv_args)CONVD_CONV_ARGS_INIT;
         a->problem = bp->p;
+        bench_distinct(&a->problem, bp, index, i);
         a->weight = (struct convd_tensor){r, 0, z->weight_bytes};
         if (bp->p.has_bias)
             a->bias = (struct convd_tensor){r, w_sz, z->bias_bytes};
@@ -614,7 +635,7 @@ static int bench_run(const struct ctl_global *g, const struct bench_params *bp,
             close(done[0]);
             close(release[1]);
             const struct bench_fds fds = {ready[1], go[0], done[1], release[0]};
-            _exit(bench_child(g, bp, quota, seed + (uint64_t)i * MIX_GOLDEN64, &res[i], &fds));
+            _exit(bench_child(g, bp, quota, i, seed + (uint64_t)i * MIX_GOLDEN64, &res[i], &fds));
         }
         pids[started++] = pid;
     }
@@ -814,8 +835,11 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     double mean_batch;
     bench_batches(s, hist, sizeof(hist), &mean_batch);
     printf("bench %s: %s\n", name, convd_problem_str(&bp->p, desc, sizeof(desc)));
-    printf("  clients    %d x depth %d%s, %s backend (%s)", bp->clients, bp->depth,
-           bp->gated ? " (gated chains)" : "", info->backend, info->device);
+    printf("  clients    %d x depth %d%s", bp->clients, bp->depth,
+           bp->gated ? " (gated chains)" : "");
+    if (bp->distinct > 1)
+        printf(", %d activations in turn", bp->distinct);
+    printf(", %s backend (%s)", info->backend, info->device);
     if (bp->memory_gpu)
         printf(", tensors in GPU memory of device %d", bp->device);
     printf("\n");
@@ -883,6 +907,7 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
     ctl_json_int(&j, "depth", bp->depth);
     ctl_json_str(&j, "memory", bp->memory_gpu ? "gpu" : "host");
     ctl_json_bool(&j, "gated", bp->gated);
+    ctl_json_int(&j, "distinct", bp->distinct);
     if (bp->memory_gpu)
         ctl_json_int(&j, "gpu_device", bp->device);
     ctl_json_str(&j, "backend", info->backend);
@@ -934,6 +959,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         B_ALL,
         B_MEMORY,
         B_GATED,
+        B_DISTINCT,
         B_JSON
     };
     static const struct option opts[] = {
@@ -947,6 +973,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         {"all", no_argument, NULL, B_ALL},
         {"memory", required_argument, NULL, B_MEMORY},
         {"gated", no_argument, NULL, B_GATED},
+        {"distinct", required_argument, NULL, B_DISTINCT},
         {"json", no_argument, NULL, B_JSON},
         CTL_PROBLEM_LONG_OPTIONS_END,
     };
@@ -955,6 +982,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
     memset(&bp, 0, sizeof(bp));
     bp.clients = 4;
     bp.depth = 2;
+    bp.distinct = 1;
     bp.duration_s = 5;
     const char *shape_name = NULL, *csv = NULL;
     bool all = false, duration_given = false, json = false;
@@ -1031,6 +1059,13 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
             break;
         case B_GATED:
             bp.gated = true;
+            break;
+        case B_DISTINCT:
+            if (cli_parse_int(optarg, 1, 7, &v, why, sizeof(why)) != 0) {
+                ctl_err("--distinct: %s", why);
+                return CTL_EXIT_USAGE;
+            }
+            bp.distinct = (int)v;
             break;
         case B_JSON:
             json = true;

@@ -320,15 +320,15 @@ else
     echo "skip   bench --json (no python3)"
 fi
 # --gated: chains of stream-ordered requests; the daemon polls their ready words (its gates step)
-# and every request completes.
+# and every request completes; --distinct 3: three activations in turn, each a problem of its own.
 if command -v python3 > /dev/null; then
     rc=0
-    out=$(ctl bench --gated --clients 2 --depth 4 --requests 200 --n 1 --c 16 --k 16 --groups 4 \
-        --h 14 --w 14 --json 2> "$tmp/bench.err") || rc=$?
+    out=$(ctl bench --gated --distinct 3 --clients 2 --depth 4 --requests 200 --n 1 --c 16 \
+        --k 16 --groups 4 --h 14 --w 14 --json 2> "$tmp/bench.err") || rc=$?
     if [[ $rc -eq 0 ]] && res=$(python3 -c '
 import json, sys
 d = json.loads(sys.argv[1])
-assert d["gated"] is True, "gated not echoed"
+assert d["gated"] is True and d["distinct"] == 3, "gated or distinct not echoed"
 assert d["completed"] == 200 and d["failed"] == 0, "completed %s failed %s" % (d["completed"], d["failed"])
 assert d["loop_gates"] is not None and d["loop_gates"] > 0, "the daemon polled no ready words: %r" % d["loop_gates"]
 print("%d requests, %.0f req/s, p50 %.1f us from the ready word" % (d["completed"], d["req_per_s"], d["p50_us"]))
