@@ -156,48 +156,77 @@ struct bench_fds {
     int done, release; /* write one byte when finished; read until the parent closes release */
 };
 
-/* The body of one client process. Returns its exit code. */
-/* --gated: slot's request joins the chain's tail with the slot's next gate value (its words still
- * hold the last one, so it waits). Returns -1 when the chain already holds depth slots. */
-static int bench_gate_next(struct convd_conv_args *a, uint32_t *val, int *chain, int depth,
-                           size_t head, size_t *len, int slot)
+/* --gated: a client's requests in submission order (a ring of depth slots), each slot's gate
+ * value, and the region's words (two a slot: ready, then done). */
+struct bench_chain {
+    int depth;
+    int *slots;
+    size_t head, len;
+    uint32_t *val;
+    _Atomic uint32_t *words;
+};
+
+/* Slot's request joins the chain's tail with the slot's next gate value (its words still hold
+ * the last one, so it waits). Returns -1 when the chain already holds depth slots. */
+static int bench_chain_push(struct bench_chain *ch, struct convd_conv_args *a, int slot)
 {
-    if (*len >= (size_t)depth)
+    if (ch->len >= (size_t)ch->depth)
         return -1;
-    *val += 1;
-    a->gate.ready_value = a->gate.done_value = *val;
-    chain[(head + *len) % (size_t)depth] = slot;
-    (*len)++;
+    ch->val[slot] += 1;
+    a->gate.ready_value = a->gate.done_value = ch->val[slot];
+    ch->slots[(ch->head + ch->len) % (size_t)ch->depth] = slot;
+    ch->len++;
     return 0;
 }
 
 /* Takes slot out of the chain, wherever it is. */
-static void bench_gate_drop(int *chain, int depth, size_t *head, size_t *len, int slot)
+static void bench_chain_drop(struct bench_chain *ch, int slot)
 {
+    const size_t d = (size_t)ch->depth;
     size_t i = 0;
-    while (i < *len && chain[(*head + i) % (size_t)depth] != slot)
+    while (i < ch->len && ch->slots[(ch->head + i) % d] != slot)
         i++;
-    if (i == *len)
+    if (i == ch->len)
         return;
-    for (; i + 1 < *len; i++)
-        chain[(*head + i) % (size_t)depth] = chain[(*head + i + 1) % (size_t)depth];
-    (*len)--;
-    if (*len == 0)
-        *head = 0;
+    for (; i + 1 < ch->len; i++)
+        ch->slots[(ch->head + i) % d] = ch->slots[(ch->head + i + 1) % d];
+    ch->len--;
+    if (ch->len == 0)
+        ch->head = 0;
 }
 
 /* Writes the ready word of the chain's head (once: a word already at its value is left alone)
  * and starts its latency clock there. */
-static void bench_gate_open(_Atomic uint32_t *words, const uint32_t *val, const int *chain,
-                            int depth, size_t head, size_t len, uint64_t *sent)
+static void bench_chain_open(struct bench_chain *ch, uint64_t *sent)
 {
-    if (len == 0)
+    if (ch->len == 0)
         return;
-    const int s = chain[head % (size_t)depth];
-    if (atomic_load_explicit(&words[2 * s], memory_order_relaxed) == val[s])
+    const int s = ch->slots[ch->head % (size_t)ch->depth];
+    if (atomic_load_explicit(&ch->words[2 * s], memory_order_relaxed) == ch->val[s])
         return;
     sent[s] = ctl_now_ns();
-    atomic_store_explicit(&words[2 * s], val[s], memory_order_release);
+    atomic_store_explicit(&ch->words[2 * s], ch->val[s], memory_order_release);
+}
+
+/* Submits slot's request (as the chain's tail with --gated, its head's word written then).
+ * Returns 0, or -1 with the failure noted in res. */
+static int bench_submit(convd_client *c, const struct bench_params *bp, struct bench_chain *ch,
+                        struct convd_conv_args *args, uint64_t *ids, uint64_t *sent, int slot,
+                        struct bench_result *res)
+{
+    sent[slot] = ctl_now_ns();
+    if (bp->gated && bench_chain_push(ch, &args[slot], slot) != 0) {
+        bench_note(res, CONVD_EINTERNAL, "the chain is full");
+        return -1;
+    }
+    int rc = convd_conv_submit(c, &args[slot], &ids[slot]);
+    if (rc != 0) {
+        bench_note(res, rc, "submit: %s", convd_errstr(c));
+        return -1;
+    }
+    if (bp->gated)
+        bench_chain_open(ch, sent);
+    return 0;
 }
 
 /* --distinct: slot i of client `index` takes the (index + i)-th of bp->distinct activations. */
@@ -214,6 +243,7 @@ static void bench_distinct(struct convd_problem *p, const struct bench_params *b
     p->act_max = p->activation == CONVD_ACT_CLAMP ? 6 : 0;
 }
 
+/* The body of one client process. Returns its exit code. */
 static int bench_child(const struct ctl_global *g, const struct bench_params *bp, uint64_t quota,
                        int index, uint64_t seed, struct bench_result *res,
                        const struct bench_fds *fds)
@@ -233,17 +263,14 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
     uint64_t *ids = calloc((size_t)depth, sizeof(*ids));
     uint64_t *sent = calloc((size_t)depth, sizeof(*sent));
     struct convd_conv_args *args = calloc((size_t)depth, sizeof(*args));
-    /* --gated: each slot's gate value, and the slots in submission order (a ring). */
-    uint32_t *gate_val = calloc((size_t)depth, sizeof(*gate_val));
-    int *chain = calloc((size_t)depth, sizeof(*chain));
-    size_t chain_head = 0, chain_len = 0;
-    convd_region *gr = NULL;
-    _Atomic uint32_t *words = NULL;
+    struct bench_chain chain = {depth, calloc((size_t)depth, sizeof(int)), 0, 0,
+                                calloc((size_t)depth, sizeof(uint32_t)), NULL};
+    convd_region *gr = NULL; /* --gated: the gates' words */
     struct convd_completion done;
     char ready = 'e', why[512];
     int rc;
 
-    if (ids == NULL || sent == NULL || args == NULL || gate_val == NULL || chain == NULL) {
+    if (ids == NULL || sent == NULL || args == NULL || chain.slots == NULL || chain.val == NULL) {
         bench_note(res, CONVD_ENOMEM, "out of memory");
         goto signal;
     }
@@ -330,7 +357,7 @@ static int bench_child(const struct ctl_global *g, const struct bench_params *bp
             bench_note(res, rc, "cannot create the gates' region: %s", convd_errstr(c));
             goto signal;
         }
-        words = convd_region_data(gr);
+        chain.words = convd_region_data(gr);
         for (int i = 0; i < depth; i++)
             args[i].gate = (struct convd_gate){gr, 8 * (uint64_t)i, 8 * (uint64_t)i + 4, 0, 0};
     }
@@ -351,21 +378,11 @@ signal:;
     uint64_t submitted = 0;
     size_t inflight = 0;
     for (int i = 0; i < depth && submitted < quota; i++) {
-        sent[i] = ctl_now_ns();
-        if (bp->gated && bench_gate_next(&args[i], &gate_val[i], chain, depth, chain_head,
-                                         &chain_len, i) != 0) {
-            bench_note(res, CONVD_EINTERNAL, "the chain is full");
+        if (bench_submit(c, bp, &chain, args, ids, sent, i, res) != 0)
             goto finish;
-        }
-        if ((rc = convd_conv_submit(c, &args[i], &ids[i])) != 0) {
-            bench_note(res, rc, "submit: %s", convd_errstr(c));
-            goto finish;
-        }
         submitted++;
         inflight++;
     }
-    if (bp->gated)
-        bench_gate_open(words, gate_val, chain, depth, chain_head, chain_len, sent);
     while (inflight > 0) {
         rc = convd_wait_any(c, bp->wait_ms, &done);
         if (rc != 0) {
@@ -384,8 +401,8 @@ signal:;
         if (bp->gated) {
             /* Out of the chain (the head, unless requests failed out of order); the next one's
              * word is written now, as its stream would once this one's done word came. */
-            bench_gate_drop(chain, depth, &chain_head, &chain_len, slot);
-            bench_gate_open(words, gate_val, chain, depth, chain_head, chain_len, sent);
+            bench_chain_drop(&chain, slot);
+            bench_chain_open(&chain, sent);
         }
         if (done.status == 0) {
             res->completed++;
@@ -401,20 +418,10 @@ signal:;
         }
         res->t_end = now;
         if (now < deadline && submitted < quota) {
-            sent[slot] = ctl_now_ns();
-            if (bp->gated && bench_gate_next(&args[slot], &gate_val[slot], chain, depth,
-                                             chain_head, &chain_len, slot) != 0) {
-                bench_note(res, CONVD_EINTERNAL, "the chain is full");
+            if (bench_submit(c, bp, &chain, args, ids, sent, slot, res) != 0)
                 goto finish;
-            }
-            if ((rc = convd_conv_submit(c, &args[slot], &ids[slot])) != 0) {
-                bench_note(res, rc, "submit: %s", convd_errstr(c));
-                goto finish;
-            }
             submitted++;
             inflight++;
-            if (bp->gated)
-                bench_gate_open(words, gate_val, chain, depth, chain_head, chain_len, sent);
         }
     }
 finish:
@@ -432,8 +439,8 @@ finish:
     free(ids);
     free(sent);
     free(args);
-    free(gate_val);
-    free(chain);
+    free(chain.slots);
+    free(chain.val);
     return res->fatal != 0 ? CTL_EXIT_FAIL : 0;
 }
 

@@ -289,16 +289,31 @@ else
     bad "bench without a daemon cpu line:"
     printf '%s\n' "$out" | sed 's/^/       /'
 fi
-# --json: one valid JSON object on stdout, with the fields the serving benchmark reads.
-if command -v python3 > /dev/null; then
-    rc=0
-    out=$(ctl bench --clients 2 --depth 2 --requests 100 --n 1 --c 16 --k 16 --groups 4 --h 14 \
-        --w 14 --json 2> "$tmp/bench.err") || rc=$?
+# bench_json LABEL CHECK ARGS...: runs convctl bench ARGS --json and CHECK, Python code that gets
+# the JSON object as d, asserts on it and prints a line for the ok message.
+bench_json() {
+    local label=$1 check=$2 rc=0 out res
+    shift 2
+    if ! command -v python3 > /dev/null; then
+        echo "skip   $label (no python3)"
+        return
+    fi
+    out=$(ctl bench "$@" --json 2> "$tmp/bench.err") || rc=$?
     if [[ $rc -eq 0 ]] && res=$(python3 -c '
 import json, sys
 lines = sys.argv[1].splitlines()
 assert len(lines) == 1, "%d lines on stdout, want 1" % len(lines)
 d = json.loads(lines[0])
+exec(sys.argv[2])
+' "$out" "$check" 2>&1); then
+        ok "$label: $res"
+    else
+        bad "$label (exit $rc): ${res:-}"
+        printf '%s\n' "$out" "$(cat "$tmp/bench.err")" | sed 's/^/       /'
+    fi
+}
+# --json: one valid JSON object on stdout, with the fields the serving benchmark reads.
+bench_json "bench --json" '
 for key in ("name", "n", "c", "k", "groups", "dtype", "layout", "clients", "depth", "memory",
             "completed", "failed", "seconds", "req_per_s", "images_per_s", "p50_us", "p99_us",
             "p999_us", "mean_batch", "queue_us", "exec_us", "daemon_cpu_us_per_req", "loop_busy",
@@ -310,37 +325,16 @@ assert d["daemon_cpu_us_per_req"] is not None and d["daemon_cpu_us_per_req"] > 0
 assert d["loop_busy"] is not None and 0 < d["loop_busy"] <= 1.05, "loop busy %r" % d["loop_busy"]
 print("%d requests, %.0f req/s, daemon cpu %.1f us per request" % (d["completed"], d["req_per_s"],
       d["daemon_cpu_us_per_req"]))
-' "$out" 2>&1); then
-        ok "bench --json: $res"
-    else
-        bad "bench --json (exit $rc): ${res:-}"
-        printf '%s\n' "$out" "$(cat "$tmp/bench.err")" | sed 's/^/       /'
-    fi
-else
-    echo "skip   bench --json (no python3)"
-fi
+' --clients 2 --depth 2 --requests 100 --n 1 --c 16 --k 16 --groups 4 --h 14 --w 14
 # --gated: chains of stream-ordered requests; the daemon polls their ready words (its gates step)
 # and every request completes; --distinct 3: three activations in turn, each a problem of its own.
-if command -v python3 > /dev/null; then
-    rc=0
-    out=$(ctl bench --gated --distinct 3 --clients 2 --depth 4 --requests 200 --n 1 --c 16 \
-        --k 16 --groups 4 --h 14 --w 14 --json 2> "$tmp/bench.err") || rc=$?
-    if [[ $rc -eq 0 ]] && res=$(python3 -c '
-import json, sys
-d = json.loads(sys.argv[1])
+bench_json "bench --gated" '
 assert d["gated"] is True and d["distinct"] == 3, "gated or distinct not echoed"
 assert d["completed"] == 200 and d["failed"] == 0, "completed %s failed %s" % (d["completed"], d["failed"])
 assert d["loop_gates"] is not None and d["loop_gates"] > 0, "the daemon polled no ready words: %r" % d["loop_gates"]
 print("%d requests, %.0f req/s, p50 %.1f us from the ready word" % (d["completed"], d["req_per_s"], d["p50_us"]))
-' "$out" 2>&1); then
-        ok "bench --gated: $res"
-    else
-        bad "bench --gated (exit $rc): ${res:-}"
-        printf '%s\n' "$out" "$(cat "$tmp/bench.err")" | sed 's/^/       /'
-    fi
-else
-    echo "skip   bench --gated (no python3)"
-fi
+' --gated --distinct 3 --clients 2 --depth 4 --requests 200 --n 1 --c 16 --k 16 --groups 4 \
+    --h 14 --w 14
 # --memory gpu on the CPU backend: exit status 1 and a sentence naming what is missing.
 rc=0
 out=$(ctl bench --memory gpu --clients 1 --requests 4 2>&1) || rc=$?
