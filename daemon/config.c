@@ -98,6 +98,10 @@ static const struct cfg_option cfg_options[] = {
      "with the launch thread, batches that may wait for or be in its launch at once; the queue "
      "forms the next batch, up to max_batch, only when fewer are (0: no bound, the queue is "
      "spread over the free slots)"},
+    {"launch_inline", CFG_U32, OFF(launch_inline), 0, 1, "0|1",
+     "with launch threads: 1 lets the loop launch a batch itself when no other batch is in "
+     "flight, so that a lone request does not wait for a thread; 0: the threads launch every "
+     "batch"},
     {"completion_flags", CFG_U32, OFF(completion_flags), 0, 1, "0|1",
      "GPU backend: learn that a batch is done from a word its stream writes to mapped host "
      "memory, read with a load (1, where the driver allows), rather than by querying an event "
@@ -212,6 +216,7 @@ void config_defaults(struct convd_config *c)
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     c->launch_threads = ncpu >= 16 ? 3 : ncpu >= 8 ? 1 : 0;
     c->launch_ahead = 0;
+    c->launch_inline = 1;
     c->completion_flags = 1;
     c->max_queue_delay_us = 0;
     c->queue_limit = 4096;

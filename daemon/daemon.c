@@ -584,6 +584,7 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .loop_cpu_s = -1,
         .query_ns = d->pool.query_ns,
         .launch_peak = __atomic_load_n(&d->pool.launch_peak, __ATOMIC_RELAXED),
+        .inline_launches = d->pool.inline_launches,
     };
     /* Metrics are rendered on the loop thread: its own rusage is the loop's. */
     struct rusage ru;
@@ -790,6 +791,7 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
             log_notice("batches are launched on a thread of their own");
         else
             log_notice("batches are launched on %u threads of their own", d->pool.nlaunchers);
+        d->pool.launch_inline = cfg->launch_inline != 0;
     }
     if (doorbell_start(&d->doorbells, d->cfg.doorbell_threads, d->cfg.doorbell_spin_us * 1000u) !=
         0)

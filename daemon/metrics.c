@@ -369,6 +369,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
                "Most launch calls of the asynchronous backend in progress at once since the start "
                "(above 1 only with several launch threads).",
                g->launch_peak);
+    met_scalar(&o, "convd_launches_inline_total", "counter",
+               "Batches the loop launched itself although launch threads run: nothing else was "
+               "in flight (launch_inline).",
+               g->inline_launches);
     met_scalar(&o, "convd_doorbells_total", "counter",
                "Doorbells sent to ring clients that slept while their requests completed.",
                g->doorbells);

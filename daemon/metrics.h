@@ -81,6 +81,7 @@ struct met_gauges {
     double loop_cpu_s;       /* CPU time of the loop thread itself (-1: unknown) */
     uint64_t query_ns;       /* asynchronous backends: time the loop spent in be_query */
     uint64_t launch_peak;    /* asynchronous backends: most launch calls in progress at once */
+    uint64_t inline_launches; /* with launch threads: batches the loop launched itself */
     int draining;
     struct convd_backend_stats device; /* the backend's device gauges, where it has them */
 };

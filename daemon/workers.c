@@ -340,7 +340,12 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
         b->lane = (int)((w - p->lane_base) / p->lane_depth);
         b->lane_seq = p->lane_next[b->lane]++;
     }
-    if (p->slots && p->launcher) {
+    /* A lone batch (nothing else in flight, so nothing queued for the threads either) is
+     * launched here: handing it over would cost a thread's wake-up or cache-line round trip
+     * and it has nothing to overlap with. */
+    const bool inline_launch =
+        p->slots && p->launcher && p->launch_inline && b->lane < 0 && p->busy + p->lane_busy == 1;
+    if (p->slots && p->launcher && !inline_launch) {
         b->start_ns = convd_now_ns();
         p->workers[w].running = b;
         __atomic_store_n(&p->workers[w].launched, 0, __ATOMIC_RELAXED);
@@ -363,6 +368,10 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
         if (b->lane >= 0)
             p->lane_turn[b->lane] = b->lane_seq + 1;
         p->workers[w].running = b;
+        if (inline_launch) {
+            p->inline_launches++;
+            __atomic_store_n(&p->workers[w].launched, 1, __ATOMIC_RELAXED);
+        }
         if (b->rc != 0) {
             /* Nothing is in flight; the next poll hands it back with its statuses set. */
             uv_async_send(&p->async);

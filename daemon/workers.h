@@ -100,6 +100,10 @@ struct worker_pool {
     uint64_t launcher_spin_ns;
     /* Atomic: launch calls in progress now, and the most that were at once since the start. */
     unsigned in_launch, launch_peak;
+    /* With launch threads: the loop launches a shared slot's batch itself when no other batch
+     * is in flight (launch_inline), and counts those launches (loop thread only). */
+    bool launch_inline;
+    uint64_t inline_launches;
 };
 
 /* Allocates a batch for n jobs (jobs[] uninitialised). NULL when out of memory. */

@@ -469,6 +469,30 @@ if grep -q "per batch on the device" <<< "$out"; then
 fi
 null_stop "null backend with 3 launch threads"
 
+# launch_inline (on by default): with launch threads, the loop launches a batch itself when no
+# other batch is in flight. One client with one request at a time is always alone, so the loop
+# launches every batch (the bench's own first request among them); with launch_inline 0 the
+# threads launch them all.
+for inl in 1 0; do
+    null_start "$tmp/inline.log" --launch-threads 2 --launch-inline "$inl"
+    rc=0
+    out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 1 --depth 1 --requests 300 \
+        2>&1) || rc=$?
+    metrics=$("$convctl" --socket "$nsock" metrics 2>&1) || true
+    inline=$(sed -n 's/^convd_launches_inline_total \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
+    batches=$(sed -n 's/^convd_batches_total \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
+    want=$((inl == 1 ? ${batches:-0} : 0))
+    if [[ $rc -eq 0 ]] && grep -q "300 completed, 0 failed" <<< "$out" && [[ ${batches:-0} -ge 300 &&
+        $inline == "$want" ]]; then
+        ok "launch_inline $inl: 300 lone requests, $inline of their batches launched by the loop"
+    else
+        bad "launch_inline $inl: bench exit $rc, ${inline:-?} of ${batches:-?} batches launched" \
+            "by the loop, want $want"
+        printf '%s\n' "$out" | sed 's/^/       /'
+    fi
+    null_stop "null backend with launch_inline $inl"
+done
+
 # batch_timing: the null backend reports its model's batch time (300 us) as each batch's device
 # time; the daemon's convd_device_seconds holds every batch, and bench reports their mean.
 null_start "$tmp/timing.log" --null-exec-us 300 --batch-timing 1

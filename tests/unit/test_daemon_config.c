@@ -42,6 +42,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.backend, CONFIG_BACKEND_AUTO);
     assert_int_equal(c.socket_mode, 0660);
     assert_int_equal(c.device, -1);
+    assert_int_equal(c.launch_inline, 1);
     assert_true(c.max_batch >= 1);
     assert_true(c.max_inflight >= 1);
     assert_int_equal(c.n_allow_uids, 0);
@@ -78,6 +79,7 @@ static void test_good_file(void **state)
                        "slots = 2\n"
                        "launch_threads = 1\n"
                        "launch_ahead = 2\n"
+                       "launch_inline = 0\n"
                        "completion_flags = 0\n"
                        "batch_timing = 1\n"
                        "stream_priority = 1\n"
@@ -115,6 +117,7 @@ static void test_good_file(void **state)
     assert_int_equal(c.slots, 2);
     assert_int_equal(c.launch_threads, 1);
     assert_int_equal(c.launch_ahead, 2);
+    assert_int_equal(c.launch_inline, 0);
     assert_int_equal(c.completion_flags, 0);
     assert_int_equal(c.batch_timing, 1);
     assert_int_equal(c.stream_priority, 1);
