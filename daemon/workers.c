@@ -51,34 +51,45 @@ unsigned pool_poll(struct worker_pool *p)
 {
     if (!p->slots || p->busy + p->lane_busy == 0)
         return 0;
+    /* Every slot is asked first, then the finished batches are handed over: one clock read
+     * for the looks and one for their end, not two per busy slot (with completion words a
+     * query is a load, cheaper than reading the clock). */
     unsigned done = 0;
+    unsigned finished[POOL_MAX_SLOTS];
+    int result[POOL_MAX_SLOTS];
+    const uint64_t t0 = convd_now_ns();
     for (unsigned i = 0; i < p->nall; i++) {
         struct worker *w = &p->workers[i];
         if (!w->busy)
             continue;
         if (p->launcher && !__atomic_load_n(&w->launched, __ATOMIC_ACQUIRE))
             continue; /* still with the launch thread */
-        const uint64_t t0 = convd_now_ns();
         int q = be_query(p->backend, i);
-        p->query_ns += convd_now_ns() - t0;
         if (q == 0) {
             w->looked_ns = t0;
             continue;
         }
+        result[done] = q;
+        finished[done++] = i;
+    }
+    const uint64_t t1 = convd_now_ns();
+    p->query_ns += t1 - t0;
+    for (unsigned k = 0; k < done; k++) {
+        const unsigned i = finished[k];
+        struct worker *w = &p->workers[i];
         struct batch *b = w->running;
         const uint64_t prev = w->looked_ns > b->launched_ns ? w->looked_ns : b->launched_ns;
         b->seen_lag_ns = t0 > prev ? t0 - prev : 0;
         w->looked_ns = 0;
-        if (q < 0)
-            b->rc = q; /* finished, and the backend is broken since */
+        if (result[k] < 0)
+            b->rc = result[k]; /* finished, and the backend is broken since */
         w->running = NULL;
         w->busy = false;
         if (i < p->n)
             p->busy--;
         else
             p->lane_busy--;
-        b->end_ns = convd_now_ns();
-        done++;
+        b->end_ns = t1;
         p->on_done(p, b);
     }
     return done;
@@ -156,6 +167,8 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
         p->lane_base = backend->info.max_slots;
         p->nall = p->lane_base + p->lanes * p->lane_depth;
     }
+    if (p->slots && p->nall > POOL_MAX_SLOTS)
+        return CONVD_EINVAL; /* pool_poll and the launch queue hold at most that many */
     list_init(&p->done);
     p->workers = calloc(p->nall, sizeof(*p->workers));
     if (p->workers == NULL)

@@ -54,8 +54,8 @@ struct worker {
 
 typedef void (*pool_done_cb)(struct worker_pool *p, struct batch *b);
 
-/* The most slots a pool with launch threads queues for them: the config caps slots at 64, and a
- * backend's lanes add theirs. */
+/* The most slots a pool of an asynchronous backend has, lanes included (pool_poll's and the
+ * launch queue's bound): the config caps slots at 64, and a backend's lanes add theirs. */
 #define POOL_MAX_SLOTS 256
 /* The most lanes a pool takes from its backend. */
 #define POOL_MAX_LANES 64
