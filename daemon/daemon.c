@@ -585,6 +585,7 @@ int daemon_render_metrics(struct convd_daemon *d, const char *labels, char *buf,
         .query_ns = d->pool.query_ns,
         .launch_peak = __atomic_load_n(&d->pool.launch_peak, __ATOMIC_RELAXED),
         .inline_launches = d->pool.inline_launches,
+        .launcher_wakeups = d->pool.launcher_wakeups,
     };
     /* Metrics are rendered on the loop thread: its own rusage is the loop's. */
     struct rusage ru;

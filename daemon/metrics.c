@@ -373,6 +373,10 @@ int metrics_render(const struct metrics *m, const struct met_gauges *g, const ch
                "Batches the loop launched itself although launch threads run: nothing else was "
                "in flight (launch_inline).",
                g->inline_launches);
+    met_scalar(&o, "convd_launcher_wakeups_total", "counter",
+               "Sleeping launch threads the loop woke for a batch that no thread spinning on "
+               "the launch queue could take.",
+               g->launcher_wakeups);
     met_scalar(&o, "convd_doorbells_total", "counter",
                "Doorbells sent to ring clients that slept while their requests completed.",
                g->doorbells);

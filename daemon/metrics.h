@@ -82,6 +82,7 @@ struct met_gauges {
     uint64_t query_ns;       /* asynchronous backends: time the loop spent in be_query */
     uint64_t launch_peak;    /* asynchronous backends: most launch calls in progress at once */
     uint64_t inline_launches; /* with launch threads: batches the loop launched itself */
+    uint64_t launcher_wakeups; /* sleeping launch threads the loop woke */
     int draining;
     struct convd_backend_stats device; /* the backend's device gauges, where it has them */
 };

@@ -235,19 +235,32 @@ static void *pool_launcher(void *arg)
 {
     struct worker_pool *p = arg;
     uint64_t last = convd_now_ns();
+    /* Counted in launchers_idle while it spins on an empty queue (pool_submit wakes a sleeper
+     * only for batches no idle one can take). */
+    bool idle = false;
     for (;;) {
-        unsigned head = __atomic_load_n(&p->lq_head, __ATOMIC_ACQUIRE);
-        if (head == __atomic_load_n(&p->lq_tail, __ATOMIC_ACQUIRE)) {
+        unsigned head = __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST);
+        if (head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST)) {
             if (convd_now_ns() - last < p->launcher_spin_ns) {
+                if (!idle) {
+                    idle = true;
+                    __atomic_add_fetch(&p->launchers_idle, 1, __ATOMIC_SEQ_CST);
+                    continue; /* look at the queue again now that the loop may count on us */
+                }
                 convd_cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
+            /* Sleeping before not idle: the loop never sees neither while we still look. */
             __atomic_add_fetch(&p->launchers_sleeping, 1, __ATOMIC_SEQ_CST);
+            if (idle) {
+                idle = false;
+                __atomic_sub_fetch(&p->launchers_idle, 1, __ATOMIC_SEQ_CST);
+            }
             while (!p->launcher_stop && __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST) ==
                                             __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST))
                 pthread_cond_wait(&p->launch_wake, &p->mu);
-            __atomic_sub_fetch(&p->launchers_sleeping, 1, __ATOMIC_RELAXED);
+            __atomic_sub_fetch(&p->launchers_sleeping, 1, __ATOMIC_SEQ_CST);
             bool stop = p->launcher_stop && __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST) ==
                                                 __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&p->mu);
@@ -256,10 +269,16 @@ static void *pool_launcher(void *arg)
             last = convd_now_ns();
             continue;
         }
+        /* No longer idle before the claim, so that the loop never counts on a thread that is
+         * committed to a batch: at worst it wakes a sleeper for nothing. */
+        if (idle) {
+            idle = false;
+            __atomic_sub_fetch(&p->launchers_idle, 1, __ATOMIC_SEQ_CST);
+        }
         /* Read before the claim: once head moves past it, the entry may be reused. */
         struct batch *b = p->lq[head % POOL_MAX_SLOTS];
-        if (!__atomic_compare_exchange_n(&p->lq_head, &head, head + 1, false, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_ACQUIRE))
+        if (!__atomic_compare_exchange_n(&p->lq_head, &head, head + 1, false, __ATOMIC_SEQ_CST,
+                                         __ATOMIC_SEQ_CST))
             continue; /* another thread took it */
         /* The lane's earlier batch was claimed earlier (the queue is in order); another thread
          * may still be launching it. */
@@ -365,10 +384,15 @@ void pool_submit(struct worker_pool *p, unsigned w, struct batch *b)
         /* At most n batches are queued (one per busy slot), so the ring never overflows. */
         p->lq[p->lq_tail % POOL_MAX_SLOTS] = b;
         __atomic_store_n(&p->lq_tail, p->lq_tail + 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&p->launchers_sleeping, __ATOMIC_SEQ_CST) > 0) {
+        /* A sleeper is woken (a system call here, a wake-up there) only for batches that the
+         * threads spinning on the queue cannot take: each of them takes one. */
+        const unsigned unclaimed = p->lq_tail - __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST);
+        if (unclaimed > (unsigned)__atomic_load_n(&p->launchers_idle, __ATOMIC_SEQ_CST) &&
+            __atomic_load_n(&p->launchers_sleeping, __ATOMIC_SEQ_CST) > 0) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->launch_wake);
             pthread_mutex_unlock(&p->mu);
+            p->launcher_wakeups++;
         }
         return;
     }

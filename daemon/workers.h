@@ -96,6 +96,8 @@ struct worker_pool {
     struct batch *lq[POOL_MAX_SLOTS];
     unsigned lq_head, lq_tail; /* atomic: the threads advance head, the loop tail */
     int launchers_sleeping;    /* atomic; changed under mu */
+    int launchers_idle;        /* atomic: threads spinning on an empty queue */
+    uint64_t launcher_wakeups; /* sleeping threads the loop woke (loop thread only) */
     bool launcher_stop;        /* under mu */
     uint64_t launcher_spin_ns;
     /* Atomic: launch calls in progress now, and the most that were at once since the start. */
