@@ -251,7 +251,8 @@ static void *pool_launcher(void *arg)
                 continue;
             }
             pthread_mutex_lock(&p->mu);
-            /* Sleeping before not idle: the loop never sees neither while we still look. */
+            /* Counted as sleeping before no longer idle: while this thread still looks at the
+             * queue, the loop always sees it as one or the other. */
             __atomic_add_fetch(&p->launchers_sleeping, 1, __ATOMIC_SEQ_CST);
             if (idle) {
                 idle = false;
