@@ -372,10 +372,13 @@ null_start() {
         sleep 0.1
     done
 }
+# metric NAME: the whole-number value of the unlabelled metric NAME in the metrics text on stdin.
+metric() {
+    sed -n "s/^$1 \\([0-9][0-9]*\\).*/\\1/p"
+}
 # launch_peak: the daemon's convd_launch_concurrency_peak (most launch calls at once).
 launch_peak() {
-    "$convctl" --socket "$nsock" metrics 2> /dev/null |
-        sed -n 's/^convd_launch_concurrency_peak \([0-9][0-9]*\).*/\1/p'
+    "$convctl" --socket "$nsock" metrics 2> /dev/null | metric convd_launch_concurrency_peak
 }
 # null_stop WHAT: SIGTERM to it, which must exit 0.
 null_stop() {
@@ -479,8 +482,8 @@ for inl in 1 0; do
     out=$("$convctl" --socket "$nsock" --timeout 60000 bench --clients 1 --depth 1 --requests 300 \
         2>&1) || rc=$?
     metrics=$("$convctl" --socket "$nsock" metrics 2>&1) || true
-    inline=$(sed -n 's/^convd_launches_inline_total \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
-    batches=$(sed -n 's/^convd_batches_total \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
+    inline=$(metric convd_launches_inline_total <<< "$metrics")
+    batches=$(metric convd_batches_total <<< "$metrics")
     want=$((inl == 1 ? ${batches:-0} : 0))
     if [[ $rc -eq 0 ]] && grep -q "300 completed, 0 failed" <<< "$out" && [[ ${batches:-0} -ge 300 &&
         $inline == "$want" ]]; then
@@ -498,8 +501,8 @@ done
 null_start "$tmp/timing.log" --null-exec-us 300 --batch-timing 1
 model_bench
 metrics=$("$convctl" --socket "$nsock" metrics 2>&1) || true
-count=$(sed -n 's/^convd_device_seconds_count \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
-batches=$(sed -n 's/^convd_batches_total \([0-9][0-9]*\).*/\1/p' <<< "$metrics")
+count=$(metric convd_device_seconds_count <<< "$metrics")
+batches=$(metric convd_batches_total <<< "$metrics")
 if [[ $rc -eq 0 ]] && grep -q "device  *300.0 us per batch on the device" <<< "$out" &&
     [[ -n $count && $count -gt 0 && $count == "$batches" ]]; then
     ok "batch_timing: 300 us per batch on the device, $count batches timed"
