@@ -39,6 +39,20 @@ and for the stream-ordered one the mean time its requests that reached the daemo
 stream's ready write waited for it (convd_gate_wait_seconds; "-" when none had to). With the
 daemon's batch_timing, "daemon device" is a batch's mean time on the device
 (convd_device_seconds, "-" without it): exec less device is the host's part of a batch.
+
+With --split, the stream-ordered call's CPU time is split too (one problem, rx50_s1_3x3_g32,
+each step alone in bursts as "issue" is; medians in us):
+
+  module      convd.torch.Conv2d(x): the patched layer, as a model calls it
+  torch mod   the same nn.Conv2d unpatched: PyTorch's own layer call
+  conv2d      client.conv2d(x, w, b)
+  empty       torch.empty of the output, channels_last
+  stream      the caller's current stream's handle
+  locate      the package's lookup of the four tensors' allocations (x, w, b, out)
+  order       the ready write and the done wait queued on the stream (two driver calls, with
+              the context check), on words that are already satisfied
+  batched     the same two operations through one cuStreamBatchMemOp
+  ctypes      one trivial driver call through ctypes (cuCtxGetCurrent): the floor of a call
 """
 from __future__ import annotations
 
@@ -216,6 +230,79 @@ def measure_ordered(client, name, spec, calls: int, every: int) -> dict:
     return row
 
 
+def measure_split(client, calls: int, every: int) -> dict:
+    """The stream-ordered call's CPU time, step by step (module docstring, --split)."""
+    import ctypes
+
+    import convd.torch  # noqa: F401  (a submodule: not imported by `import convd`)
+    from convd import _client as cl
+    from convd import _cuda as cu
+
+    spec = PROBLEMS["rx50_s1_3x3_g32"]
+    x, wt, args = tensors(spec)
+    b = torch.randn(wt.shape[0], device=x.device, dtype=x.dtype)
+    conv = torch.nn.Conv2d(spec[1], spec[4], spec[5], stride=spec[7], padding=spec[8],
+                           groups=spec[9]).to(device=x.device, dtype=x.dtype)
+    conv = conv.to(memory_format=torch.channels_last)
+    mod = convd.torch.patch(torch.nn.Conv2d(spec[1], spec[4], spec[5], stride=spec[7],
+                                            padding=spec[8], groups=spec[9]), client)
+    mod = mod.to(device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+    out = client.conv2d(x, wt, b, **args)
+    client.synchronize()
+    dev = x.device.index
+    gates = client._gates
+    cr = client._cuda
+    drv = gates.drv
+    stream = cl._current_stream(dev)
+    plan = list(client._plans.values())[-1]  # the conv2d's just above: the newest
+    a = plan.conv_args()
+    shape = tuple(out.shape)
+    spare = gates.dptr[dev] + 8 * gates.slots  # both words 0: the write and wait are no-ops
+
+    batch = cu._sym(drv.lib, "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp")
+    ops = (ctypes.c_uint64 * 12)()  # two CUstreamBatchMemOpParams of 48 bytes
+    ops[0] = 2  # CU_STREAM_MEM_OP_WRITE_VALUE_32
+    ops[1] = spare
+    ops[6] = 1  # CU_STREAM_MEM_OP_WAIT_VALUE_32
+    ops[7] = spare + 4
+    if batch is not None:
+        batch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint]
+        batch.restype = ctypes.c_int
+    cur = ctypes.c_void_p()
+
+    def locate():
+        segs = []
+        cl._locate_tensors(cr, plan, a, x, wt, b, out, segs)
+        for s_ in segs:
+            s_.inflight -= 1
+
+    steps = {
+        "module": lambda: mod(x),
+        "torch_mod": lambda: conv(x),
+        "conv2d": lambda: client.conv2d(x, wt, b, **args),
+        "empty": lambda: torch.empty(shape, dtype=x.dtype, device=x.device,
+                                     memory_format=torch.channels_last),
+        "stream": lambda: cl._current_stream(dev),
+        "locate": locate,
+        "order": lambda: gates.order(dev, stream, gates.slots, 0),
+        "ctypes": lambda: drv.lib.cuCtxGetCurrent(ctypes.byref(cur)),
+    }
+    if batch is not None:
+        steps["batched"] = lambda: batch(stream, 2, ops, 0)
+    row = {"problem": "rx50_s1_3x3_g32", "path": "split"}
+    for name, fn in steps.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        client.synchronize()
+        row[f"{name}_us"] = burst_issue_us(fn, calls, every)
+        client.synchronize()
+    if batch is not None and batch(stream, 2, ops, 0) != 0:
+        row["batched_us"] = None  # refused: the figure is of an error return
+    torch.cuda.synchronize()
+    return row
+
+
 def fmt(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -227,6 +314,8 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=16,
                     help="calls between synchronisations in the stream-ordered 'every N' mode")
     ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--split", action="store_true",
+                    help="also split the stream-ordered call's CPU time step by step")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("torch sees no CUDA device", file=sys.stderr)
@@ -238,6 +327,8 @@ def main() -> int:
         for name, spec in PROBLEMS.items():
             rows.append(dict(measure_ordered(ordered, name, spec, a.calls, a.every),
                              path="stream-ordered"))
+        if a.split:
+            rows.append(measure_split(ordered, a.calls, a.every))
     proto = ordered.info["protocol_version"]
     ordered.close()
     sync = convd.connect(a.socket, stream_ordered=False)
@@ -267,6 +358,16 @@ def main() -> int:
     else:
         why = ("CONVD_STREAM_ORDERED=0" if proto >= 3 else f"the daemon speaks protocol {proto}")
         print(f"Stream-ordered: not measured ({why}).")
+        print()
+    split = [r for r in rows if r["path"] == "split"]
+    if split:
+        names = ("module", "torch_mod", "conv2d", "empty", "stream", "locate", "order",
+                 "batched", "ctypes")
+        print("Stream-ordered issue, step by step (rx50_s1_3x3_g32, CPU us per step)")
+        print()
+        print("| " + " | ".join(names) + " |")
+        print("|" + "---:|" * len(names))
+        print("| " + " | ".join(fmt(split[0].get(f"{n}_us")) for n in names) + " |")
         print()
     print("Synchronous (stream_ordered=False): one call, split")
     print()

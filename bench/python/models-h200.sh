@@ -42,7 +42,7 @@
 # yield or block: how every PyTorch process of the rows waits for its GPU, models.py
 # --cuda-sched); CLIENT_MPS_THREADS (a percentage: the clients of phase d, not the daemon, get
 # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, so that their kernels leave SMs to the daemon's); CALLS=0
-# skips the one-call splits (cuda_call.py).
+# skips the one-call splits (cuda_call.py); CALL_ARGS adds arguments to them (--split).
 set -uo pipefail
 
 OUT=${1:?usage: bench/python/models-h200.sh OUTDIR}
@@ -126,8 +126,9 @@ limit_for() { echo $((60 + 3 * $1 + n_models * (WARMUP + ROW_SECONDS + 30))); }
 calls() {
     [ "${CALLS:-1}" = 0 ] && return
     echo "one call, split (cuda_call.py, $1):"
-    timeout 180 python3 "$here/cuda_call.py" --socket "$sock" --json "$OUT/cuda-call-$1.jsonl" \
-        >"$OUT/cuda-call-$1.md" 2>>"$OUT/models-stderr.log"
+    # shellcheck disable=SC2086  # CALL_ARGS is a list of words
+    timeout 180 python3 "$here/cuda_call.py" --socket "$sock" ${CALL_ARGS:-} \
+        --json "$OUT/cuda-call-$1.jsonl" >"$OUT/cuda-call-$1.md" 2>>"$OUT/models-stderr.log"
     cat "$OUT/cuda-call-$1.md"
 }
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
