@@ -53,6 +53,11 @@ each step alone in bursts as "issue" is; medians in us):
               the context check), on words that are already satisfied
   batched     the same two operations through one cuStreamBatchMemOp
   ctypes      one trivial driver call through ctypes (cuCtxGetCurrent): the floor of a call
+  forward     the patched layer's forward() called directly, without nn.Module's __call__
+  call_tuples conv2d's inner call with the layer's argument forms (tuples, a layout word)
+  identity    an nn.Identity layer: the floor of nn.Module's __call__
+
+and with --profile N, cProfile's top functions over N calls of the patched layer.
 """
 from __future__ import annotations
 
@@ -230,7 +235,7 @@ def measure_ordered(client, name, spec, calls: int, every: int) -> dict:
     return row
 
 
-def measure_split(client, calls: int, every: int) -> dict:
+def measure_split(client, calls: int, every: int, profile: int = 0) -> dict:
     """The stream-ordered call's CPU time, step by step (module docstring, --split)."""
     import ctypes
 
@@ -297,6 +302,38 @@ def measure_split(client, calls: int, every: int) -> dict:
         client.synchronize()
         row[f"{name}_us"] = burst_issue_us(fn, calls, every)
         client.synchronize()
+    # Where the patched layer's time goes beyond conv2d's: its forward without nn.Module's
+    # __call__, and conv2d with the module's argument forms (tuples, a layout word).
+    m_args = (mod.stride, mod.padding, mod.dilation, mod.groups, mod.convd_act, None)
+    extra = {
+        "forward": lambda: mod.forward(x),
+        "call_tuples": lambda: client._call(x, wt, b, *m_args, "nhwc", 0, True),
+        "identity": lambda: ident(x),
+    }
+    ident = torch.nn.Identity()
+    for name, fn in extra.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        client.synchronize()
+        row[f"{name}_us"] = burst_issue_us(fn, calls, every)
+        client.synchronize()
+    if profile:
+        import cProfile
+        import io
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for i in range(profile):
+            mod(x)
+            if i % every == every - 1:
+                torch.cuda.synchronize()
+        pr.disable()
+        client.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        row["profile"] = buf.getvalue()
     if batch is not None and batch(stream, 2, ops, 0) != 0:
         row["batched_us"] = None  # refused: the figure is of an error return
     torch.cuda.synchronize()
@@ -316,6 +353,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--split", action="store_true",
                     help="also split the stream-ordered call's CPU time step by step")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="with --split, print cProfile's top functions over N patched-layer calls")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("torch sees no CUDA device", file=sys.stderr)
@@ -328,7 +367,7 @@ def main() -> int:
             rows.append(dict(measure_ordered(ordered, name, spec, a.calls, a.every),
                              path="stream-ordered"))
         if a.split:
-            rows.append(measure_split(ordered, a.calls, a.every))
+            rows.append(measure_split(ordered, a.calls, a.every, a.profile))
     proto = ordered.info["protocol_version"]
     ordered.close()
     sync = convd.connect(a.socket, stream_ordered=False)
@@ -362,13 +401,18 @@ def main() -> int:
     split = [r for r in rows if r["path"] == "split"]
     if split:
         names = ("module", "torch_mod", "conv2d", "empty", "stream", "locate", "order",
-                 "batched", "ctypes")
+                 "batched", "ctypes", "forward", "call_tuples", "identity")
         print("Stream-ordered issue, step by step (rx50_s1_3x3_g32, CPU us per step)")
         print()
         print("| " + " | ".join(names) + " |")
         print("|" + "---:|" * len(names))
         print("| " + " | ".join(fmt(split[0].get(f"{n}_us")) for n in names) + " |")
         print()
+        if split[0].get("profile"):
+            print("```")
+            print(split[0].pop("profile"))
+            print("```")
+            print()
     print("Synchronous (stream_ordered=False): one call, split")
     print()
     print("| problem | torch | convd | sync | locate | empty | rest | daemon queue | daemon exec "
