@@ -63,12 +63,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+# The package of this tree, or of $CONVD_PYTHON_DIR (another version of it, for an A/B run).
+sys.path.insert(0, os.environ.get("CONVD_PYTHON_DIR")
+                or str(Path(__file__).resolve().parents[2] / "python"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -1088,7 +1088,8 @@ class Client:
             raise Error(
                 "EDEVICE",
                 f"cannot queue the stream-ordered convolution on the CUDA stream "
-                f"(cuStreamWriteValue32/cuStreamWaitValue32 refused the {what}): {why}",
+                f"(the driver refused the {what}: cuStreamBatchMemOp, or cuStreamWriteValue32/"
+                f"cuStreamWaitValue32): {why}",
             )
         if not wait:
             return Future(req)

@@ -147,7 +147,9 @@ class SimStream:
 class FakeDriver:
     """What GateSlab asks of _cuda._Driver, over simulated streams: host registration (recorded),
     device pointers (the host address), and the two stream memory operations (queued on the
-    stream named by the handle). `fail` makes the driver refuse the "write" or the "wait"."""
+    stream named by the handle), one at a time or both in one batch (batch_memop: None makes the
+    slab use two calls). `fail` makes the driver refuse the "write", the "wait" or the "batch"
+    (a refused batch queues nothing)."""
 
     def __init__(self, sim: Sim):
         self.sim = sim
@@ -157,6 +159,8 @@ class FakeDriver:
         self.queued = 0  # stream operations queued
         self.fail: str | None = None
         self.unregistered_busy = False  # host_unregister while a stream still had work
+        self.batch_memop = True  # cuStreamBatchMemOp is there (GateSlab tries it at attach)
+        self.batches = 0  # write_and_wait calls that queued their two operations
 
     def has_stream_ops(self) -> bool:
         return True
@@ -215,6 +219,17 @@ class FakeDriver:
         assert flags == 0 and self._inside(addr)
         self.sim.streams[stream].put("wait", addr, value)
         self.queued += 1
+        return 0
+
+    def write_and_wait(self, stream: int, ready: int, done: int, value: int) -> int:
+        assert self.batch_memop is not None, "a batch on a driver without cuStreamBatchMemOp"
+        if self.fail is not None:
+            return 702
+        assert self._inside(ready) and self._inside(done)
+        self.sim.streams[stream].put("write", ready, value)
+        self.sim.streams[stream].put("wait", done, value)
+        self.queued += 2
+        self.batches += 1
         return 0
 
 
@@ -481,6 +496,8 @@ def test_chain_in_stream_order(sim, daemon, rng):
     assert s.busy() and np.isnan(x).all() and np.isnan(h).all() and np.isnan(y).all()
     assert c._gated == 2
     assert sim.drv.registrations == 1 and c._gates.host_registrations == 1
+    # Each call's write and wait went in one batch (the attach's try is the third).
+    assert c._gates.batched and sim.drv.batches == 3
     ev.set()
     assert s.drained(), "the stream still waits: a done word was never written"
     c.synchronize()
@@ -592,15 +609,19 @@ def test_close_with_requests_pending(sim, daemon, rng):
         assert rel_l2(got, want) <= TOL["fp32"]
 
 
-@pytest.mark.parametrize("what", ["write", "wait"])
+@pytest.mark.parametrize("what", ["write", "wait", "batch"])
 def test_driver_refuses_the_stream_operation(sim, daemon, rng, what):
-    """The driver refuses the ready write (nothing queued) or the done wait (the write queued):
-    the call raises EDEVICE at once, while the stream is held; the error is not raised again,
-    no slot is lost, and the next call works. A refused write stores the ready word from the
-    host, so its slot is back even before the stream moves."""
+    """The driver refuses the ready write (nothing queued), the done wait (the write queued) or,
+    where the slab queues both in one cuStreamBatchMemOp, the batch (nothing queued, reported as
+    the write): the call raises EDEVICE at once, while the stream is held; the error is not
+    raised again, no slot is lost, and the next call works. A refused write stores the ready
+    word from the host, so its slot is back even before the stream moves."""
+    if what != "batch":
+        sim.drv.batch_memop = None  # the two calls, one of which fails
     c, mem = sim.connect(daemon)
     s = sim.stream()
     x, w, want = check_first_call(c, mem, s, rng)
+    assert c._gates.batched == (what == "batch")
     ev = hold(s)
     before = sim.drv.queued
     sim.drv.fail = what
@@ -609,10 +630,11 @@ def test_driver_refuses_the_stream_operation(sim, daemon, rng, what):
             issue(c, mem, x, w, padding=1)
     finally:
         sim.drv.fail = None
-    assert e.value.code == "EDEVICE" and what in e.value.message, str(e.value)
-    assert sim.drv.queued == before + (0 if what == "write" else 1)
+    named = "write" if what == "batch" else what
+    assert e.value.code == "EDEVICE" and named in e.value.message, str(e.value)
+    assert sim.drv.queued == before + (1 if what == "wait" else 0)
     g = c._gates
-    if what == "write":
+    if named == "write":
         c.synchronize()
         assert s.busy()
         assert sorted(g.free) == list(range(g.slots)) and not g.limbo
