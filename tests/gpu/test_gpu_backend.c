@@ -2008,9 +2008,12 @@ static void test_device_waits(void **state)
 
 int main(void)
 {
-    /* As the daemon does for its lanes (the backend sets it too, but this process starts the
-     * runtime before test_device_waits opens them): streams do not share hardware queues. */
+    /* As the daemon does for its lanes (the backend sets them too, but this process starts the
+     * runtime before test_device_waits opens them): streams do not share hardware queues, and
+     * kernels load at start. Under lazy loading test_device_waits hung on an H100 (2026-12-07):
+     * lane 1's batch never ran while lane 0 waited for its word, and it passed with EAGER. */
     (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    (void)setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     /* Fork the IPC peer before this process makes any GPU call. */
     int to_peer[2], from_peer[2];
     if (pipe2(to_peer, O_CLOEXEC) != 0 || pipe2(from_peer, O_CLOEXEC) != 0) {
