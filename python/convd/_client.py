@@ -772,26 +772,12 @@ class Client:
                 f"the input is a torch tensor, so the bias must be one too, not {type(b).__name__}"
             )
         cuda = x.is_cuda
-        if tf32 is None:  # what PyTorch would do with this tensor
-            tf32 = cuda and bool(torch.backends.cudnn.allow_tf32)
-        tf32 = bool(tf32)
         if layout is None:
             nhwc = channels_last(x)
         else:
             nhwc = _layout_word(layout, False)
-        if held:
-            wkey = (w.shape, w.dtype, w.nhwc, b is not None)
-        else:
-            wkey = (w.shape, w.dtype, w.device, None if b is None else (b.shape, b.dtype, b.device))
-        key = (
-            "cuda" if cuda else "cpu", x.shape, x.dtype, wkey, nhwc, x.device if cuda else None,
-            _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, tf32,
-        )
-        plan = self._plan_for(
-            key,
-            lambda: self._torch_plan(
-                x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
-            ),
+        plan = self._torch_plan_for(
+            x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
         )
         squeeze = plan.squeeze
         if squeeze:
@@ -818,6 +804,47 @@ class Client:
             self._conv_blocking(plan, xa, wa, ba, oa)
             return ret
         return self._host_request(plan, xa, wa, ba, None, oa, ret, (x, w, b, out), prio, wait)
+
+    def _torch_plan_for(
+        self, x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
+    ):
+        """The plan of a call with torch tensors (cached per signature). tf32 None follows
+        PyTorch: torch.backends.cudnn.allow_tf32 for CUDA tensors, exact fp32 otherwise."""
+        torch = _torch()
+        cuda = x.is_cuda
+        if tf32 is None:  # what PyTorch would do with this tensor
+            tf32 = cuda and bool(torch.backends.cudnn.allow_tf32)
+        tf32 = bool(tf32)
+        if held:
+            wkey = (w.shape, w.dtype, w.nhwc, b is not None)
+        else:
+            wkey = (w.shape, w.dtype, w.device, None if b is None else (b.shape, b.dtype, b.device))
+        key = (
+            "cuda" if cuda else "cpu", x.shape, x.dtype, wkey, nhwc, x.device if cuda else None,
+            _hashable(stride), _hashable(padding), _hashable(dilation), groups, act, dtype, tf32,
+        )
+        return self._plan_for(
+            key,
+            lambda: self._torch_plan(
+                x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
+            ),
+        )
+
+    def _layer_cuda(self, fast, x):
+        """A patched layer's call on a CUDA input whose signature matched fast (a LayerFast
+        of convd.torch): its plan and its weight's and bias's allocations kept from the call
+        that made it, so that only the input and output are looked up. Stream-ordered only;
+        None when the call must take the general path (stream ordering unavailable)."""
+        if self._dead:
+            self._reap_locked()
+        if self._async_error is not None:
+            self._raise_async()
+        plan = fast.plan
+        out = _torch().empty(
+            plan.out_shape, dtype=x.dtype, device=x.device, memory_format=fast.fmt
+        )
+        got = self._gated_request(plan, x, fast.w, fast.b, out, out, 0, True)
+        return None if got is _SYNC_PATH else got
 
     def _torch_plan(
         self, x, w, b, held, nhwc, stride, padding, dilation, groups, act, dtype, tf32
@@ -1470,6 +1497,31 @@ def _watch_gates(ref, event) -> None:
 _SYNC_PATH = object()  # _gated_request: serve this call synchronously
 
 
+class Placed:
+    """A CUDA tensor that stays where it is (a layer's weight or bias) with its allocation's
+    registration kept: a call names it without asking the driver where it lives. The tensor is
+    held, so its allocation cannot be freed while this exists; a registration evicted since
+    (the daemon's region limit) is looked up again."""
+
+    __slots__ = ("tensor", "ptr", "seg", "off")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.ptr = tensor.data_ptr()
+        self.seg = None
+        self.off = 0
+
+    def where(self, cr, nbytes: int):
+        seg = self.seg
+        if seg is None or cr.by_bid.get(seg.bid) is not seg:
+            seg, self.off = cr.locate(self.ptr, nbytes)
+            self.seg = seg
+        else:
+            cr.clock += 1
+            seg.used = cr.clock
+        return seg, self.off
+
+
 def _locate_tensors(cr, plan, a, x, w, b, out, segs) -> None:
     """Names the CUDA tensors in the args by their allocations' regions (cr: CudaRegions),
     appending each allocation to segs as it is counted in flight: registering the next tensor's
@@ -1482,7 +1534,10 @@ def _locate_tensors(cr, plan, a, x, w, b, out, segs) -> None:
     ):
         if t is None:
             continue
-        seg, off = cr.locate(t.data_ptr(), nbytes)
+        if type(t) is Placed:
+            seg, off = t.where(cr, nbytes)
+        else:
+            seg, off = cr.locate(t.data_ptr(), nbytes)
         seg.inflight += 1
         segs.append(seg)
         ref.region, ref.offset, ref.bytes = seg.region, off, nbytes

@@ -376,6 +376,59 @@ def test_stream_ordered_chain(gclient, poisoned):
     gclient.synchronize()  # nothing failed
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_patched_layer_fast_path(gclient, monkeypatch, poisoned, dtype):
+    """A patched layer's second call with the same signature skips the general path (its plan
+    and its weight's and bias's allocations kept), and still computes on its parameters as they
+    are: after an in-place change, and, through the general path again, after the weight is
+    replaced, for another input shape and for NCHW input. Every input made by a kernel right
+    before the call, every output against F.conv2d."""
+    dev, dt = torch.device("cuda"), DT[dtype]
+    layer = convd.torch.patch(torch.nn.Conv2d(32, 64, 3, padding=1, groups=8), gclient)
+    layer = layer.to(device=dev, dtype=dt, memory_format=torch.channels_last)
+    g = torch.Generator(device=dev).manual_seed(5)
+
+    def check(shape=(2, 32, 20, 20), cl=True):
+        x = torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dt)
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = layer(x)
+        want = torch.nn.functional.conv2d(
+            x.double(), layer.weight.double(), layer.bias.double(), padding=1, groups=8
+        )
+        assert y.is_contiguous(memory_format=torch.channels_last) == cl
+        err = rel_l2(y.double().cpu().numpy(), want.cpu().numpy())
+        assert err <= TOL[dtype], f"{err:.3g}"
+
+    general = gclient._call
+
+    def not_general(*a, **kw):
+        raise AssertionError("the general path served a call the fast path should have")
+
+    check()
+    assert layer._convd_fast is not None
+    monkeypatch.setattr(gclient, "_call", not_general)
+    check()
+    check()
+    with torch.no_grad():
+        layer.weight.mul_(-2)  # in place: same storage, new values
+        layer.bias.add_(1)
+    check()
+    monkeypatch.setattr(gclient, "_call", general)
+    w = layer.weight.detach().clone(memory_format=torch.channels_last)
+    layer.weight = torch.nn.Parameter(w * 0.5)  # another tensor: the general path again
+    check()
+    check((1, 32, 9, 13))  # another shape
+    check(cl=False)  # NCHW input, channels_last weight: the general path copies the weight
+    assert layer._convd_fast is None
+    layer.weight = torch.nn.Parameter(layer.weight.detach().contiguous())
+    check(cl=False)
+    assert layer._convd_fast is not None and layer._convd_fast.fmt == torch.contiguous_format
+    monkeypatch.setattr(gclient, "_call", not_general)
+    check(cl=False)
+    gclient.synchronize()
+
+
 def test_stream_ordered_many_then_one_synchronize(gpu_daemon, gclient, poisoned):
     """64 convolutions, each of an input made by a kernel right before it, issued back to back
     without synchronising, then one torch.cuda.synchronize(): every output is right. The gate
