@@ -262,6 +262,7 @@ class _LayerFast:
     def matches(self, m, client, x) -> bool:
         if (
             client is not self.client
+            or not client._ordered
             or x.shape != self.shape
             or x.dtype != self.dtype
             or x.device != self.device
