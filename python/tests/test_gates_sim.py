@@ -234,7 +234,7 @@ class FakeDriver:
 
 
 class _Segment:
-    __slots__ = ("region", "inflight")
+    __slots__ = ("region", "inflight", "bid", "used")
 
 
 class Mem:
@@ -248,6 +248,11 @@ class Mem:
         self.seg = _Segment()
         self.seg.region = self.region.handle
         self.seg.inflight = 0
+        self.seg.bid = 1
+        self.seg.used = 0
+        self.by_bid = {1: self.seg}  # what Placed checks a kept registration against
+        self.clock = 0
+        self.lookups = 0  # locate() calls: the driver queries of CudaRegions
         self.buf = (ctypes.c_char * size).from_address(self.region.addr)
         self.used = 0
 
@@ -267,6 +272,7 @@ class Mem:
 
     # What _gated_request asks of CudaRegions.
     def locate(self, ptr: int, nbytes: int):
+        self.lookups += 1
         off = ptr - self.region.addr
         assert 0 <= off and off + nbytes <= self.region.size
         return self.seg, off
@@ -508,6 +514,45 @@ def test_chain_in_stream_order(sim, daemon, rng):
     assert_all_back(c, mem)
     c.close()
     assert not sim.drv.registered and not sim.drv.unregistered_busy
+
+
+def test_placed_weights_are_not_looked_up_again(sim, daemon, rng):
+    """A weight and bias named by Placed (a patched layer's kept registrations) are looked up
+    once: later calls name them from what was kept, and compute the same. A registration that
+    went meanwhile (evicted) is looked up again."""
+    c, mem = sim.connect(daemon)
+    s = sim.stream()
+    w = mem.random(rng, (16, 4, 3, 3))
+    b = mem.random(rng, (16,))
+    src = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    want = reference(src, w, b, padding=1, groups=4)
+    t = FakeTensor
+    pw, pb = _client.Placed(t(w)), _client.Placed(t(b))
+    act = activation_spec(False, None)
+
+    def call():
+        x = mem.array(src.shape)
+        produce(s, x, src)
+        plan = c._numpy_plan(x, w, b, 1, 1, 1, 4, act, None, None, False)
+        out = mem.array(plan.out_shape)
+        assert c._cuda_request(plan, t(x), pw, pb, t(out), out, 0, True) is out
+        seen = []
+        consume(s, out, seen)
+        assert s.drained()
+        c.synchronize()
+        assert len(seen) == 1 and rel_l2(seen[0], want) <= TOL["fp32"]
+
+    call()
+    assert c._cuda is not None
+    first = mem.lookups
+    for _ in range(3):
+        call()
+    assert mem.lookups - first == 3 * 2, "only the input and output are looked up again"
+    mem.by_bid.clear()  # the registration went: the kept one must not be used
+    call()
+    assert mem.lookups - first == 4 * 2 + 2
+    assert_all_back(c, mem)
+    c.close()
 
 
 def test_many_calls_then_one_synchronize(sim, daemon, rng):
