@@ -114,8 +114,8 @@ class _Driver:
         self.ctx_get_flags = _sym(lib, "cuCtxGetFlags")
         self.ctx_set_flags = _sym(lib, "cuCtxSetFlags")
         self.wait_value = _sym(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
-        # Both of a request's stream operations in one driver call (GateSlab.order): 2.5 us
-        # against 5.6 for the two calls (H100, bench/gpu/NOTES.md round 27).
+        # Both of a request's stream operations in one driver call (GateSlab.order): 1.8-2 us
+        # against 4.2-4.8 for the two calls (H100, bench/gpu/NOTES.md round 27).
         self.batch_memop = _sym(lib, "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp")
         # Per thread: the context query's out-parameter and a batch of two operations, reused
         # by every call (order() runs outside the client's lock).
