@@ -810,10 +810,9 @@ class Client:
     ):
         """The plan of a call with torch tensors (cached per signature). tf32 None follows
         PyTorch: torch.backends.cudnn.allow_tf32 for CUDA tensors, exact fp32 otherwise."""
-        torch = _torch()
         cuda = x.is_cuda
         if tf32 is None:  # what PyTorch would do with this tensor
-            tf32 = cuda and bool(torch.backends.cudnn.allow_tf32)
+            tf32 = cuda and bool(_torch().backends.cudnn.allow_tf32)
         tf32 = bool(tf32)
         if held:
             wkey = (w.shape, w.dtype, w.nhwc, b is not None)
@@ -1513,12 +1512,9 @@ class Placed:
 
     def where(self, cr, nbytes: int):
         seg = self.seg
-        if seg is None or cr.by_bid.get(seg.bid) is not seg:
+        if seg is None or not cr.kept(seg):
             seg, self.off = cr.locate(self.ptr, nbytes)
             self.seg = seg
-        else:
-            cr.clock += 1
-            seg.used = cr.clock
         return seg, self.off
 
 

@@ -387,9 +387,21 @@ class CudaRegions:
                 f"{nbytes} bytes at {ptr:#x} run past the end of their CUDA allocation "
                 f"({seg.base:#x}, {seg.size} bytes)",
             )
+        self._use(seg)
+        return seg, ptr - seg.base
+
+    def kept(self, seg: Segment) -> bool:
+        """Whether a registration held from an earlier locate() is still the one registered
+        (eviction may have dropped it), marked used now if so."""
+        if self.by_bid.get(seg.bid) is not seg:
+            return False
+        self._use(seg)
+        return True
+
+    def _use(self, seg: Segment) -> None:
+        """Marks seg used now: _evict drops the least recently used first."""
         self.clock += 1
         seg.used = self.clock
-        return seg, ptr - seg.base
 
     def _register(self, bid, dev, base, size) -> Segment:
         # A new allocation is when old ones may have been freed: drop registrations of those.

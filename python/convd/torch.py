@@ -229,6 +229,11 @@ class _LayerFast:
     __slots__ = ("client", "shape", "dtype", "device", "fmt", "args", "weight", "bias",
                  "wshape", "w", "b", "plan", "tf32")
 
+    @staticmethod
+    def layer_args(m) -> tuple:
+        """What of the layer besides its parameters decides its plan."""
+        return (m.stride, m.padding, m.dilation, m.groups, m.convd_act, m.padding_mode)
+
     @classmethod
     def make(cls, m, client, x, w, b, nhwc: bool):
         if not client._ordered or client._gates is None or x.dim() != 4:
@@ -248,7 +253,7 @@ class _LayerFast:
         f = cls()
         f.client = client
         f.shape, f.dtype, f.device, f.fmt = x.shape, x.dtype, x.device, fmt
-        f.args = (m.stride, m.padding, m.dilation, m.groups, m.convd_act, m.padding_mode)
+        f.args = cls.layer_args(m)
         f.weight, f.bias, f.wshape = weight, bias, weight.shape
         f.w = Placed(w)
         f.b = Placed(b) if b is not None else None
@@ -279,7 +284,7 @@ class _LayerFast:
             return False
         if bias is not self.bias or (bias is not None and bias.data_ptr() != self.b.ptr):
             return False
-        if (m.stride, m.padding, m.dilation, m.groups, m.convd_act, m.padding_mode) != self.args:
+        if self.layer_args(m) != self.args:
             return False
         return self.dtype != torch.float32 or bool(torch.backends.cudnn.allow_tf32) == self.tf32
 

@@ -234,7 +234,7 @@ class FakeDriver:
 
 
 class _Segment:
-    __slots__ = ("region", "inflight", "bid", "used")
+    __slots__ = ("region", "inflight", "bid")
 
 
 class Mem:
@@ -249,9 +249,7 @@ class Mem:
         self.seg.region = self.region.handle
         self.seg.inflight = 0
         self.seg.bid = 1
-        self.seg.used = 0
-        self.by_bid = {1: self.seg}  # what Placed checks a kept registration against
-        self.clock = 0
+        self.by_bid = {1: self.seg}  # what kept() checks a registration against
         self.lookups = 0  # locate() calls: the driver queries of CudaRegions
         self.buf = (ctypes.c_char * size).from_address(self.region.addr)
         self.used = 0
@@ -276,6 +274,9 @@ class Mem:
         off = ptr - self.region.addr
         assert 0 <= off and off + nbytes <= self.region.size
         return self.seg, off
+
+    def kept(self, seg) -> bool:
+        return self.by_bid.get(seg.bid) is seg
 
     def drop_all(self) -> None:
         pass
