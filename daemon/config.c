@@ -102,6 +102,9 @@ static const struct cfg_option cfg_options[] = {
      "with launch threads: 1 lets the loop launch a batch itself when no other batch is in "
      "flight, so that a lone request does not wait for a thread; 0: the threads launch every "
      "batch"},
+    {"launch_spinners", CFG_U32, OFF(launch_spinners), 0, 4, "N",
+     "launch threads that may spin spin_us on an empty queue at once; the others sleep as soon as "
+     "they find it empty, leaving their CPUs to the clients (0: every thread spins)"},
     {"completion_flags", CFG_U32, OFF(completion_flags), 0, 1, "0|1",
      "GPU backend: learn that a batch is done from a word its stream writes to mapped host "
      "memory, read with a load (1, where the driver allows), rather than by querying an event "
@@ -217,6 +220,7 @@ void config_defaults(struct convd_config *c)
     c->launch_threads = ncpu >= 16 ? 3 : ncpu >= 8 ? 1 : 0;
     c->launch_ahead = 0;
     c->launch_inline = 1;
+    c->launch_spinners = 0;
     c->completion_flags = 1;
     c->max_queue_delay_us = 0;
     c->queue_limit = 4096;

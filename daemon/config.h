@@ -55,6 +55,7 @@ struct convd_config {
     uint32_t launch_threads;   /* asynchronous backends: 1 launches beside the loop */
     uint32_t launch_ahead;     /* with the launch thread: batches not yet launched (0: any) */
     uint32_t launch_inline;    /* with launch threads: the loop launches a lone batch itself */
+    uint32_t launch_spinners;  /* launch threads that may spin at once (0: all) */
     uint32_t completion_flags; /* GPU: batches report done through host words (0: events) */
     uint32_t batch_timing;     /* time each batch on the device (convd_device_seconds) */
     uint32_t stream_priority;  /* GPU: the slots' streams at the highest priority */

@@ -784,7 +784,8 @@ int daemon_create(const struct convd_config *cfg, struct convd_daemon **ret, cha
                      "(docs/architecture.md, Lanes)");
     }
     if (cfg->launch_threads > 0 && be_async(&d->backend)) {
-        if (pool_start_launcher(&d->pool, cfg->launch_threads, cfg->spin_us * 1000u) != 0)
+        if (pool_start_launcher(&d->pool, cfg->launch_threads, cfg->spin_us * 1000u,
+                                cfg->launch_spinners) != 0)
             log_warn("cannot start a launch thread; the loop launches batches itself");
         else if (d->pool.nlaunchers < cfg->launch_threads)
             log_warn("started %u of %u launch threads", d->pool.nlaunchers, cfg->launch_threads);

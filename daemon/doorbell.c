@@ -32,6 +32,7 @@ static void db_send(const struct doorbells *db, int fd)
 static void *db_thread(void *arg)
 {
     struct doorbells *db = arg;
+    (void)pthread_setname_np(pthread_self(), "convd-bell");
     pthread_mutex_lock(&db->mu);
     unsigned me = 0;
     while (me < db->nthreads && !pthread_equal(db->threads[me], pthread_self()))

@@ -227,13 +227,28 @@ static int pool_launch_counted(struct worker_pool *p, struct batch *b)
     return rc;
 }
 
+/* Counts the caller among the spinning launch threads (launchers_idle) unless launcher_spinners
+ * already spin: a spinner keeps a CPU busy, and under many clients that CPU is a client's (16
+ * spinning clients and three spinning threads on 16 CPUs, bench/gpu/NOTES.md round 28). */
+static bool launcher_take_spin(struct worker_pool *p)
+{
+    int n = __atomic_load_n(&p->launchers_idle, __ATOMIC_SEQ_CST);
+    do {
+        if (p->launcher_spinners > 0 && (unsigned)n >= p->launcher_spinners)
+            return false;
+    } while (!__atomic_compare_exchange_n(&p->launchers_idle, &n, n + 1, false, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_SEQ_CST));
+    return true;
+}
+
 /* A launch thread: takes the oldest batch of the loop's queue that no other thread took,
  * launches it in its slot, and marks the slot launched (release: the loop then sees what launch
  * wrote into the batch and jobs). Spins launcher_spin_ns after its last launch, then sleeps
- * until the loop signals. */
+ * until the loop signals; where launcher_spinners others already spin, it sleeps at once. */
 static void *pool_launcher(void *arg)
 {
     struct worker_pool *p = arg;
+    (void)pthread_setname_np(pthread_self(), "convd-launch");
     uint64_t last = convd_now_ns();
     /* Counted in launchers_idle while it spins on an empty queue (pool_submit wakes a sleeper
      * only for batches no idle one can take). */
@@ -241,10 +256,10 @@ static void *pool_launcher(void *arg)
     for (;;) {
         unsigned head = __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST);
         if (head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST)) {
-            if (convd_now_ns() - last < p->launcher_spin_ns) {
+            if (convd_now_ns() - last < p->launcher_spin_ns &&
+                (idle || launcher_take_spin(p))) {
                 if (!idle) {
                     idle = true;
-                    __atomic_add_fetch(&p->launchers_idle, 1, __ATOMIC_SEQ_CST);
                     continue; /* look at the queue again now that the loop may count on us */
                 }
                 convd_cpu_relax();
@@ -304,11 +319,12 @@ static void *pool_launcher(void *arg)
     }
 }
 
-int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns)
+int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns, unsigned spinners)
 {
     if (!p->slots || p->launcher || p->nall > POOL_MAX_SLOTS || n == 0 || n > POOL_MAX_LAUNCHERS)
         return CONVD_EINVAL;
     p->launcher_spin_ns = spin_ns;
+    p->launcher_spinners = spinners;
     p->launcher_stop = false;
     p->nlaunchers = 0;
     pthread_cond_init(&p->launch_wake, NULL);

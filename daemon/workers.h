@@ -100,6 +100,7 @@ struct worker_pool {
     uint64_t launcher_wakeups; /* sleeping threads the loop woke (loop thread only) */
     bool launcher_stop;        /* under mu */
     uint64_t launcher_spin_ns;
+    unsigned launcher_spinners; /* threads that may spin on an empty queue at once */
     /* Atomic: launch calls in progress now, and the most that were at once since the start. */
     unsigned in_launch, launch_peak;
     /* With launch threads: the loop launches a shared slot's batch itself when no other batch
@@ -120,12 +121,13 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
                bool lanes, pool_done_cb on_done, void *data);
 
 /* Asynchronous backends: starts n threads (1 to POOL_MAX_LAUNCHERS) that make the backend's
- * launch calls, so that the loop goes on taking submissions while the driver launches; each
- * spins spin_ns after its last launch before it sleeps. Returns 0, CONVD_EINVAL (not slots,
+ * launch calls, so that the loop goes on taking submissions while the driver launches; after
+ * its last launch a thread spins spin_ns on the empty queue before it sleeps, if fewer than
+ * spinners others are spinning (0: no limit), else it sleeps at once. Returns 0, CONVD_EINVAL (not slots,
  * already started, n out of range, more than POOL_MAX_SLOTS) or CONVD_EINTERNAL (no thread
  * started); on failure the loop goes on launching itself. Fewer threads than asked may start:
  * p->nlaunchers says how many. */
-int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns);
+int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns, unsigned spinners);
 
 /* With a launch thread: batches submitted whose launch has not returned yet (queued for the
  * thread or in its launch call). 0 without one. Loop thread only. */

@@ -5,6 +5,7 @@
  * completions. After each, the daemon must release everything the client held and keep serving
  * the others.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -476,6 +477,77 @@ static void test_max_clients(void **state)
 }
 
 /* A connection that never sends Hello is closed after the hello timeout, and leaves nothing. */
+/* CPU time (user + system, in clock ticks) of each of pid's threads named `name`; returns how
+ * many were found, at most max. */
+static int thread_ticks(pid_t pid, const char *name, long long *ticks, int max)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    assert_non_null(dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL && n < max;) {
+        if (e->d_name[0] == '.')
+            continue;
+        char file[300], comm[32] = "", stat[1024] = "";
+        snprintf(file, sizeof file, "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+        FILE *f = fopen(file, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(comm, sizeof comm, f) == NULL)
+            comm[0] = '\0';
+        fclose(f);
+        comm[strcspn(comm, "\n")] = '\0';
+        if (strcmp(comm, name) != 0)
+            continue;
+        snprintf(file, sizeof file, "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+        f = fopen(file, "r");
+        assert_non_null(f);
+        assert_non_null(fgets(stat, sizeof stat, f));
+        fclose(f);
+        /* Fields after the command's closing parenthesis: state is the 3rd, utime the 14th. */
+        const char *q = strrchr(stat, ')');
+        assert_non_null(q);
+        unsigned long long ut = 0, st = 0;
+        assert_int_equal(sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                                &st),
+                         2);
+        ticks[n++] = (long long)(ut + st);
+    }
+    closedir(dir);
+    return n;
+}
+
+/* launch_spinners 1: of three launch threads, one spins on the empty queue and the others sleep
+ * at once. With spin_us at its longest (1 s, counted from the threads' start), three spinners
+ * (and the loop, which spins too) would each burn a share of the machine's CPUs over the
+ * window; with the cap at most one thread gets any. */
+static void test_launch_spinners(void **state)
+{
+    (void)state;
+    const char *args[] = {"--backend",         "null", "--launch-threads", "3",
+                          "--launch-spinners", "1",    "--spin-us",        "1000000",
+                          "--doorbell-threads", "0",   NULL};
+    struct it_daemon d;
+    char why[256];
+    if (it_daemon_spawn(&d, args, "it-spinners-monitor", why, sizeof why) != 0)
+        fail_msg("%s", why);
+    long long t0[8], t1[8];
+    const int n0 = thread_ticks(d.pid, "convd-launch", t0, 8);
+    tu_sleep_ms(300);
+    const int n1 = thread_ticks(d.pid, "convd-launch", t1, 8);
+    assert_int_equal(n0, 3);
+    assert_int_equal(n1, 3);
+    const long hz = sysconf(_SC_CLK_TCK);
+    int busy = 0;
+    for (int i = 0; i < 3; i++)
+        if ((t1[i] - t0[i]) * 1000 / hz >= 30) /* ms of CPU in the 300 ms window */
+            busy++;
+    if (busy > 1)
+        fail_msg("%d of 3 launch threads spun with launch_spinners 1", busy);
+    it_daemon_stop(&d);
+}
+
 static void test_hello_timeout(void **state)
 {
     (void)state;
@@ -509,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_close_without_unregistering),
         cmocka_unit_test(test_client_never_reads),
         cmocka_unit_test(test_doorbells_off),
+        cmocka_unit_test(test_launch_spinners),
         cmocka_unit_test(test_max_clients),
         cmocka_unit_test(test_hello_timeout),
         cmocka_unit_test(test_zz_no_leaks_and_clean_exit),

@@ -43,6 +43,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.socket_mode, 0660);
     assert_int_equal(c.device, -1);
     assert_int_equal(c.launch_inline, 1);
+    assert_int_equal(c.launch_spinners, 0);
     assert_true(c.max_batch >= 1);
     assert_true(c.max_inflight >= 1);
     assert_int_equal(c.n_allow_uids, 0);
@@ -80,6 +81,7 @@ static void test_good_file(void **state)
                        "launch_threads = 1\n"
                        "launch_ahead = 2\n"
                        "launch_inline = 0\n"
+                       "launch_spinners = 1\n"
                        "completion_flags = 0\n"
                        "batch_timing = 1\n"
                        "stream_priority = 1\n"
@@ -118,6 +120,7 @@ static void test_good_file(void **state)
     assert_int_equal(c.launch_threads, 1);
     assert_int_equal(c.launch_ahead, 2);
     assert_int_equal(c.launch_inline, 0);
+    assert_int_equal(c.launch_spinners, 1);
     assert_int_equal(c.completion_flags, 0);
     assert_int_equal(c.batch_timing, 1);
     assert_int_equal(c.stream_priority, 1);
