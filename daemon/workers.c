@@ -256,8 +256,7 @@ static void *pool_launcher(void *arg)
     for (;;) {
         unsigned head = __atomic_load_n(&p->lq_head, __ATOMIC_SEQ_CST);
         if (head == __atomic_load_n(&p->lq_tail, __ATOMIC_SEQ_CST)) {
-            if (convd_now_ns() - last < p->launcher_spin_ns &&
-                (idle || launcher_take_spin(p))) {
+            if (convd_now_ns() - last < p->launcher_spin_ns && (idle || launcher_take_spin(p))) {
                 if (!idle) {
                     idle = true;
                     continue; /* look at the queue again now that the loop may count on us */

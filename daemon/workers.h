@@ -123,10 +123,10 @@ int pool_start(struct worker_pool *p, uv_loop_t *loop, struct convd_backend *bac
 /* Asynchronous backends: starts n threads (1 to POOL_MAX_LAUNCHERS) that make the backend's
  * launch calls, so that the loop goes on taking submissions while the driver launches; after
  * its last launch a thread spins spin_ns on the empty queue before it sleeps, if fewer than
- * spinners others are spinning (0: no limit), else it sleeps at once. Returns 0, CONVD_EINVAL (not slots,
- * already started, n out of range, more than POOL_MAX_SLOTS) or CONVD_EINTERNAL (no thread
- * started); on failure the loop goes on launching itself. Fewer threads than asked may start:
- * p->nlaunchers says how many. */
+ * spinners others are spinning (0: no limit), else it sleeps at once. Returns 0, CONVD_EINVAL
+ * (not slots, already started, n out of range, more than POOL_MAX_SLOTS) or CONVD_EINTERNAL (no
+ * thread started); on failure the loop goes on launching itself. Fewer threads than asked may
+ * start: p->nlaunchers says how many. */
 int pool_start_launcher(struct worker_pool *p, unsigned n, uint64_t spin_ns, unsigned spinners);
 
 /* With a launch thread: batches submitted whose launch has not returned yet (queued for the

@@ -509,9 +509,8 @@ static int thread_ticks(pid_t pid, const char *name, long long *ticks, int max)
         const char *q = strrchr(stat, ')');
         assert_non_null(q);
         unsigned long long ut = 0, st = 0;
-        assert_int_equal(sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                                &st),
-                         2);
+        assert_int_equal(
+            sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st), 2);
         ticks[n++] = (long long)(ut + st);
     }
     closedir(dir);
@@ -525,9 +524,17 @@ static int thread_ticks(pid_t pid, const char *name, long long *ticks, int max)
 static void test_launch_spinners(void **state)
 {
     (void)state;
-    const char *args[] = {"--backend",         "null", "--launch-threads", "3",
-                          "--launch-spinners", "1",    "--spin-us",        "1000000",
-                          "--doorbell-threads", "0",   NULL};
+    const char *args[] = {"--backend",
+                          "null",
+                          "--launch-threads",
+                          "3",
+                          "--launch-spinners",
+                          "1",
+                          "--spin-us",
+                          "1000000",
+                          "--doorbell-threads",
+                          "0",
+                          NULL};
     struct it_daemon d;
     char why[256];
     if (it_daemon_spawn(&d, args, "it-spinners-monitor", why, sizeof why) != 0)
