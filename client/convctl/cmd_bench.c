@@ -35,7 +35,7 @@
 
 static const char bench_usage[] =
     "Usage: convctl bench [--clients N] [--depth D] [--duration S | --requests R]\n"
-    "                     [--memory host|gpu] [--gated] [--distinct K] [--json]\n"
+    "                     [--memory host|gpu] [--gated [--gap-us G]] [--distinct K] [--json]\n"
     "                     [shape options | --shape NAME --csv FILE | --all --csv FILE]\n"
     "                     [--socket PATH | --device N] [--timeout MS]\n"
     "\n"
@@ -62,6 +62,9 @@ static const char bench_usage[] =
     "                  standing in for its GPU stream; D - 1 wait on their words in the daemon\n"
     "                  meanwhile. Latency is from the ready write to the completion (needs a\n"
     "                  daemon of protocol 3)\n"
+    "  --gap-us G      with --gated: the client spins G us after a completion before it writes\n"
+    "                  the next word, standing in for the layers a model runs between two\n"
+    "                  convolutions (default 0); the latency clock starts at the write\n"
     "  --distinct K    the shape with K different activations (1 to 7: none, relu, relu6,\n"
     "                  silu, hardswish, gelu, gelu_tanh) in turn, client i starting at the\n"
     "                  i-th: K problems of the same sizes, which do not batch with each other,\n"
@@ -97,6 +100,7 @@ struct bench_params {
     bool memory_gpu; /* tensors in the clients' GPU memory */
     bool gated;      /* chains of stream-ordered requests (--gated) */
     int distinct;    /* problems a client cycles through (--distinct), 1 to 7 */
+    uint64_t gap_ns; /* --gap-us: between a completion and the next ready word */
     int device;      /* the GPU they allocate on */
     double duration_s;
     uint64_t requests; /* 0: run for duration_s */
@@ -400,8 +404,11 @@ signal:;
         }
         if (bp->gated) {
             /* Out of the chain (the head, unless requests failed out of order); the next one's
-             * word is written now, as its stream would once this one's done word came. */
+             * word is written now, as its stream would once this one's done word came and the
+             * layers between (--gap-us) ran. */
             bench_chain_drop(&chain, slot);
+            for (const uint64_t until = now + bp->gap_ns; ctl_now_ns() < until;)
+                ;
             bench_chain_open(&chain, sent);
         }
         if (done.status == 0) {
@@ -844,6 +851,9 @@ static void bench_report(const char *name, const struct bench_params *bp, const 
     printf("bench %s: %s\n", name, convd_problem_str(&bp->p, desc, sizeof(desc)));
     printf("  clients    %d x depth %d%s", bp->clients, bp->depth,
            bp->gated ? " (gated chains)" : "");
+    if (bp->gap_ns > 0)
+        printf(", %llu us between a completion and the next word",
+               (unsigned long long)(bp->gap_ns / 1000u));
     if (bp->distinct > 1)
         printf(", %d activations in turn", bp->distinct);
     printf(", %s backend (%s)", info->backend, info->device);
@@ -915,6 +925,7 @@ static void bench_json(const char *name, const struct bench_params *bp, const st
     ctl_json_str(&j, "memory", bp->memory_gpu ? "gpu" : "host");
     ctl_json_bool(&j, "gated", bp->gated);
     ctl_json_int(&j, "distinct", bp->distinct);
+    ctl_json_int(&j, "gap_us", (long long)(bp->gap_ns / 1000u));
     if (bp->memory_gpu)
         ctl_json_int(&j, "gpu_device", bp->device);
     ctl_json_str(&j, "backend", info->backend);
@@ -967,6 +978,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         B_MEMORY,
         B_GATED,
         B_DISTINCT,
+        B_GAP,
         B_JSON
     };
     static const struct option opts[] = {
@@ -981,6 +993,7 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
         {"memory", required_argument, NULL, B_MEMORY},
         {"gated", no_argument, NULL, B_GATED},
         {"distinct", required_argument, NULL, B_DISTINCT},
+        {"gap-us", required_argument, NULL, B_GAP},
         {"json", no_argument, NULL, B_JSON},
         CTL_PROBLEM_LONG_OPTIONS_END,
     };
@@ -1074,6 +1087,13 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
             }
             bp.distinct = (int)v;
             break;
+        case B_GAP:
+            if (cli_parse_int(optarg, 0, 1000000, &v, why, sizeof(why)) != 0) {
+                ctl_err("--gap-us: %s", why);
+                return CTL_EXIT_USAGE;
+            }
+            bp.gap_ns = (uint64_t)v * 1000u;
+            break;
         case B_JSON:
             json = true;
             break;
@@ -1087,6 +1107,10 @@ int cmd_bench(const struct ctl_global *g0, int argc, char **argv)
     }
     /* The GPU the clients allocate on is the one whose daemon they talk to. */
     bp.device = g.device >= 0 ? g.device : 0;
+    if (bp.gap_ns > 0 && !bp.gated) {
+        ctl_err("--gap-us needs --gated");
+        return CTL_EXIT_USAGE;
+    }
     if (duration_given && bp.requests != 0) {
         ctl_err("--duration and --requests exclude each other");
         return CTL_EXIT_USAGE;

@@ -335,6 +335,16 @@ assert d["loop_gates"] is not None and d["loop_gates"] > 0, "the daemon polled n
 print("%d requests, %.0f req/s, p50 %.1f us from the ready word" % (d["completed"], d["req_per_s"], d["p50_us"]))
 ' --gated --distinct 3 --clients 2 --depth 4 --requests 200 --n 1 --c 16 --k 16 --groups 4 \
     --h 14 --w 14
+# --gap-us: the client waits that long after each completion before the next ready word, so one
+# client's chain of 50 cannot go faster than one request per gap.
+bench_json "bench --gated --gap-us" '
+assert d["gap_us"] == 200, "gap not echoed: %r" % d.get("gap_us")
+assert d["completed"] == 50 and d["failed"] == 0, "completed %s failed %s" % (d["completed"], d["failed"])
+assert d["req_per_s"] <= 1e6 / 200 * 50 / 49, "%.0f req/s: faster than one per 200 us gap" % d["req_per_s"]
+print("%.0f req/s with a 200 us gap" % d["req_per_s"])
+' --gated --gap-us 200 --clients 1 --depth 2 --requests 50 --n 1 --c 16 --k 16 --groups 4 \
+    --h 14 --w 14
+check_fails "--gap-us needs --gated" "needs --gated" ctl bench --gap-us 10
 # --memory gpu on the CPU backend: exit status 1 and a sentence naming what is missing.
 rc=0
 out=$(ctl bench --memory gpu --clients 1 --requests 4 2>&1) || rc=$?
