@@ -171,6 +171,11 @@ static const struct cfg_option cfg_options[] = {
      "while requests wait on their gates and nothing else happens, the loop sleeps this long "
      "between looks at their ready words (0: it spins)",
      LIVE},
+    {"gate_spin_clients", CFG_U32, OFF(gate_spin_clients), 0, 65536, "N",
+     "while the requests waiting on their gates are those of at most N connections, the loop "
+     "spins on their ready words rather than sleeping gate_poll_us between looks: a few "
+     "clients leave the host CPUs to spare (0: never; default one per four CPUs, at least 1)",
+     LIVE},
     {"metrics_textfile", CFG_FILE, OFF(metrics_textfile), 0, 0, "FILE",
      "write the metrics there, for node_exporter's textfile collector (a .prom file; "
      "{device} becomes the device option's value, so that per-GPU daemons sharing this file "
@@ -237,6 +242,7 @@ void config_defaults(struct convd_config *c)
     c->ring_stall_timeout_ms = 10000;
     c->gate_timeout_ms = 10000;
     c->gate_poll_us = 100;
+    c->gate_spin_clients = ncpu >= 8 ? (uint32_t)(ncpu / 4) : 1;
     c->metrics_textfile[0] = '\0';
     c->metrics_textfile_interval_ms = 15000;
 }

@@ -80,6 +80,7 @@ struct convd_config {
     uint64_t ring_stall_timeout_ms; /* a full completion ring nobody reads closes the connection */
     uint64_t gate_timeout_ms;       /* a gated request waits this long for its ready word */
     uint64_t gate_poll_us;          /* an idle loop's sleep between looks at gates (0: spin) */
+    uint32_t gate_spin_clients;     /* ... unless at most this many connections wait on gates */
     char metrics_textfile[CONFIG_FILE_BYTES]; /* node_exporter textfile; "": none */
     uint64_t metrics_textfile_interval_ms;    /* how often it is rewritten */
 };

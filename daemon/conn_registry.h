@@ -20,6 +20,7 @@ struct conn_registry {
     struct list_node held;   /* connections whose registration waits for the lanes */
     uint32_t nheld;
     uint32_t gated;          /* those requests, over all connections */
+    uint32_t gated_conns;    /* the connections on `gates` */
     uint32_t waiting;        /* requests in lanes, over all connections */
     struct conn *lane_owner[CONN_MAX_LANES]; /* the connection holding each lane, or NULL */
     uint32_t clients;        /* connections counted against max_clients */

@@ -261,8 +261,10 @@ static void conn_ungate(struct conn *c, struct dreq *r)
     r->gated = false;
     list_del(&r->gate_link);
     c->d->conns.gated--;
-    if (list_empty(&c->gated))
+    if (list_empty(&c->gated)) {
         list_del(&c->gate_link);
+        c->d->conns.gated_conns--;
+    }
 }
 
 static void conn_free_request(struct conn *c, struct dreq *r)
@@ -477,8 +479,10 @@ static void conn_on_conv(struct conn *c, const Convd__ConvRequest *pb, bool via_
             return;
         }
         r->gated = true;
-        if (list_empty(&c->gated))
+        if (list_empty(&c->gated)) {
             list_add_tail(&d->conns.gates, &c->gate_link);
+            d->conns.gated_conns++;
+        }
         list_add_tail(&c->gated, &r->gate_link);
         d->conns.gated++;
         c->user->inflight++;
@@ -555,6 +559,11 @@ void conn_fail_gated(struct convd_daemon *d, int status, const char *why)
 uint32_t conn_gated(const struct convd_daemon *d)
 {
     return d->conns.gated;
+}
+
+uint32_t conn_gated_conns(const struct convd_daemon *d)
+{
+    return d->conns.gated_conns;
 }
 
 /* --- lanes --------------------------------------------------------------------------------- */

@@ -159,6 +159,9 @@ void conn_fail_gated(struct convd_daemon *d, int status, const char *why);
 /* Requests waiting on their gates, over all connections. */
 uint32_t conn_gated(const struct convd_daemon *d);
 
+/* Connections with requests waiting on their gates. */
+uint32_t conn_gated_conns(const struct convd_daemon *d);
+
 /* Lanes (device_waits; docs/architecture.md, "Lanes"): launches each connection's gated
  * requests, oldest first, into the lane it holds (or a free one), one request a batch, while
  * its lane has a free slot; the device then waits on the ready word. Returns how many. */

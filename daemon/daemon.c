@@ -889,10 +889,16 @@ int daemon_run(struct convd_daemon *d)
             continue;
         }
         /* Nothing but a client's GPU stream announces a gate's ready word: while a request
-         * waits on one the loop spins (gate_poll_us 0) or sleeps at most gate_poll_us at a
-         * time, and a wake that finds nothing does not start another spin. */
+         * waits on one the loop spins (gate_poll_us 0, or the requests of at most
+         * gate_spin_clients connections) or sleeps at most gate_poll_us at a time, and a wake
+         * that finds nothing does not start another spin. A lone patched model runs other
+         * layers between two convolutions, longer than spin_us, so each of its words would
+         * otherwise wait for the next look (bench/gpu/NOTES.md round 28). */
         const bool gated = conn_gated(d) > 0 || conn_waiting(d) > 0;
-        if (now - last_work < spin_ns || (gated && d->cfg.gate_poll_us == 0)) {
+        const bool gate_spin =
+            gated && (d->cfg.gate_poll_us == 0 ||
+                      (conn_gated(d) > 0 && conn_gated_conns(d) <= d->cfg.gate_spin_clients));
+        if (now - last_work < spin_ns || gate_spin) {
             convd_cpu_relax();
             continue;
         }

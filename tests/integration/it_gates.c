@@ -506,44 +506,59 @@ static double daemon_cpu(convd_client *mon)
     return v;
 }
 
-/* While a request waits on its gate and nothing else happens, the loop sleeps between looks
- * (gate_poll_us, 100 us by default) instead of spinning: over HOLD a spinning loop would use a
- * whole CPU, a sleeping one a small part of one (8% here on an idle machine; less under load,
- * when its wake-ups come late). With gate_poll_us 0 it spins, which only a machine with a CPU to
- * spare shows, so there the test checks only that the word is seen. */
+/* While requests wait on their gates and nothing else happens, the loop sleeps between looks
+ * (gate_poll_us, 100 us by default) when they are those of more than gate_spin_clients
+ * connections, instead of spinning: over HOLD a spinning loop would use a whole CPU, a sleeping
+ * one a small part of one (8% here on an idle machine; less under load, when its wake-ups come
+ * late). With gate_poll_us 0, or few enough connections (one, by default), it spins, which only
+ * a machine with a CPU to spare shows, so there the test checks only that the words are seen. */
 static void test_loop_sleeps_or_spins_while_gated(void **state)
 {
     (void)state;
-    const char *const poll_us[] = {NULL, "0"};
-    for (size_t i = 0; i < sizeof(poll_us) / sizeof(poll_us[0]); i++) {
+    static const struct {
+        const char *args[5];
+        int conns;
+        bool sleeps;
+    } cases[] = {
+        {{"--gate-spin-clients", "0", NULL}, 1, true},
+        {{"--gate-spin-clients", "1", NULL}, 2, true},
+        {{NULL}, 1, false},
+        {{"--gate-poll-us", "0", "--gate-spin-clients", "0", NULL}, 1, false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct it_daemon dd;
-        const char *extra[] = {"--gate-poll-us", poll_us[i], NULL};
-        it_daemon_start(&dd, poll_us[i] != NULL ? extra : NULL);
-        convd_client *c = it_connect_to(dd.sock, "it-gate-idle", -1);
-        struct convd_problem p;
-        small_problem(&p);
-        struct gated g;
-        gated_init(&g, c, &p);
-        struct convd_conv_args a;
-        gated_args(&g, &a, 1, 2);
-        uint64_t id;
-        assert_int_equal(convd_conv_submit(c, &a, &id), 0);
+        it_daemon_start(&dd, cases[i].args[0] != NULL ? cases[i].args : NULL);
+        convd_client *c[2] = {NULL, NULL};
+        struct gated g[2];
+        uint64_t id[2];
+        for (int k = 0; k < cases[i].conns; k++) {
+            c[k] = it_connect_to(dd.sock, "it-gate-idle", -1);
+            struct convd_problem p;
+            small_problem(&p);
+            gated_init(&g[k], c[k], &p);
+            struct convd_conv_args a;
+            gated_args(&g[k], &a, 1, 2);
+            assert_int_equal(convd_conv_submit(c[k], &a, &id[k]), 0);
+        }
         usleep(20 * 1000); /* past spin_us: the loop has settled */
         double cpu0 = daemon_cpu(dd.mon);
         uint64_t t0 = tu_now_ms();
         usleep(500 * 1000);
         double cpu = daemon_cpu(dd.mon) - cpu0, wall = (double)(tu_now_ms() - t0) / 1000.0;
-        if (poll_us[i] == NULL && cpu > 0.5 * wall)
-            fail_msg("the daemon used %.3f s of CPU in %.3f s with a request gated and nothing "
-                     "else to do: it should sleep between looks (gate_poll_us)",
-                     cpu, wall);
-        atomic_store(gated_word(&g, 0), 1);
-        struct convd_completion done;
-        assert_int_equal(convd_wait(c, id, TU_TIMEOUT_MS, &done), 0);
-        assert_int_equal(done.status, 0);
-        it_case_check(&g.t);
-        gated_fini(&g);
-        convd_close(c);
+        if (cases[i].sleeps && cpu > 0.5 * wall)
+            fail_msg("case %zu: the daemon used %.3f s of CPU in %.3f s with requests of %d "
+                     "connection(s) gated and nothing else to do: it should sleep between looks "
+                     "(gate_poll_us)",
+                     i, cpu, wall, cases[i].conns);
+        for (int k = 0; k < cases[i].conns; k++) {
+            atomic_store(gated_word(&g[k], 0), 1);
+            struct convd_completion done;
+            assert_int_equal(convd_wait(c[k], id[k], TU_TIMEOUT_MS, &done), 0);
+            assert_int_equal(done.status, 0);
+            it_case_check(&g[k].t);
+            gated_fini(&g[k]);
+            convd_close(c[k]);
+        }
         it_daemon_stop(&dd);
     }
 }

@@ -464,6 +464,7 @@ static void test_diff_and_live_keys(void **state)
                                        "ring_stall_timeout_ms",
                                        "gate_timeout_ms",
                                        "gate_poll_us",
+                                       "gate_spin_clients",
                                        "metrics_textfile",
                                        "metrics_textfile_interval_ms"};
     static const char *const restart[] = {"socket",    "socket_mode", "socket_group",
